@@ -1,0 +1,40 @@
+// Tunables: every environment variable the core reads is declared here, once,
+// with its default; README.md documents the same table.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tfring {
+namespace env {
+
+int64_t getInt(const char* name, int64_t dflt);
+double getDouble(const char* name, double dflt);
+std::string getString(const char* name, const std::string& dflt);
+bool isSet(const char* name);
+
+// Parses "64M", "4KiB", "1048576" into bytes. Returns dflt on garbage.
+int64_t parseBytes(const std::string& s, int64_t dflt);
+
+}  // namespace env
+
+// The resolved configuration of one process; read once at init so a run
+// cannot change behaviour half-way through.
+struct Config {
+  int64_t fusion_threshold = 64ll << 20;  // TFRING_FUSION_THRESHOLD
+  double cycle_time_ms = 1.0;             // TFRING_CYCLE_TIME
+  double timeout_s = 300.0;               // TFRING_TIMEOUT
+  double stall_warning_s = 60.0;          // TFRING_STALL_CHECK_TIME
+  double heartbeat_timeout_s = 30.0;      // TFRING_HEARTBEAT_TIMEOUT
+  int64_t chunk_bytes = 1ll << 20;        // TFRING_CHUNK_SIZE (pipeline unit)
+  int64_t shm_buffer_bytes = 8ll << 20;   // TFRING_SHM_BUFFER (per link)
+  std::string transport = "auto";         // TFRING_TRANSPORT: auto|shm|tcp
+  std::string timeline;                   // TFRING_TIMELINE: path or empty
+  std::string iface_addr;                 // TFRING_IFACE_ADDR: address to bind
+  int log_level = 1;                      // TFRING_LOG_LEVEL: 0 debug..3 error
+  bool cache_enabled = true;              // TFRING_CACHE (0 disables)
+
+  static Config fromEnv();
+};
+
+}  // namespace tfring

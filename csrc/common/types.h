@@ -1,0 +1,52 @@
+// Data types and reduce operations the core understands. The numeric values
+// are part of the wire protocol between ranks (negotiation messages) and of
+// the Python binding, so they never change once released.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace tfring {
+
+enum class DataType : uint8_t {
+  kFloat16 = 0,
+  kBFloat16 = 1,
+  kFloat32 = 2,
+  kFloat64 = 3,
+  kInt32 = 4,
+  kInt64 = 5,
+  kUInt8 = 6,
+  kInt8 = 7,
+  kBool = 8,  // broadcast/allgather only
+};
+constexpr int kNumDataTypes = 9;
+
+enum class ReduceOp : uint8_t {
+  kSum = 0,
+  kAverage = 1,
+  kMin = 2,
+  kMax = 3,
+  kProduct = 4,
+};
+constexpr int kNumReduceOps = 5;
+
+enum class CollectiveType : uint8_t {
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+  kReducescatter = 3,
+  kBarrier = 4,
+};
+
+size_t dtypeSize(DataType t);
+const char* dtypeName(DataType t);
+const char* reduceOpName(ReduceOp op);
+const char* collectiveName(CollectiveType t);
+bool isFloating(DataType t);
+
+// Parses names as the Python layer spells them ("float32", "sum", ...).
+bool parseDataType(const std::string& s, DataType* out);
+bool parseReduceOp(const std::string& s, ReduceOp* out);
+
+}  // namespace tfring

@@ -1,0 +1,14 @@
+// Each binding file adds one part of tfring._core; module.cc calls them all.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace tfring {
+namespace python {
+
+void bindStore(pybind11::module_& m);    // store_binding.cc
+void bindKernels(pybind11::module_& m);  // kernels_binding.cc
+void bindRuntime(pybind11::module_& m);  // runtime_binding.cc
+
+}  // namespace python
+}  // namespace tfring

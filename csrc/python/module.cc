@@ -1,0 +1,10 @@
+// tfring._core: the numpy-level binding of the native core, used by the
+// Python package, the tests and the benchmarks.
+#include "python/bindings.h"
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "tfring native core";
+  tfring::python::bindStore(m);
+  tfring::python::bindKernels(m);
+  tfring::python::bindRuntime(m);
+}

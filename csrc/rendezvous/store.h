@@ -1,0 +1,62 @@
+// Store: the key-value rendezvous every rank uses to find the others.
+// Keys are written once (set) or used as counters (add); readers wait for
+// keys with a deadline. Implementations: TcpStore (one rank serves, all
+// connect, every connection authenticated with the job secret), FileStore
+// (a directory on a shared filesystem; tests), PrefixStore (namespacing).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tfring {
+namespace rendezvous {
+
+using Bytes = std::vector<uint8_t>;
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void set(const std::string& key, const Bytes& value) = 0;
+  // Waits for the key, then returns its value. Throws kTimeout naming the key.
+  virtual Bytes get(const std::string& key, double timeout_s) = 0;
+  // Atomically adds delta to an integer key (created as 0) and returns it.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // Waits until every key exists. Throws kTimeout naming the missing keys.
+  virtual void wait(const std::vector<std::string>& keys, double timeout_s) = 0;
+  // True if every key exists now (no wait).
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+
+  void setString(const std::string& key, const std::string& v) {
+    set(key, Bytes(v.begin(), v.end()));
+  }
+  std::string getString(const std::string& key, double timeout_s) {
+    Bytes b = get(key, timeout_s);
+    return std::string(b.begin(), b.end());
+  }
+};
+
+class PrefixStore : public Store {
+ public:
+  PrefixStore(std::string prefix, std::shared_ptr<Store> base)
+      : prefix_(std::move(prefix)), base_(std::move(base)) {}
+  void set(const std::string& key, const Bytes& value) override { base_->set(k(key), value); }
+  Bytes get(const std::string& key, double t) override { return base_->get(k(key), t); }
+  int64_t add(const std::string& key, int64_t d) override { return base_->add(k(key), d); }
+  void wait(const std::vector<std::string>& keys, double t) override { base_->wait(ks(keys), t); }
+  bool check(const std::vector<std::string>& keys) override { return base_->check(ks(keys)); }
+
+ private:
+  std::string k(const std::string& key) const { return prefix_ + "/" + key; }
+  std::vector<std::string> ks(const std::vector<std::string>& keys) const {
+    std::vector<std::string> r;
+    for (auto& key : keys) r.push_back(k(key));
+    return r;
+  }
+  std::string prefix_;
+  std::shared_ptr<Store> base_;
+};
+
+}  // namespace rendezvous
+}  // namespace tfring

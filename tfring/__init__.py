@@ -1,0 +1,1 @@
+"""tfring: data-parallel TensorFlow training with a ring allreduce."""
