@@ -1,9 +1,251 @@
+// tfring._core runtime functions: init/shutdown/topology, and the four
+// collectives on numpy arrays, blocking or async (Handle.wait()).
+//
+// Buffers: inputs are kept alive by the Python-side Handle; outputs of a
+// known shape are numpy arrays allocated up front; allgather/reducescatter
+// outputs are allocated by the engine thread in plain C++ memory and wrapped
+// into numpy (without copying) in wait(). The engine thread never touches a
+// Python object.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+
 #include "python/bindings.h"
+#include "python/errors.h"
+#include "rendezvous/store.h"
+#include "runtime/runtime.h"
+
+namespace py = pybind11;
 
 namespace tfring {
 namespace python {
 
-void bindRuntime(pybind11::module_& m) {}
+namespace {
+
+struct State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  std::vector<int64_t> out_shape;
+  std::unique_ptr<std::vector<char>> out_buf;  // engine-allocated output
+};
+
+class Handle {
+ public:
+  Handle(std::shared_ptr<State> st, py::object input, py::object output, py::dtype dtype)
+      : st_(std::move(st)), input_(std::move(input)), output_(std::move(output)),
+        dtype_(std::move(dtype)) {}
+  ~Handle() {
+    // The engine may still be reading our input: wait it out.
+    py::gil_scoped_release nogil;
+    std::unique_lock<std::mutex> lk(st_->mu);
+    st_->cv.wait(lk, [&] { return st_->done; });
+  }
+  bool poll() {
+    std::lock_guard<std::mutex> lk(st_->mu);
+    return st_->done;
+  }
+  py::object wait(double timeout) {
+    {
+      py::gil_scoped_release nogil;
+      std::unique_lock<std::mutex> lk(st_->mu);
+      auto pred = [&] { return st_->done; };
+      if (timeout < 0) {
+        st_->cv.wait(lk, pred);
+      } else if (!st_->cv.wait_for(lk, std::chrono::duration<double>(timeout), pred)) {
+        lk.unlock();
+        py::gil_scoped_acquire gil;
+        throwStatus(Status(Code::kTimeout, strCat("collective did not finish within ", timeout, " s")));
+      }
+    }
+    if (!st_->status.ok()) throwStatus(st_->status);
+    if (st_->out_buf) {
+      auto* vec = st_->out_buf.release();
+      py::capsule owner(vec, [](void* p) { delete static_cast<std::vector<char>*>(p); });
+      std::vector<py::ssize_t> shape(st_->out_shape.begin(), st_->out_shape.end());
+      output_ = py::array(dtype_, shape, vec->data(), owner);
+    }
+    return output_;
+  }
+
+ private:
+  std::shared_ptr<State> st_;
+  py::object input_, output_;
+  py::dtype dtype_;
+};
+
+DataType resolveDtype(const py::array& a, const py::object& dtype) {
+  std::string name = dtype.is_none() ? std::string(py::str(a.dtype().attr("name")))
+                                     : std::string(py::str(dtype));
+  DataType dt;
+  if (!parseDataType(name, &dt))
+    throw py::type_error(strCat("tfring does not support dtype ", name,
+                                " (supported: float16, bfloat16, float32, float64, int32, "
+                                "int64, uint8, int8, bool)"));
+  if (dtypeSize(dt) != static_cast<size_t>(a.itemsize()))
+    throw py::type_error(strCat("dtype ", name, " needs ", dtypeSize(dt),
+                                "-byte elements but the array has ", a.itemsize()));
+  return dt;
+}
+
+ReduceOp resolveOp(const std::string& s) {
+  ReduceOp op;
+  if (!parseReduceOp(s, &op))
+    throw py::value_error(strCat("unknown reduce op '", s,
+                                 "' (expected sum, average, min, max or product)"));
+  return op;
+}
+
+std::string autoName(const char* kind, const py::object& name) {
+  static std::atomic<uint64_t> counter{0};
+  if (!name.is_none()) return std::string(py::str(name));
+  return strCat(kind, ".noname.", counter++);
+}
+
+std::unique_ptr<Handle> submit(CollectiveType type, py::array input, const std::string& name,
+                               ReduceOp op, int root, double prescale, double postscale,
+                               const py::object& dtype_override, py::object out) {
+  py::array in = py::array::ensure(input, py::array::c_style);
+  if (!in) throw py::type_error("expected an array-like input");
+  DataType dt = resolveDtype(in, dtype_override);
+  if (type != CollectiveType::kAllgather && type != CollectiveType::kBroadcast &&
+      dt == DataType::kBool)
+    throw py::type_error(strCat(collectiveName(type), " does not support bool tensors"));
+  auto st = std::make_shared<State>();
+  runtime::Request req;
+  req.name = name;
+  req.type = type;
+  req.dtype = dt;
+  for (py::ssize_t i = 0; i < in.ndim(); ++i) req.shape.push_back(in.shape(i));
+  req.op = op;
+  req.root = root;
+  req.prescale = prescale;
+  req.postscale = postscale;
+  req.input = in.data();
+  py::object output = py::none();
+  if (type == CollectiveType::kAllreduce || type == CollectiveType::kBroadcast) {
+    py::array o;
+    if (!out.is_none()) {
+      o = py::array::ensure(out);
+      if (!o || !(o.flags() & py::array::c_style) || !o.writeable() || o.nbytes() != in.nbytes() ||
+          !o.dtype().is(in.dtype()))
+        throw py::value_error("out= must be a writable C-contiguous array like the input");
+    } else {
+      o = py::array(in.dtype(), std::vector<py::ssize_t>(in.shape(), in.shape() + in.ndim()));
+    }
+    req.output = o.mutable_data();
+    output = o;
+  } else {
+    State* raw = st.get();
+    req.allocate = [raw, dt](const std::vector<int64_t>& shape, void** data) {
+      int64_t n = 1;
+      for (auto d : shape) n *= d;
+      raw->out_shape = shape;
+      raw->out_buf.reset(new std::vector<char>(static_cast<size_t>(n) * dtypeSize(dt) + 1));
+      *data = raw->out_buf->data();
+      return Status::OK();
+    };
+  }
+  Status s;
+  {
+    py::gil_scoped_release nogil;
+    s = runtime::enqueue(std::move(req), [st](const Status& status) {
+      std::lock_guard<std::mutex> lk(st->mu);
+      st->status = status;
+      st->done = true;
+      st->cv.notify_all();
+    });
+  }
+  if (!s.ok()) throwStatus(s);
+  return std::unique_ptr<Handle>(new Handle(st, in, output, in.dtype()));
+}
+
+}  // namespace
+
+void bindRuntime(py::module_& m) {
+  py::class_<Handle>(m, "Handle")
+      .def("wait", &Handle::wait, py::arg("timeout") = -1.0,
+           "Blocks until the collective finishes; returns its output or raises.")
+      .def("poll", &Handle::poll, "True once the collective has finished.");
+
+  m.def("init",
+        [](int rank, int size, std::shared_ptr<rendezvous::Store> store, const std::string& secret) {
+          runtime::InitOptions o;
+          o.rank = rank;
+          o.size = size;
+          o.store = std::move(store);
+          o.secret = secret;
+          Status s;
+          {
+            py::gil_scoped_release nogil;
+            s = runtime::init(o);
+          }
+          if (!s.ok()) throwStatus(s);
+        },
+        py::arg("rank") = 0, py::arg("size") = 1, py::arg("store") = nullptr,
+        py::arg("secret") = "");
+  m.def("shutdown", &runtime::shutdown, py::call_guard<py::gil_scoped_release>());
+  m.def("is_initialized", &runtime::isInitialized);
+  m.def("rank", &runtime::rank);
+  m.def("size", &runtime::size);
+  m.def("local_rank", &runtime::localRank);
+  m.def("local_size", &runtime::localSize);
+  m.def("cross_rank", &runtime::crossRank);
+  m.def("cross_size", &runtime::crossSize);
+  m.def("transport", &runtime::transportName);
+  m.def("config", []() {
+    const Config& c = runtime::config();
+    py::dict d;
+    d["fusion_threshold"] = c.fusion_threshold;
+    d["cycle_time_ms"] = c.cycle_time_ms;
+    d["timeout_s"] = c.timeout_s;
+    d["stall_warning_s"] = c.stall_warning_s;
+    d["heartbeat_timeout_s"] = c.heartbeat_timeout_s;
+    d["chunk_bytes"] = c.chunk_bytes;
+    d["shm_buffer_bytes"] = c.shm_buffer_bytes;
+    d["transport"] = c.transport;
+    d["timeline"] = c.timeline;
+    d["iface_addr"] = c.iface_addr;
+    d["log_level"] = c.log_level;
+    d["cache_enabled"] = c.cache_enabled;
+    return d;
+  });
+  m.def("reducescatter_shape", &runtime::reducescatterShape);
+
+  auto arOpts = [](const char* kind, CollectiveType type) {
+    return [kind, type](py::array a, const std::string& op, py::object name, int root,
+                        double prescale, double postscale, py::object dtype, py::object out) {
+      return submit(type, a, autoName(kind, name), resolveOp(op), root, prescale, postscale,
+                    dtype, out);
+    };
+  };
+  struct Spec { const char* name; CollectiveType type; };
+  for (Spec sp : {Spec{"allreduce", CollectiveType::kAllreduce},
+                  Spec{"allgather", CollectiveType::kAllgather},
+                  Spec{"broadcast", CollectiveType::kBroadcast},
+                  Spec{"reducescatter", CollectiveType::kReducescatter}}) {
+    auto f = arOpts(sp.name, sp.type);
+    auto args = std::make_tuple(py::arg("array"), py::arg("op") = "sum", py::arg("name") = py::none(),
+                                py::arg("root") = 0, py::arg("prescale") = 1.0,
+                                py::arg("postscale") = 1.0, py::arg("dtype") = py::none(),
+                                py::arg("out") = py::none());
+    m.def((std::string(sp.name) + "_async").c_str(), f, std::get<0>(args), std::get<1>(args),
+          std::get<2>(args), std::get<3>(args), std::get<4>(args), std::get<5>(args),
+          std::get<6>(args), std::get<7>(args));
+    m.def(sp.name,
+          [f](py::array a, const std::string& op, py::object name, int root, double prescale,
+              double postscale, py::object dtype, py::object out) {
+            return f(a, op, name, root, prescale, postscale, dtype, out)->wait(-1.0);
+          },
+          std::get<0>(args), std::get<1>(args), std::get<2>(args), std::get<3>(args),
+          std::get<4>(args), std::get<5>(args), std::get<6>(args), std::get<7>(args));
+  }
+}
 
 }  // namespace python
 }  // namespace tfring

@@ -1,0 +1,55 @@
+// The collectives, each written once against a ring of SendChannel /
+// RecvChannel (transport/channel.h). No TensorFlow, no CUDA, no sockets here.
+//
+// Buffers are host memory. Segments are indexed by ring position; the
+// callers (runtime/executor.cc) map ranks to positions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "common/types.h"
+#include "transport/channel.h"
+#include "transport/waiter.h"
+
+namespace tfring {
+namespace collectives {
+
+struct RingComm {
+  int size = 1;
+  int pos = 0;                      // my position in the ring
+  std::vector<int> ring;            // rank at each position
+  transport::SendChannel* right = nullptr;
+  transport::RecvChannel* left = nullptr;
+  transport::Waiter* waiter = nullptr;
+  size_t chunk_bytes = 1 << 20;     // pipeline unit
+  double timeout_s = 300;
+};
+
+// Splits `count` elements into `parts` nearly equal pieces (the first
+// count % parts get one more). Returns element offsets, parts+1 entries.
+std::vector<size_t> evenSplit(size_t count, int parts);
+
+// In place on `data`: every rank ends with op over all ranks' data, then
+// multiplied by `postscale` (the caller folds 1/size in for Average). The
+// result is bitwise identical on every rank: each segment is reduced along
+// one chain of ranks and then copied, never recomputed.
+void ringAllreduce(RingComm& c, void* data, size_t count, DataType dtype,
+                   ReduceOp op, double postscale);
+
+// `out` holds every rank's block in rank order; block r is rank_bytes[r]
+// bytes. This rank's block must already be in place in `out`.
+void ringAllgather(RingComm& c, void* out, const std::vector<size_t>& rank_bytes);
+
+// `data` on the root is sent; on every other rank it is overwritten.
+void ringBroadcast(RingComm& c, void* data, size_t bytes, int root_rank);
+
+// Reduces `work` (count elements, modified) across ranks; afterwards rank r's
+// block — rows split by rank_counts (elements per rank, in rank order) — of
+// `work` holds the reduced values times postscale. Other blocks are garbage.
+void ringReducescatter(RingComm& c, void* work, const std::vector<size_t>& rank_counts,
+                       DataType dtype, ReduceOp op, double postscale);
+
+}  // namespace collectives
+}  // namespace tfring

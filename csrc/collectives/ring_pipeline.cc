@@ -1,0 +1,80 @@
+#include "collectives/ring_pipeline.h"
+
+#include <algorithm>
+
+#include "common/clock.h"
+#include "kernels/cpu/reduce.h"
+
+namespace tfring {
+namespace collectives {
+
+void runRing(RingComm& c, const RingProgram& prog, const char* what) {
+  const size_t esize = dtypeSize(prog.dtype);
+  const size_t chunk = std::max<size_t>(c.chunk_bytes - c.chunk_bytes % 8, 8);
+  const size_t ns = prog.sends.size(), nr = prog.recvs.size();
+  size_t si = 0, so = 0;  // current send step and bytes sent in it
+  size_t ri = 0, ro = 0;  // current recv step and bytes completed in it
+  auto skipEmpty = [&]() {
+    while (si < ns && so == prog.sends[si].bytes) { ++si; so = 0; }
+    while (ri < nr && ro == prog.recvs[ri].bytes) { ++ri; ro = 0; }
+  };
+  skipEmpty();
+  if (si < ns || ri < nr) c.waiter->begin(Deadline::in(c.timeout_s), what);
+
+  while (si < ns || ri < nr) {
+    uint32_t ticket = c.waiter->ticket();
+    bool moved = false;
+    bool send_waits_on_channel = false;
+
+    // Send what is ready: all of an unchained step, or as much of a chained
+    // step as its producing recv step has completed.
+    if (si < ns) {
+      const SendStep& s = prog.sends[si];
+      size_t ready = s.bytes;
+      if (s.chained_to >= 0) {
+        size_t src = static_cast<size_t>(s.chained_to);
+        ready = ri > src ? s.bytes : (ri == src ? std::min(ro, s.bytes) : 0);
+      }
+      if (ready > so) {
+        size_t n = c.right->trySend(s.data + so, std::min(ready - so, chunk));
+        if (n) { so += n; moved = true; } else { send_waits_on_channel = true; }
+      }
+    }
+
+    // Receive: copies go straight into place; reductions read the bytes
+    // where the channel holds them and fold whole elements into data.
+    if (ri < nr) {
+      const RecvStep& r = prog.recvs[ri];
+      size_t want = std::min(r.bytes - ro, chunk);
+      if (!r.reduce) {
+        size_t n = c.left->tryRecv(r.data + ro, want);
+        if (n) { ro += n; moved = true; }
+      } else {
+        const void* p = nullptr;
+        size_t n = c.left->peek(&p, want);
+        n -= n % esize;
+        if (n) {
+          kernels::reduce(r.data + ro, p, n / esize, prog.dtype, prog.op);
+          c.left->consume(n);
+          if (r.scale != 1.0) kernels::scale(r.data + ro, n / esize, prog.dtype, r.scale);
+          ro += n;
+          moved = true;
+        }
+      }
+    }
+
+    skipEmpty();
+    if (moved) {
+      c.waiter->progressed();
+    } else if (si < ns || ri < nr) {
+      c.waiter->idle(ticket, send_waits_on_channel, ri < nr);
+    }
+  }
+  if (c.size > 1) {
+    c.right->align();
+    c.left->align();
+  }
+}
+
+}  // namespace collectives
+}  // namespace tfring

@@ -1,0 +1,46 @@
+// The one progress loop every ring collective runs.
+//
+// A collective is a list of send steps (to the right neighbour) and receive
+// steps (from the left). A send step may be chained to a receive step: its
+// bytes are the very bytes that receive step produced, so it may only send
+// what has already arrived (and been reduced). This is what pipelines the
+// ring: the first chunk of a segment travels on to the right while later
+// chunks are still arriving from the left, and reducing a chunk overlaps the
+// neighbours' copies of the next.
+//
+// The loop alternates non-blocking moves on both channels; when neither can
+// move it sleeps in the Waiter until a neighbour rings.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "collectives/ring.h"
+
+namespace tfring {
+namespace collectives {
+
+struct SendStep {
+  const char* data = nullptr;
+  size_t bytes = 0;
+  int chained_to = -1;  // index of the recv step producing these bytes
+};
+
+struct RecvStep {
+  char* data = nullptr;
+  size_t bytes = 0;
+  bool reduce = false;   // data = op(data, received), else data = received
+  double scale = 1.0;    // applied to each reduced piece (final RS step)
+};
+
+struct RingProgram {
+  std::vector<SendStep> sends;
+  std::vector<RecvStep> recvs;
+  DataType dtype = DataType::kUInt8;
+  ReduceOp op = ReduceOp::kSum;
+};
+
+void runRing(RingComm& c, const RingProgram& prog, const char* what);
+
+}  // namespace collectives
+}  // namespace tfring

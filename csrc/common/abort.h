@@ -1,0 +1,39 @@
+// The process-wide failure state. The first error that dooms the job (a dead
+// peer, a peer's report, a timeout inside a collective) is recorded here with
+// its message; every wait in the core polls it, so one rank's failure
+// reaches every rank as the same error instead of a hang.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <mutex>
+
+#include "common/status.h"
+
+namespace tfring {
+
+class AbortState {
+ public:
+  static AbortState& get();
+
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  // Records the first failure; later ones are ignored. Returns true if this
+  // call was the first.
+  bool abort(const Status& s);
+  Status status() const;
+  // Throws the recorded error if aborted.
+  void check() const {
+    if (aborted()) throw Error(status());
+  }
+  // Called (once per abort) so sleeping waits wake up promptly.
+  void setWaker(std::function<void()> waker);
+  void reset();  // at init, for a fresh job in the same process
+
+ private:
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex mu_;
+  Status status_;
+  std::function<void()> waker_;
+};
+
+}  // namespace tfring

@@ -1,0 +1,373 @@
+#include "runtime/coordinator.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/clock.h"
+#include "common/logging.h"
+#include "common/net.h"
+
+namespace tfring {
+namespace runtime {
+
+namespace {
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+// Describes how Metas differ: "shape [4] on rank 0 vs [5] on rank 1".
+std::string describeMismatch(const std::vector<Meta>& m, size_t first_bad) {
+  const Meta& a = m[0];
+  const Meta& b = m[first_bad];
+  auto r0 = std::string(" on rank 0 vs ");
+  auto rb = std::string(" on rank ") + std::to_string(first_bad);
+  if (a.type != b.type)
+    return strCat("operation ", collectiveName(a.type), r0, collectiveName(b.type), rb);
+  if (a.dtype != b.dtype) return strCat("dtype ", dtypeName(a.dtype), r0, dtypeName(b.dtype), rb);
+  if (a.type == CollectiveType::kAllgather) {
+    if (a.shape.size() != b.shape.size() ||
+        !std::equal(a.shape.begin() + (a.shape.empty() ? 0 : 1), a.shape.end(),
+                    b.shape.begin() + (b.shape.empty() ? 0 : 1)))
+      return strCat("shape ", a.shapeString(), r0, b.shapeString(), rb,
+                    " (allgather allows only the first dimension to differ)");
+  } else if (a.shape != b.shape) {
+    return strCat("shape ", a.shapeString(), r0, b.shapeString(), rb);
+  }
+  if (a.op != b.op) return strCat("reduce op ", reduceOpName(a.op), r0, reduceOpName(b.op), rb);
+  if (a.root != b.root) return strCat("root rank ", a.root, r0, b.root, rb);
+  if (a.prescale != b.prescale || a.postscale != b.postscale)
+    return strCat("scale factors (", a.prescale, ", ", a.postscale, ")", r0, "(",
+                  b.prescale, ", ", b.postscale, ")", rb);
+  if (a.device != b.device) return strCat("device ", a.device, r0, b.device, rb);
+  return "metadata";
+}
+
+bool sameExceptDim0(const Meta& a, const Meta& b) {
+  if (a.type != b.type || a.dtype != b.dtype || a.op != b.op || a.root != b.root ||
+      a.prescale != b.prescale || a.postscale != b.postscale || a.device != b.device)
+    return false;
+  if (a.type != CollectiveType::kAllgather) return a.shape == b.shape;
+  if (a.shape.size() != b.shape.size() || a.shape.empty()) return a.shape == b.shape;
+  return std::equal(a.shape.begin() + 1, a.shape.end(), b.shape.begin() + 1);
+}
+
+}  // namespace
+
+Coordinator::Coordinator(std::vector<int> fds, std::vector<std::string> rank_desc,
+                         const Config& cfg)
+    : fds_(std::move(fds)), desc_(std::move(rank_desc)), cfg_(cfg) {
+  size_ = static_cast<int>(fds_.size());
+  bye_.assign(size_, false);
+  gone_.assign(size_, false);
+  done_.assign(size_, 0);
+  last_meta_.resize(size_);
+}
+
+Coordinator::~Coordinator() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  for (int fd : fds_) net::closeFd(fd);
+}
+
+void Coordinator::start() { thread_ = std::thread([this] { loop(); }); }
+
+void Coordinator::join(double timeout_s) {
+  Deadline d = Deadline::in(timeout_s);
+  while (thread_.joinable()) {
+    bool all = true;
+    for (int r = 0; r < size_; ++r) all = all && (bye_[r] || gone_[r]);
+    if (all || aborted_ || d.expired()) break;
+    usleep(2000);
+  }
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+void Coordinator::sendAll(const std::vector<uint8_t>& payload, int except) {
+  for (int r = 0; r < size_; ++r) {
+    if (r == except || gone_[r]) continue;
+    try {
+      wire::sendFrame(fds_[r], payload, Deadline::in(cfg_.timeout_s), desc_[r]);
+    } catch (const Error&) {
+      gone_[r] = true;  // its reader will see the connection drop
+    }
+  }
+}
+
+void Coordinator::abortAll(int culprit, const std::string& msg) {
+  if (aborted_) return;
+  aborted_ = true;
+  TFRING_LOG(kError, msg);
+  wire::Writer w;
+  w.put<uint8_t>(kMsgAbort);
+  w.put<int32_t>(culprit);
+  w.putStr(msg);
+  sendAll(w.bytes(), culprit);
+}
+
+void Coordinator::loop() {
+  std::vector<struct pollfd> pfds(size_);
+  double next_stall_check = nowSeconds() + 0.5;
+  while (!stop_ && !aborted_) {
+    int n = 0;
+    std::vector<int> who;
+    for (int r = 0; r < size_; ++r) {
+      if (gone_[r]) continue;
+      pfds[n] = {fds_[r], POLLIN, 0};
+      who.push_back(r);
+      ++n;
+    }
+    if (n == 0) break;
+    int rc = ::poll(pfds.data(), n, 20);
+    if (rc < 0 && errno != EINTR) break;
+    for (int i = 0; i < n && rc > 0; ++i) {
+      if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      int r = who[i];
+      std::vector<uint8_t> msg;
+      try {
+        msg = wire::recvFrame(fds_[r], Deadline::in(cfg_.timeout_s), desc_[r]);
+      } catch (const Error&) {
+        gone_[r] = true;
+        if (!bye_[r]) {
+          abortAll(r, strCat(desc_[r], " exited or lost its connection to the coordinator"
+                                       " (process died, was killed, or its host failed)"));
+        }
+        continue;
+      }
+      try {
+        onMessage(r, msg);
+      } catch (const Error& e) {
+        abortAll(r, strCat("bad control message from ", desc_[r], ": ", e.what()));
+      }
+    }
+    if (aborted_) break;
+    if (nowSeconds() >= next_stall_check) {
+      checkStalls();
+      next_stall_check = nowSeconds() + 0.5;
+    }
+    maybeEmit(false);
+  }
+}
+
+void Coordinator::onMessage(int rank, const std::vector<uint8_t>& msg) {
+  wire::Reader rd(msg);
+  auto type = rd.get<uint8_t>();
+  switch (type) {
+    case kMsgRequests: {
+      uint32_t n = rd.get<uint32_t>();
+      for (uint32_t i = 0; i < n; ++i) {
+        int32_t id = rd.get<int32_t>();
+        if (id >= 0) {
+          auto it = last_meta_[rank].find(id);
+          if (it == last_meta_[rank].end())
+            fail(Code::kInternal, "unknown cache id ", id);
+          onMeta(rank, it->second);
+        } else {
+          onMeta(rank, Meta::read(rd));
+        }
+      }
+      break;
+    }
+    case kMsgDone:
+      done_[rank] = std::max(done_[rank], rd.get<uint64_t>());
+      break;
+    case kMsgBye: {
+      bye_[rank] = true;
+      // Nothing that still waits for this rank can ever complete.
+      std::vector<std::string> dead;
+      for (auto& kv : pending_)
+        if (!kv.second.have[rank]) dead.push_back(kv.first);
+      for (auto& name : dead) {
+        errorGroup({name}, strCat("tensor '", name, "' can never complete: rank ", rank,
+                                  " shut down without submitting it"));
+        pending_.erase(name);
+      }
+      break;
+    }
+    case kMsgError:
+      abortAll(rank, rd.getStr());
+      break;
+    default:
+      fail(Code::kInternal, "unknown message type ", int(type));
+  }
+}
+
+void Coordinator::onMeta(int rank, Meta meta) {
+  const std::string name = meta.name;
+  // Remember what this rank sent so it can use the id next time.
+  auto idit = ids_.find(name);
+  int32_t id;
+  if (idit == ids_.end()) {
+    id = static_cast<int32_t>(ids_.size());
+    ids_[name] = id;
+    new_ids_.emplace_back(id, name);
+  } else {
+    id = idit->second;
+  }
+  last_meta_[rank][id] = meta;
+
+  for (int r = 0; r < size_; ++r) {
+    if (bye_[r] && r != rank) {
+      errorGroup({name}, strCat("tensor '", name, "' can never complete: rank ", r,
+                                " has already shut down"));
+      return;
+    }
+  }
+  auto& p = pending_[name];
+  if (p.metas.empty()) {
+    p.id = id;
+    p.metas.resize(size_);
+    p.have.assign(size_, false);
+    p.first_seen = nowSeconds();
+  }
+  if (p.have[rank]) {
+    // The engine rejects duplicates locally; reaching here is a bug.
+    fail(Code::kInternal, "rank ", rank, " submitted '", name, "' twice");
+  }
+  p.have[rank] = true;
+  p.metas[rank] = std::move(meta);
+  if (++p.count == size_) {
+    validate(name, p);
+    pending_.erase(name);
+  }
+}
+
+void Coordinator::validate(const std::string& name, Pending& p) {
+  for (int r = 1; r < size_; ++r) {
+    if (!sameExceptDim0(p.metas[0], p.metas[r])) {
+      // Name every rank that disagrees with rank 0.
+      std::vector<int> bad;
+      for (int q = 1; q < size_; ++q)
+        if (!sameExceptDim0(p.metas[0], p.metas[q])) bad.push_back(q);
+      errorGroup({name}, strCat("mismatched ", collectiveName(p.metas[0].type), " of tensor '",
+                                name, "' across ranks: ", describeMismatch(p.metas, r),
+                                " (ranks disagreeing with rank 0: ", rankList(bad), ")"));
+      return;
+    }
+  }
+  const Meta& m = p.metas[0];
+  if (m.type == CollectiveType::kBroadcast && (m.root < 0 || m.root >= size_)) {
+    errorGroup({name}, strCat("broadcast of tensor '", name, "': root rank ", m.root,
+                              " is not in [0, ", size_, ")"));
+    return;
+  }
+  if (m.type == CollectiveType::kAllgather && m.shape.empty()) {
+    errorGroup({name}, strCat("allgather of tensor '", name,
+                              "': scalars cannot be gathered (give them a first dimension)"));
+    return;
+  }
+  if (m.type == CollectiveType::kReducescatter && m.shape.empty()) {
+    errorGroup({name}, strCat("reducescatter of tensor '", name,
+                              "': scalars cannot be scattered (give them a first dimension)"));
+    return;
+  }
+  Ready rd;
+  rd.meta = m;
+  rd.since = nowSeconds();
+  if (m.type == CollectiveType::kAllgather)
+    for (int r = 0; r < size_; ++r) rd.dim0s.push_back(p.metas[r].shape[0]);
+  ready_.push_back(std::move(rd));
+}
+
+void Coordinator::errorGroup(const std::vector<std::string>& names, const std::string& msg) {
+  Group g;
+  g.kind = Group::kError;
+  g.names = names;
+  g.error = msg;
+  errors_.push_back(std::move(g));
+}
+
+void Coordinator::checkStalls() {
+  double now = nowSeconds();
+  std::vector<std::string> expired;
+  for (auto& kv : pending_) {
+    Pending& p = kv.second;
+    double age = now - p.first_seen;
+    std::vector<int> missing, have;
+    for (int r = 0; r < size_; ++r) (p.have[r] ? have : missing).push_back(r);
+    if (age >= cfg_.timeout_s) {
+      errorGroup({kv.first}, strCat("tensor '", kv.first, "' was submitted by ranks [",
+                                    rankList(have), "] but not by ranks [", rankList(missing),
+                                    "] within TFRING_TIMEOUT=", cfg_.timeout_s, " s"));
+      expired.push_back(kv.first);
+    } else if (age >= cfg_.stall_warning_s && !p.stall_warned) {
+      p.stall_warned = true;
+      std::string msg = strCat("stall: tensor '", kv.first, "' has been waiting ", int(age),
+                               " s; submitted by ranks [", rankList(have),
+                               "], missing ranks [", rankList(missing), "]");
+      TFRING_LOG(kWarning, msg);
+      wire::Writer w;
+      w.put<uint8_t>(kMsgStall);
+      w.putStr(msg);
+      sendAll(w.bytes());
+    }
+  }
+  for (auto& n : expired) pending_.erase(n);
+}
+
+void Coordinator::maybeEmit(bool force) {
+  if (ready_.empty() && errors_.empty() && new_ids_.empty()) return;
+  // Responses every live rank has finished; ranks that left don't count.
+  uint64_t min_done = next_seq_ - 1;
+  for (int r = 0; r < size_; ++r)
+    if (!bye_[r] && !gone_[r]) min_done = std::min(min_done, done_[r]);
+  bool busy = (next_seq_ - 1) - min_done >= 2;
+  if (!force && busy && errors_.empty()) return;
+  if (!force && errors_.empty() && !ready_.empty()) {
+    // Hold briefly for fusion only while more tensors are on their way.
+    int64_t bytes = 0;
+    for (auto& r : ready_) bytes += r.meta.numElements() * dtypeSize(r.meta.dtype);
+    bool more_coming = !pending_.empty();
+    double age_ms = (nowSeconds() - ready_.front().since) * 1e3;
+    if (more_coming && bytes < cfg_.fusion_threshold && age_ms < cfg_.cycle_time_ms) return;
+  }
+  if (ready_.empty() && errors_.empty()) return;  // ids alone ride with the next one
+
+  Response resp;
+  resp.seq = next_seq_++;
+  resp.new_ids.swap(new_ids_);
+  resp.groups.swap(errors_);
+  // Fuse allreduces that agree on dtype, op, scales and device, in order of
+  // first readiness, up to the fusion threshold.
+  std::vector<bool> used(ready_.size(), false);
+  for (size_t i = 0; i < ready_.size(); ++i) {
+    if (used[i]) continue;
+    used[i] = true;
+    const Meta& a = ready_[i].meta;
+    Group g;
+    g.type = a.type;
+    g.names.push_back(a.name);
+    if (a.type == CollectiveType::kAllgather) g.dim0s.push_back(ready_[i].dim0s);
+    if (a.type == CollectiveType::kAllreduce) {
+      int64_t bytes = a.numElements() * dtypeSize(a.dtype);
+      for (size_t j = i + 1; j < ready_.size(); ++j) {
+        const Meta& b = ready_[j].meta;
+        if (used[j] || b.type != a.type || b.dtype != a.dtype || b.op != a.op ||
+            b.prescale != a.prescale || b.postscale != a.postscale || b.device != a.device)
+          continue;
+        int64_t bb = b.numElements() * dtypeSize(b.dtype);
+        if (bytes + bb > cfg_.fusion_threshold) continue;
+        bytes += bb;
+        used[j] = true;
+        g.names.push_back(b.name);
+      }
+    }
+    resp.groups.push_back(std::move(g));
+  }
+  ready_.clear();
+  wire::Writer w;
+  w.put<uint8_t>(kMsgResponse);
+  resp.write(w);
+  sendAll(w.bytes());
+}
+
+}  // namespace runtime
+}  // namespace tfring

@@ -1,0 +1,92 @@
+// Coordinator: runs on rank 0, in its own thread, and decides what every
+// rank executes next.
+//
+// Protocol. Each rank's engine keeps one TCP connection to the coordinator
+// (rank 0's engine too, over loopback). When a rank's framework hands it a
+// tensor, the engine sends the tensor's Meta — or, once the coordinator has
+// granted the name a cache id and the Meta has not changed, just the id.
+// When a name has been submitted by every rank, the coordinator checks that
+// the Metas agree (type, dtype, shape, op, root, scales; allgather may
+// differ in the first dimension) and appends it to the ready list, or sends
+// an error group naming the tensor and the disagreeing ranks. Ready
+// tensors go out in Responses: numbered lists of groups that every rank
+// executes in the same order, compatible allreduces fused into one group up
+// to TFRING_FUSION_THRESHOLD bytes. At most two Responses are outstanding
+// (ranks report each one done), so tensors that become ready while the ranks
+// are busy accumulate and are fused into the next Response.
+//
+// Failure handling. A connection that closes without a goodbye means the
+// rank died: every other rank gets an Abort naming it. A rank that hits a
+// fatal error reports it, and the coordinator relays it as an Abort. Names
+// submitted by some ranks only get a stall warning naming the missing ranks
+// after TFRING_STALL_CHECK_TIME, and an error at TFRING_TIMEOUT.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/env.h"
+#include "runtime/messages.h"
+
+namespace tfring {
+namespace runtime {
+
+class Coordinator {
+ public:
+  // Takes ownership of the accepted connections: fds[r] talks to rank r.
+  Coordinator(std::vector<int> fds, std::vector<std::string> rank_desc,
+              const Config& cfg);
+  ~Coordinator();
+  void start();
+  // Waits (up to timeout_s) for every rank's goodbye, then stops.
+  void join(double timeout_s);
+
+ private:
+  struct Pending {
+    int32_t id = -1;
+    std::vector<Meta> metas;  // per rank
+    std::vector<bool> have;
+    int count = 0;
+    double first_seen = 0;
+    bool stall_warned = false;
+  };
+  struct Ready {
+    Meta meta;
+    std::vector<int64_t> dim0s;  // allgather
+    double since = 0;
+  };
+
+  void loop();
+  void onMessage(int rank, const std::vector<uint8_t>& msg);
+  void onMeta(int rank, Meta meta);
+  void validate(const std::string& name, Pending& p);
+  void checkStalls();
+  void maybeEmit(bool force);
+  void sendAll(const std::vector<uint8_t>& payload, int except = -1);
+  void abortAll(int culprit, const std::string& msg);
+  void errorGroup(const std::vector<std::string>& names, const std::string& msg);
+
+  std::vector<int> fds_;
+  std::vector<std::string> desc_;
+  Config cfg_;
+  int size_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::vector<bool> bye_, gone_;
+  std::vector<uint64_t> done_;  // responses completed, per rank
+  uint64_t next_seq_ = 1;
+  std::map<std::string, Pending> pending_;
+  std::vector<Ready> ready_;
+  std::vector<std::pair<int32_t, std::string>> new_ids_;
+  std::map<std::string, int32_t> ids_;
+  std::vector<std::map<int32_t, Meta>> last_meta_;  // per rank: id -> Meta
+  std::vector<Group> errors_;  // error groups waiting for the next Response
+  bool aborted_ = false;
+};
+
+}  // namespace runtime
+}  // namespace tfring

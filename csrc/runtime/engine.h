@@ -1,0 +1,87 @@
+// Engine: one background thread per process that owns the ring links.
+//
+// Callers (TF kernels, the Python binding) enqueue named Requests from any
+// thread. The engine thread forwards their Metas to the coordinator and
+// executes the Responses it sends back, in order, calling each request's
+// done callback. A second thread reads the coordinator connection so that
+// an Abort reaches the engine even while it is inside a collective.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "collectives/ring.h"
+#include "runtime/messages.h"
+#include "runtime/runtime.h"
+#include "runtime/timeline.h"
+#include "transport/ring_links.h"
+
+namespace tfring {
+namespace runtime {
+
+struct Entry {
+  Request req;
+  DoneCallback done;
+  Meta meta;
+};
+
+class Engine {
+ public:
+  Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, const Config& cfg);
+  ~Engine();
+  void start();
+  Status enqueue(Request req, DoneCallback done);
+  // Says goodbye to the coordinator, fails what is still queued, joins.
+  void stop();
+
+  const transport::Topology& topology() const { return links_->topology(); }
+  std::string transportName() const { return links_->transportName(); }
+
+ private:
+  void loop();
+  void readerLoop();
+  void sendRequests(std::vector<std::shared_ptr<Entry>>& fresh);
+  void runResponse(const Response& resp);
+  void runGroup(const Group& g);
+  void failAll(const Status& s);
+  void reportFatal(const Status& s);
+
+  // executor.cc
+  void execAllreduce(const std::vector<std::shared_ptr<Entry>>& es);
+  void execAllgather(Entry& e, const std::vector<int64_t>& dim0s);
+  void execBroadcast(Entry& e);
+  void execReducescatter(Entry& e);
+
+  std::unique_ptr<transport::RingLinks> links_;
+  int ctrl_fd_;
+  Config cfg_;
+  std::unique_ptr<transport::Waiter> waiter_;
+  collectives::RingComm comm_;
+  Timeline timeline_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<Entry>> incoming_;
+  std::deque<Response> responses_;
+  std::unordered_map<std::string, std::shared_ptr<Entry>> inflight_;  // by name
+  bool stopping_ = false;
+  bool reader_done_ = false;
+
+  // Engine-thread state.
+  std::unordered_map<std::string, std::pair<int32_t, Meta>> sent_;  // cache
+  std::unordered_map<std::string, int32_t> ids_;
+  std::vector<char> fusion_;
+  std::vector<char> scratch_;
+
+  std::thread thread_, reader_;
+};
+
+}  // namespace runtime
+}  // namespace tfring

@@ -1,0 +1,135 @@
+// How the engine runs each kind of scheduled group on host buffers: fusion
+// buffer packing for allreduce, output allocation for allgather and
+// reducescatter, and the calls into the ring collectives.
+#include <cstring>
+
+#include "common/logging.h"
+#include "kernels/cpu/reduce.h"
+#include "runtime/engine.h"
+
+namespace tfring {
+namespace runtime {
+
+namespace {
+
+size_t bytesOf(const Meta& m) {
+  return static_cast<size_t>(m.numElements()) * dtypeSize(m.dtype);
+}
+
+// Average is a sum followed by a division folded into the postscale.
+double finalScale(const Meta& m, int size) {
+  return m.op == ReduceOp::kAverage ? m.postscale / size : m.postscale;
+}
+
+ReduceOp kernelOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
+
+void allocateOutput(Entry& e, const std::vector<int64_t>& shape) {
+  if (e.req.output) return;
+  if (!e.req.allocate)
+    fail(Code::kInternal, "tensor '", e.meta.name, "' has neither an output nor an allocator");
+  void* p = nullptr;
+  Status s = e.req.allocate(shape, &p);
+  if (!s.ok()) throw Error(s);
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  if (!p && n > 0) fail(Code::kInternal, "allocator returned no memory for '", e.meta.name, "'");
+  e.req.output = p;
+}
+
+}  // namespace
+
+void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
+  const Meta& m0 = es[0]->meta;
+  const int N = comm_.size;
+  const DataType dt = m0.dtype;
+  const double post = finalScale(m0, N);
+  if (es.size() == 1) {
+    Entry& e = *es[0];
+    size_t n = static_cast<size_t>(m0.numElements());
+    if (e.req.output != e.req.input && n) std::memcpy(e.req.output, e.req.input, bytesOf(m0));
+    if (m0.prescale != 1.0) kernels::scale(e.req.output, n, dt, m0.prescale);
+    collectives::ringAllreduce(comm_, e.req.output, n, dt, kernelOp(m0.op), post);
+    return;
+  }
+  // Fused: pack every input into one buffer, reduce it once, unpack.
+  size_t total = 0;
+  for (auto& e : es) total += bytesOf(e->meta);
+  if (fusion_.size() < total) fusion_.resize(total);
+  for (auto& e : es) timeline_.begin(e->meta.name, "MEMCPY_IN_FUSION_BUFFER");
+  size_t off = 0;
+  for (auto& e : es) {
+    size_t b = bytesOf(e->meta);
+    if (b) std::memcpy(fusion_.data() + off, e->req.input, b);
+    off += b;
+  }
+  for (auto& e : es) timeline_.end(e->meta.name);
+  size_t count = total / dtypeSize(dt);
+  if (m0.prescale != 1.0) kernels::scale(fusion_.data(), count, dt, m0.prescale);
+  collectives::ringAllreduce(comm_, fusion_.data(), count, dt, kernelOp(m0.op), post);
+  for (auto& e : es) timeline_.begin(e->meta.name, "MEMCPY_OUT_FUSION_BUFFER");
+  off = 0;
+  for (auto& e : es) {
+    size_t b = bytesOf(e->meta);
+    if (b) std::memcpy(e->req.output, fusion_.data() + off, b);
+    off += b;
+  }
+  for (auto& e : es) timeline_.end(e->meta.name);
+}
+
+void Engine::execAllgather(Entry& e, const std::vector<int64_t>& dim0s) {
+  const Meta& m = e.meta;
+  const int N = comm_.size;
+  const int me = links_->topology().rank;
+  int64_t row = 1;
+  for (size_t i = 1; i < m.shape.size(); ++i) row *= m.shape[i];
+  const size_t row_bytes = static_cast<size_t>(row) * dtypeSize(m.dtype);
+  std::vector<size_t> rank_bytes(N);
+  int64_t total_rows = 0;
+  for (int r = 0; r < N; ++r) {
+    rank_bytes[r] = static_cast<size_t>(dim0s[r]) * row_bytes;
+    total_rows += dim0s[r];
+  }
+  std::vector<int64_t> out_shape = m.shape;
+  out_shape[0] = total_rows;
+  allocateOutput(e, out_shape);
+  size_t my_off = 0;
+  for (int r = 0; r < me; ++r) my_off += rank_bytes[r];
+  if (rank_bytes[me])
+    std::memmove(static_cast<char*>(e.req.output) + my_off, e.req.input, rank_bytes[me]);
+  collectives::ringAllgather(comm_, e.req.output, rank_bytes);
+}
+
+void Engine::execBroadcast(Entry& e) {
+  const Meta& m = e.meta;
+  size_t b = bytesOf(m);
+  if (links_->topology().rank == m.root && e.req.output != e.req.input && b)
+    std::memcpy(e.req.output, e.req.input, b);
+  collectives::ringBroadcast(comm_, e.req.output, b, m.root);
+}
+
+void Engine::execReducescatter(Entry& e) {
+  const Meta& m = e.meta;
+  const int N = comm_.size;
+  const int me = links_->topology().rank;
+  int64_t row = 1;
+  for (size_t i = 1; i < m.shape.size(); ++i) row *= m.shape[i];
+  std::vector<size_t> counts(N);
+  for (int r = 0; r < N; ++r)
+    counts[r] = static_cast<size_t>(reducescatterShape(m.shape, r, N)[0] * row);
+  size_t total = bytesOf(m);
+  // The input must survive (frameworks may reuse it), so reduce in scratch.
+  if (scratch_.size() < total) scratch_.resize(total);
+  if (total) std::memcpy(scratch_.data(), e.req.input, total);
+  size_t count = static_cast<size_t>(m.numElements());
+  if (m.prescale != 1.0) kernels::scale(scratch_.data(), count, m.dtype, m.prescale);
+  collectives::ringReducescatter(comm_, scratch_.data(), counts, m.dtype, kernelOp(m.op),
+                                 finalScale(m, N));
+  allocateOutput(e, reducescatterShape(m.shape, me, N));
+  size_t off = 0;
+  for (int r = 0; r < me; ++r) off += counts[r];
+  size_t es = dtypeSize(m.dtype);
+  if (counts[me]) std::memcpy(e.req.output, scratch_.data() + off * es, counts[me] * es);
+}
+
+}  // namespace runtime
+}  // namespace tfring

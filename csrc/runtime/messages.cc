@@ -1,0 +1,92 @@
+#include "runtime/messages.h"
+
+namespace tfring {
+namespace runtime {
+
+bool Meta::operator==(const Meta& o) const {
+  return name == o.name && type == o.type && dtype == o.dtype && shape == o.shape &&
+         op == o.op && root == o.root && prescale == o.prescale &&
+         postscale == o.postscale && device == o.device;
+}
+
+int64_t Meta::numElements() const {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::string Meta::shapeString() const {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+void Meta::write(wire::Writer& w) const {
+  w.putStr(name);
+  w.put<uint8_t>(static_cast<uint8_t>(type));
+  w.put<uint8_t>(static_cast<uint8_t>(dtype));
+  w.putI64s(shape);
+  w.put<uint8_t>(static_cast<uint8_t>(op));
+  w.put<int32_t>(root);
+  w.put<double>(prescale);
+  w.put<double>(postscale);
+  w.put<int32_t>(device);
+}
+
+Meta Meta::read(wire::Reader& r) {
+  Meta m;
+  m.name = r.getStr();
+  m.type = static_cast<CollectiveType>(r.get<uint8_t>());
+  m.dtype = static_cast<DataType>(r.get<uint8_t>());
+  m.shape = r.getI64s();
+  m.op = static_cast<ReduceOp>(r.get<uint8_t>());
+  m.root = r.get<int32_t>();
+  m.prescale = r.get<double>();
+  m.postscale = r.get<double>();
+  m.device = r.get<int32_t>();
+  return m;
+}
+
+void Response::write(wire::Writer& w) const {
+  w.put<uint64_t>(seq);
+  w.put<uint32_t>(static_cast<uint32_t>(new_ids.size()));
+  for (auto& p : new_ids) {
+    w.put<int32_t>(p.first);
+    w.putStr(p.second);
+  }
+  w.put<uint32_t>(static_cast<uint32_t>(groups.size()));
+  for (auto& g : groups) {
+    w.put<uint8_t>(g.kind);
+    w.put<uint8_t>(static_cast<uint8_t>(g.type));
+    w.put<uint32_t>(static_cast<uint32_t>(g.names.size()));
+    for (auto& n : g.names) w.putStr(n);
+    w.put<uint32_t>(static_cast<uint32_t>(g.dim0s.size()));
+    for (auto& d : g.dim0s) w.putI64s(d);
+    w.putStr(g.error);
+  }
+}
+
+Response Response::read(wire::Reader& r) {
+  Response resp;
+  resp.seq = r.get<uint64_t>();
+  uint32_t n = r.get<uint32_t>();
+  for (uint32_t i = 0; i < n; ++i) {
+    int32_t id = r.get<int32_t>();
+    resp.new_ids.emplace_back(id, r.getStr());
+  }
+  uint32_t ng = r.get<uint32_t>();
+  resp.groups.resize(ng);
+  for (auto& g : resp.groups) {
+    g.kind = static_cast<Group::Kind>(r.get<uint8_t>());
+    g.type = static_cast<CollectiveType>(r.get<uint8_t>());
+    uint32_t nn = r.get<uint32_t>();
+    for (uint32_t i = 0; i < nn; ++i) g.names.push_back(r.getStr());
+    uint32_t nd = r.get<uint32_t>();
+    for (uint32_t i = 0; i < nd; ++i) g.dim0s.push_back(r.getI64s());
+    g.error = r.getStr();
+  }
+  return resp;
+}
+
+}  // namespace runtime
+}  // namespace tfring

@@ -1,0 +1,63 @@
+// Negotiation messages between each rank's engine and the coordinator
+// (rank 0). See coordinator.h for the protocol.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/types.h"
+#include "common/wire.h"
+
+namespace tfring {
+namespace runtime {
+
+// What one rank says about one of its tensors.
+struct Meta {
+  std::string name;
+  CollectiveType type = CollectiveType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = 0;
+  double prescale = 1.0, postscale = 1.0;
+  int32_t device = -1;
+
+  bool operator==(const Meta& o) const;
+  int64_t numElements() const;
+  void write(wire::Writer& w) const;
+  static Meta read(wire::Reader& r);
+  std::string shapeString() const;
+};
+
+enum MsgType : uint8_t {
+  // engine -> coordinator
+  kMsgRequests = 1,  // u32 n; n x {i32 cache id or -1; Meta if -1}
+  kMsgDone = 2,      // u64 response sequence number executed
+  kMsgBye = 3,       // clean shutdown
+  kMsgError = 4,     // str: a fatal local error; the job must stop
+  // coordinator -> engine
+  kMsgResponse = 10,  // see Response
+  kMsgStall = 11,     // str: warning text
+  kMsgAbort = 12,     // i32 culprit rank, str message
+};
+
+// One unit of execution, identical on every rank.
+struct Group {
+  enum Kind : uint8_t { kExec = 0, kError = 1 } kind = kExec;
+  CollectiveType type = CollectiveType::kAllreduce;
+  std::vector<std::string> names;           // in execution / fusion order
+  std::vector<std::vector<int64_t>> dim0s;  // allgather: per name, per rank
+  std::string error;                        // kError: the message
+};
+
+struct Response {
+  uint64_t seq = 0;
+  std::vector<std::pair<int32_t, std::string>> new_ids;  // cache ids granted
+  std::vector<Group> groups;
+  void write(wire::Writer& w) const;
+  static Response read(wire::Reader& r);
+};
+
+}  // namespace runtime
+}  // namespace tfring

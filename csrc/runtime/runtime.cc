@@ -1,0 +1,182 @@
+// init/shutdown of the process-wide runtime: joins the ring through the
+// store, connects every engine to the coordinator on rank 0 and starts the
+// background threads.
+#include "runtime/runtime.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <mutex>
+
+#include "common/abort.h"
+#include "common/logging.h"
+#include "common/net.h"
+#include "common/wire.h"
+#include "runtime/coordinator.h"
+#include "runtime/engine.h"
+
+namespace tfring {
+namespace runtime {
+
+namespace {
+
+constexpr uint32_t kCtrlPurpose = 2;
+
+struct Global {
+  std::mutex mu;
+  bool initialized = false;
+  Config cfg;
+  transport::Topology topo;
+  std::string transport;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Coordinator> coordinator;
+};
+
+Global& G() {
+  static Global* g = new Global();
+  return *g;
+}
+
+// Detects hosts that vanish without closing their sockets (power loss,
+// network partition) within about 10 seconds.
+void setKeepAlive(int fd) {
+  int on = 1, idle = 4, intvl = 2, cnt = 3;
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+}
+
+std::string describeRank(const transport::Topology& T, int r) {
+  return strCat("rank ", r, " (host ", T.peers.empty() ? "?" : T.peers[r].addr, ", pid ",
+                T.peers.empty() ? 0 : T.peers[r].pid, ")");
+}
+
+}  // namespace
+
+Status init(const InitOptions& opts) {
+  Global& g = G();
+  std::lock_guard<std::mutex> lk(g.mu);
+  if (g.initialized) return Status::OK();
+  try {
+    if (opts.size < 1 || opts.rank < 0 || opts.rank >= opts.size)
+      fail(Code::kInvalidArgument, "invalid rank ", opts.rank, " for world size ", opts.size);
+    if (opts.size > 1 && !opts.store)
+      fail(Code::kInvalidArgument, "a store is required for world size ", opts.size);
+    g.cfg = Config::fromEnv();
+    log::setLevel(g.cfg.log_level);
+    log::setRank(opts.rank);
+    AbortState::get().reset();
+
+    rendezvous::Store* store = opts.store.get();
+    auto links = transport::RingLinks::connect(store, opts.rank, opts.size, opts.secret, g.cfg);
+    const auto& T = links->topology();
+    Deadline deadline = Deadline::in(g.cfg.timeout_s);
+
+    // Coordinator connections: rank 0 accepts one from every engine, its own
+    // included (over loopback), so every rank talks to it the same way.
+    int listen_fd = -1, port = 0;
+    std::string coord_host = "127.0.0.1";
+    if (opts.rank == 0) {
+      listen_fd = net::listenOn(opts.size > 1 ? (g.cfg.iface_addr.empty() ? "0.0.0.0" : g.cfg.iface_addr)
+                                              : "127.0.0.1",
+                                0, &port);
+      if (opts.size > 1) store->setString("coord/port", std::to_string(port));
+    } else {
+      port = std::stoi(store->getString("coord/port", g.cfg.timeout_s));
+      coord_host = T.peers[0].addr;
+    }
+    int ctrl = net::connectTo(coord_host, port, deadline);
+    net::setNoDelay(ctrl);
+    setKeepAlive(ctrl);
+    wire::sendHello(ctrl, kCtrlPurpose, opts.rank, opts.secret, deadline, "the coordinator (rank 0)");
+    std::unique_ptr<Coordinator> coord;
+    if (opts.rank == 0) {
+      std::vector<int> fds(opts.size, -1);
+      int got = 0;
+      while (got < opts.size) {
+        int fd = net::acceptWithDeadline(listen_fd, deadline);
+        if (fd < 0) {
+          std::string missing;
+          for (int r = 0; r < opts.size; ++r)
+            if (fds[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+          fail(Code::kTimeout, "timed out waiting for ranks [", missing,
+               "] to connect to the coordinator");
+        }
+        int who = wire::acceptHello(fd, kCtrlPurpose, opts.secret, deadline);
+        if (who < 0 || who >= opts.size || fds[who] >= 0) {
+          net::closeFd(fd);
+          continue;
+        }
+        net::setNoDelay(fd);
+        setKeepAlive(fd);
+        fds[who] = fd;
+        ++got;
+      }
+      net::closeFd(listen_fd);
+      std::vector<std::string> desc;
+      for (int r = 0; r < opts.size; ++r) desc.push_back(describeRank(T, r));
+      coord.reset(new Coordinator(std::move(fds), std::move(desc), g.cfg));
+      coord->start();
+    }
+    wire::expectHelloAck(ctrl, deadline, "the coordinator (rank 0)");
+
+    g.topo = T;
+    g.transport = links->transportName();
+    g.engine.reset(new Engine(std::move(links), ctrl, g.cfg));
+    g.coordinator = std::move(coord);
+    g.engine->start();
+    g.initialized = true;
+    TFRING_LOG(kDebug, "initialized: rank ", opts.rank, "/", opts.size, " transport ", g.transport);
+    return Status::OK();
+  } catch (const Error& e) {
+    g.engine.reset();
+    g.coordinator.reset();
+    return e.status();
+  } catch (const std::exception& e) {
+    g.engine.reset();
+    g.coordinator.reset();
+    return Status(Code::kInternal, e.what());
+  }
+}
+
+void shutdown() {
+  Global& g = G();
+  std::lock_guard<std::mutex> lk(g.mu);
+  if (!g.initialized) return;
+  g.engine->stop();
+  if (g.coordinator) g.coordinator->join(g.cfg.timeout_s);
+  g.engine.reset();
+  g.coordinator.reset();
+  g.initialized = false;
+}
+
+bool isInitialized() { return G().initialized; }
+int rank() { return G().topo.rank; }
+int size() { return G().topo.size; }
+int localRank() { return G().topo.local_rank; }
+int localSize() { return G().topo.local_size; }
+int crossRank() { return G().topo.cross_rank; }
+int crossSize() { return G().topo.cross_size; }
+const Config& config() { return G().cfg; }
+std::string transportName() { return G().transport; }
+
+Status enqueue(Request req, DoneCallback done) {
+  Global& g = G();
+  Engine* e = g.engine.get();
+  if (!g.initialized || !e)
+    return Status(Code::kAborted, "tfring is not initialized: call tfring.init() first");
+  return e->enqueue(std::move(req), std::move(done));
+}
+
+std::vector<int64_t> reducescatterShape(const std::vector<int64_t>& shape, int rank, int size) {
+  std::vector<int64_t> out = shape;
+  if (out.empty()) return out;
+  int64_t d = out[0];
+  out[0] = d / size + (rank < d % size ? 1 : 0);
+  return out;
+}
+
+}  // namespace runtime
+}  // namespace tfring

@@ -1,0 +1,39 @@
+// Timeline: a Chrome / Perfetto trace (JSON array format) of what the engine
+// does with each tensor: NEGOTIATE from enqueue until the coordinator
+// schedules it, then the collective with its phases (fusion-buffer copies,
+// the ring itself). Open it in chrome://tracing or ui.perfetto.dev.
+// TFRING_TIMELINE=path writes rank 0's trace; a path containing "{rank}"
+// writes one file per rank.
+#pragma once
+
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace tfring {
+namespace runtime {
+
+class Timeline {
+ public:
+  Timeline() = default;
+  ~Timeline();
+  void open(const std::string& path, int rank);
+  bool enabled() const { return file_ != nullptr; }
+  void begin(const std::string& tensor, const std::string& phase);
+  void end(const std::string& tensor);
+  void close();
+
+ private:
+  int tid(const std::string& tensor);
+  void emit(const std::string& json);
+  std::FILE* file_ = nullptr;
+  std::mutex mu_;
+  std::map<std::string, int> tids_;
+  double t0_ = 0;
+  int rank_ = 0;
+  bool first_ = true;
+};
+
+}  // namespace runtime
+}  // namespace tfring

@@ -1,0 +1,50 @@
+// Point-to-point channels between ring neighbours. A rank owns exactly one
+// SendChannel (to its right neighbour) and one RecvChannel (from its left
+// neighbour); every collective is written against these two and nothing
+// else, so shared memory and TCP plug in underneath without the algorithms
+// knowing which one they run on.
+//
+// All calls are non-blocking: they move what they can and return how much.
+// A collective drives both channels from one progress loop and, when neither
+// moved, sleeps in a Waiter (waiter.h) until a peer makes progress possible.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace tfring {
+namespace transport {
+
+class SendChannel {
+ public:
+  virtual ~SendChannel() = default;
+  // Queues up to n bytes for the peer; returns how many were taken.
+  virtual size_t trySend(const void* data, size_t n) = 0;
+  // Called by both ends at the same point of the stream (the end of every
+  // collective): the next message starts 8-byte aligned in the stream, so a
+  // receiver can always view whole elements of any dtype.
+  virtual void align() = 0;
+  // fd to poll for POLLOUT, or -1 when readiness comes through the doorbell.
+  virtual int pollFd() const { return -1; }
+  // Throws kPeerFailure naming the peer if it is known to be gone.
+  virtual void checkPeer() {}
+  virtual std::string describe() const = 0;
+};
+
+class RecvChannel {
+ public:
+  virtual ~RecvChannel() = default;
+  // Copies up to n received bytes out; returns how many.
+  virtual size_t tryRecv(void* data, size_t n) = 0;
+  // Zero-copy view of up to `max` contiguous received bytes (fewer, or 0,
+  // when that is all there is). The bytes stay valid until consume().
+  virtual size_t peek(const void** data, size_t max) = 0;
+  virtual void consume(size_t n) = 0;
+  virtual void align() = 0;
+  virtual int pollFd() const { return -1; }
+  virtual void checkPeer() {}
+  virtual std::string describe() const = 0;
+};
+
+}  // namespace transport
+}  // namespace tfring

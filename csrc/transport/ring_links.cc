@@ -1,0 +1,207 @@
+#include "transport/ring_links.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+
+#include "common/logging.h"
+#include "common/net.h"
+#include "common/wire.h"
+#include "transport/shm/shm_channel.h"
+#include "transport/tcp/tcp_channel.h"
+
+namespace tfring {
+namespace transport {
+
+namespace {
+
+constexpr uint32_t kRingPurpose = 1;
+
+uint64_t roundUpPow2(uint64_t v) {
+  uint64_t p = 8;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+std::vector<std::string> splitBar(const std::string& s) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  for (;;) {
+    size_t e = s.find('|', b);
+    out.push_back(s.substr(b, e == std::string::npos ? std::string::npos : e - b));
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+void storeBarrier(rendezvous::Store& store, const std::string& name, int rank,
+                  int size, double timeout_s) {
+  store.setString(strCat("barrier/", name, "/", rank), "1");
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(strCat("barrier/", name, "/", r));
+  store.wait(keys, timeout_s);
+}
+
+std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int rank,
+                                              int size, const std::string& secret,
+                                              const Config& cfg) {
+  std::unique_ptr<RingLinks> L(new RingLinks());
+  Topology& T = L->topo_;
+  T.rank = rank;
+  T.size = size;
+  if (size == 1) {  // a job of one: no store, no links
+    T.ring = {0};
+    T.peers = {PeerInfo{net::hostIdentity(), static_cast<int>(::getpid()), "127.0.0.1", 0}};
+    return L;
+  }
+  rendezvous::Store& store = *store_ptr;
+  const double timeout = cfg.timeout_s;
+  Deadline deadline = Deadline::in(timeout);
+
+  // 1. Publish who and where I am.
+  int port = 0;
+  std::string bind_host = cfg.iface_addr.empty() ? "0.0.0.0" : cfg.iface_addr;
+  int listen_fd = size > 1 ? net::listenOn(bind_host, 0, &port) : -1;
+  std::string job;
+  if (rank == 0) {
+    // Unique per job on this host: names the shared-memory segments.
+    char buf[32];
+    auto t = static_cast<unsigned long long>(nowSeconds() * 1e6);
+    snprintf(buf, sizeof(buf), "%x-%llx", static_cast<unsigned>(::getpid()), t & 0xffffffffffull);
+    job = buf;
+    store.setString("job/id", job);
+  } else {
+    job = store.getString("job/id", timeout);
+  }
+  std::string my_addr = cfg.iface_addr.empty() ? net::localAddress() : cfg.iface_addr;
+  store.setString(strCat("peer/", rank),
+                  strCat(net::hostIdentity(), "|", ::getpid(), "|", my_addr, "|", port));
+  T.peers.resize(size);
+  for (int r = 0; r < size; ++r) {
+    auto f = splitBar(store.getString(strCat("peer/", r), timeout));
+    if (f.size() != 4) fail(Code::kInternal, "malformed peer record for rank ", r);
+    T.peers[r] = PeerInfo{f[0], std::stoi(f[1]), f[2], std::stoi(f[3])};
+  }
+
+  // 2. Group by host, in order of each host's first rank.
+  std::vector<std::string> hosts;
+  std::map<std::string, std::vector<int>> by_host;
+  for (int r = 0; r < size; ++r) {
+    const auto& h = T.peers[r].host;
+    if (!by_host.count(h)) hosts.push_back(h);
+    by_host[h].push_back(r);
+  }
+  const auto& mine = by_host[T.peers[rank].host];
+  T.local_size = static_cast<int>(mine.size());
+  T.local_rank = static_cast<int>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
+  // cross_rank: my index among the hosts that have a rank with my local_rank.
+  T.cross_size = 0;
+  for (const auto& h : hosts) {
+    if (static_cast<int>(by_host[h].size()) > T.local_rank) {
+      if (h == T.peers[rank].host) T.cross_rank = T.cross_size;
+      ++T.cross_size;
+    }
+  }
+  for (const auto& h : hosts)
+    for (int r : by_host[h]) T.ring.push_back(r);
+  T.ring_pos = static_cast<int>(std::find(T.ring.begin(), T.ring.end(), rank) - T.ring.begin());
+  T.left = T.ring[(T.ring_pos + size - 1) % size];
+  T.right = T.ring[(T.ring_pos + 1) % size];
+
+  bool force_tcp = cfg.transport == "tcp";
+  L->right_shm_ = !force_tcp && T.peers[T.right].host == T.peers[rank].host;
+  L->left_shm_ = !force_tcp && T.peers[T.left].host == T.peers[rank].host;
+
+  // 3. Shared memory: my segment carries my bell and, if my left neighbour
+  // is local, my inbox.
+  if (L->left_shm_ || L->right_shm_) {
+    uint64_t cap = L->left_shm_ ? roundUpPow2(static_cast<uint64_t>(cfg.shm_buffer_bytes)) : 8;
+    L->self_seg_ = ShmSegment::create(job, rank, cap);
+  }
+  store.setString(strCat("shm/", rank), L->self_seg_ ? "1" : "0");
+
+  // 4. TCP: connect to the right, accept from the left. The hello goes out
+  // before we accept, and its ack is read after, so no ring of ranks can
+  // wait on each other in a cycle.
+  int right_fd = -1, left_fd = -1;
+  std::string right_name = strCat("rank ", T.right, " at ", T.peers[T.right].addr, ":", T.peers[T.right].port);
+  if (!L->right_shm_) {
+    right_fd = net::connectTo(T.peers[T.right].addr, T.peers[T.right].port, deadline);
+    net::setNoDelay(right_fd);
+    net::setBufferSizes(right_fd, 4 << 20);
+    wire::sendHello(right_fd, kRingPurpose, rank, secret, deadline, right_name);
+  }
+  if (!L->left_shm_) {
+    while (left_fd < 0) {
+      int fd = net::acceptWithDeadline(listen_fd, deadline);
+      if (fd < 0)
+        fail(Code::kTimeout, "timed out waiting for rank ", T.left,
+             " (left ring neighbour) to connect");
+      int who = wire::acceptHello(fd, kRingPurpose, secret, deadline);
+      if (who != T.left) {
+        TFRING_LOG(kWarning, "rejected a ring connection (claimed rank ", who,
+                   ", expected ", T.left, " with the job secret)");
+        net::closeFd(fd);
+        continue;
+      }
+      left_fd = fd;
+    }
+    net::setNoDelay(left_fd);
+    net::setBufferSizes(left_fd, 4 << 20);
+  }
+  if (right_fd >= 0) wire::expectHelloAck(right_fd, deadline, right_name);
+  if (listen_fd >= 0) net::closeFd(listen_fd);
+
+  // 5. Map the neighbours' segments, then unlink ours once both have it.
+  if (L->right_shm_) {
+    store.wait({strCat("shm/", T.right)}, deadline.remaining());
+    L->right_seg_ = ShmSegment::open(job, T.right);
+  }
+  if (L->left_shm_) {
+    if (T.left == T.right && L->right_seg_) {
+      L->left_seg_ = nullptr;  // same segment as right_seg_
+    } else {
+      store.wait({strCat("shm/", T.left)}, deadline.remaining());
+      L->left_seg_ = ShmSegment::open(job, T.left);
+    }
+  }
+  storeBarrier(store, "shm-mapped", rank, size, deadline.remaining());
+  if (L->self_seg_) L->self_seg_->unlink();
+
+  std::string left_addr = strCat(T.peers[T.left].addr, ":", T.peers[T.left].port);
+  if (L->right_shm_)
+    L->send_.reset(new ShmSendChannel(L->right_seg_.get(), T.right));
+  else
+    L->send_.reset(new TcpSendChannel(right_fd, T.right, right_name));
+  if (L->left_shm_) {
+    ShmSegment* left_seg = L->left_seg_ ? L->left_seg_.get() : L->right_seg_.get();
+    L->recv_.reset(new ShmRecvChannel(L->self_seg_.get(), left_seg, T.left));
+  } else {
+    L->recv_.reset(new TcpRecvChannel(left_fd, T.left, left_addr, 1 << 20));
+  }
+  return L;
+}
+
+RingLinks::~RingLinks() = default;
+
+Doorbell* RingLinks::bell() const {
+  return self_seg_ ? &self_seg_->header()->bell : nullptr;
+}
+
+void RingLinks::wake() const {
+  if (self_seg_) self_seg_->header()->bell.ring();
+}
+
+std::string RingLinks::transportName() const {
+  if (topo_.size == 1) return "local";
+  if (right_shm_ && left_shm_) return "shm";
+  if (!right_shm_ && !left_shm_) return "tcp";
+  return "shm+tcp";
+}
+
+}  // namespace transport
+}  // namespace tfring

@@ -1,0 +1,71 @@
+// RingLinks: who my neighbours are and the channels to them.
+//
+// Setup, through the store: every rank publishes its host identity, pid and
+// TCP listening address. Ranks are grouped by host (which gives local_rank,
+// local_size, cross_rank, cross_size) and ordered into a ring host by host,
+// so only host boundaries cross TCP. Each ring edge then uses shared memory
+// when both ends share a host (unless TFRING_TRANSPORT=tcp) and TCP
+// otherwise.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/env.h"
+#include "rendezvous/store.h"
+#include "transport/channel.h"
+#include "transport/waiter.h"
+
+namespace tfring {
+namespace transport {
+
+class ShmSegment;
+
+struct PeerInfo {
+  std::string host;
+  int pid = 0;
+  std::string addr;
+  int port = 0;
+};
+
+struct Topology {
+  int rank = 0, size = 1;
+  int local_rank = 0, local_size = 1;
+  int cross_rank = 0, cross_size = 1;
+  std::vector<int> ring;  // ring order of ranks
+  int ring_pos = 0;
+  int left = 0, right = 0;  // ranks of the ring neighbours
+  std::vector<PeerInfo> peers;
+};
+
+class RingLinks {
+ public:
+  static std::unique_ptr<RingLinks> connect(rendezvous::Store* store, int rank,
+                                            int size, const std::string& secret,
+                                            const Config& cfg);
+  ~RingLinks();
+
+  const Topology& topology() const { return topo_; }
+  SendChannel* right() const { return send_.get(); }
+  RecvChannel* left() const { return recv_.get(); }
+  Doorbell* bell() const;
+  std::string transportName() const;
+  // Wakes this rank's engine if it sleeps in a Waiter (abort path).
+  void wake() const;
+
+ private:
+  RingLinks() = default;
+  Topology topo_;
+  std::unique_ptr<ShmSegment> self_seg_, right_seg_, left_seg_;
+  std::unique_ptr<SendChannel> send_;
+  std::unique_ptr<RecvChannel> recv_;
+  bool right_shm_ = false, left_shm_ = false;
+};
+
+// A barrier through the store: every rank sets its key, then waits for all.
+void storeBarrier(rendezvous::Store& store, const std::string& name, int rank,
+                  int size, double timeout_s);
+
+}  // namespace transport
+}  // namespace tfring

@@ -1,0 +1,189 @@
+#include "transport/shm/shm_channel.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/status.h"
+
+namespace tfring {
+namespace transport {
+
+namespace {
+constexpr uint64_t kMagic = 0x676e697266746675ull;  // "uftfring"
+}
+
+bool pidAlive(int pid) {
+  if (pid <= 0) return true;
+  return !(::kill(pid, 0) != 0 && errno == ESRCH);
+}
+
+std::string ShmSegment::nameFor(const std::string& job, int rank) {
+  return strCat("/tfring-", job, "-r", rank);
+}
+
+std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& job, int rank,
+                                               uint64_t capacity) {
+  std::unique_ptr<ShmSegment> s(new ShmSegment());
+  s->name_ = nameFor(job, rank);
+  s->owner_ = true;
+  size_t total = kDataOffset + capacity;
+  ::shm_unlink(s->name_.c_str());  // a stale one from a crashed job
+  int fd = ::shm_open(s->name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) fail(Code::kUnavailable, "shm_open(", s->name_, "): ", strerror(errno));
+  if (::ftruncate(fd, static_cast<off_t>(total)) != 0) {
+    int e = errno;
+    ::close(fd);
+    ::shm_unlink(s->name_.c_str());
+    fail(Code::kUnavailable, "could not size shared memory ", s->name_, " to ",
+         total, " bytes: ", strerror(e), " (is /dev/shm large enough?)");
+  }
+  void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) fail(Code::kUnavailable, "mmap(", s->name_, "): ", strerror(errno));
+  s->mapped_ = total;
+  s->header_ = new (p) ShmHeader();
+  s->header_->capacity = capacity;
+  s->header_->rank = rank;
+  s->header_->pid = static_cast<int32_t>(::getpid());
+  s->header_->bell.seq.store(0);
+  s->header_->bell.sleeping.store(0);
+  s->header_->head.store(0);
+  s->header_->tail.store(0);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  reinterpret_cast<std::atomic<uint64_t>*>(&s->header_->magic)->store(kMagic, std::memory_order_release);
+  return s;
+}
+
+std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& job, int rank) {
+  std::unique_ptr<ShmSegment> s(new ShmSegment());
+  s->name_ = nameFor(job, rank);
+  int fd = ::shm_open(s->name_.c_str(), O_RDWR, 0600);
+  if (fd < 0) fail(Code::kUnavailable, "could not open the shared memory of rank ", rank,
+                   " (", s->name_, "): ", strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(kDataOffset)) {
+    ::close(fd);
+    fail(Code::kUnavailable, "shared memory of rank ", rank, " is truncated");
+  }
+  void* p = ::mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) fail(Code::kUnavailable, "mmap(", s->name_, "): ", strerror(errno));
+  s->mapped_ = st.st_size;
+  s->header_ = static_cast<ShmHeader*>(p);
+  auto magic = reinterpret_cast<std::atomic<uint64_t>*>(&s->header_->magic)->load(std::memory_order_acquire);
+  if (magic != kMagic) fail(Code::kUnavailable, "shared memory of rank ", rank, " is not initialized");
+  return s;
+}
+
+void ShmSegment::unlink() {
+  if (owner_) ::shm_unlink(name_.c_str());
+  owner_ = false;
+}
+
+ShmSegment::~ShmSegment() {
+  unlink();
+  if (header_) ::munmap(header_, mapped_);
+}
+
+// ----------------------------------------------------------------- send ----
+
+ShmSendChannel::ShmSendChannel(ShmSegment* peer, int peer_rank)
+    : peer_(peer), h_(peer->header()), peer_rank_(peer_rank) {
+  head_ = h_->head.load(std::memory_order_relaxed);
+}
+
+size_t ShmSendChannel::trySend(const void* data, size_t n) {
+  const uint64_t cap = h_->capacity;
+  uint64_t tail = h_->tail.load(std::memory_order_acquire);
+  uint64_t space = cap - (head_ - tail);
+  size_t todo = static_cast<size_t>(std::min<uint64_t>(space, n));
+  if (todo == 0) return 0;
+  // Copy in at most two pieces: up to the end of the ring, then from its start.
+  uint64_t pos = head_ & (cap - 1);
+  size_t first = static_cast<size_t>(std::min<uint64_t>(todo, cap - pos));
+  std::memcpy(peer_->data() + pos, data, first);
+  if (todo > first) std::memcpy(peer_->data(), static_cast<const char*>(data) + first, todo - first);
+  head_ += todo;
+  h_->head.store(head_, std::memory_order_release);
+  h_->bell.ring();
+  return todo;
+}
+
+void ShmSendChannel::align() {
+  head_ = (head_ + 7) & ~uint64_t(7);
+  h_->head.store(head_, std::memory_order_release);
+}
+
+void ShmSendChannel::checkPeer() {
+  if (!pidAlive(h_->pid))
+    fail(Code::kPeerFailure, "rank ", peer_rank_, " (pid ", h_->pid,
+         " on this host) died");
+}
+
+std::string ShmSendChannel::describe() const { return strCat("rank ", peer_rank_, " (shm)"); }
+
+// ----------------------------------------------------------------- recv ----
+
+ShmRecvChannel::ShmRecvChannel(ShmSegment* self, ShmSegment* left, int left_rank)
+    : self_(self), left_(left), h_(self->header()), left_rank_(left_rank) {
+  tail_ = h_->tail.load(std::memory_order_relaxed);
+}
+
+size_t ShmRecvChannel::peek(const void** data, size_t max) {
+  const uint64_t cap = h_->capacity;
+  uint64_t head = h_->head.load(std::memory_order_acquire);
+  // head < tail_ happens briefly after align(): we rounded tail_ up before
+  // the producer rounded head up. Nothing is readable then.
+  if (head <= tail_) return 0;
+  uint64_t avail = head - tail_;
+  uint64_t pos = tail_ & (cap - 1);
+  size_t n = static_cast<size_t>(std::min<uint64_t>({avail, cap - pos, max}));
+  *data = self_->data() + pos;
+  return n;
+}
+
+void ShmRecvChannel::consume(size_t n) {
+  tail_ += n;
+  h_->tail.store(tail_, std::memory_order_release);
+  left_->header()->bell.ring();
+}
+
+size_t ShmRecvChannel::tryRecv(void* data, size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    const void* p;
+    size_t k = peek(&p, n - done);
+    if (k == 0) break;
+    std::memcpy(static_cast<char*>(data) + done, p, k);
+    done += k;
+    tail_ += k;
+  }
+  if (done) {
+    h_->tail.store(tail_, std::memory_order_release);
+    left_->header()->bell.ring();
+  }
+  return done;
+}
+
+void ShmRecvChannel::align() {
+  tail_ = (tail_ + 7) & ~uint64_t(7);
+  h_->tail.store(tail_, std::memory_order_release);
+}
+
+void ShmRecvChannel::checkPeer() {
+  int pid = left_->header()->pid;
+  if (!pidAlive(pid))
+    fail(Code::kPeerFailure, "rank ", left_rank_, " (pid ", pid, " on this host) died");
+}
+
+std::string ShmRecvChannel::describe() const { return strCat("rank ", left_rank_, " (shm)"); }
+
+}  // namespace transport
+}  // namespace tfring

@@ -1,0 +1,102 @@
+// Shared-memory channels between ranks on one host.
+//
+// Every rank creates one segment, named after the job and its rank, holding
+// its doorbell, its pid and its inbox: a single-producer single-consumer
+// byte ring that only its left neighbour writes. A rank maps its own segment
+// (to read its inbox), its right neighbour's (to write into that inbox and
+// ring that bell) and its left neighbour's (to ring that bell once it has
+// freed inbox space). Once every neighbour has mapped them, segments are
+// unlinked, so nothing is left in /dev/shm even if a rank is killed.
+//
+// Ring protocol: `head` counts bytes ever written (producer-owned), `tail`
+// bytes ever consumed (consumer-owned); capacity is a power of two, a
+// multiple of 8. The producer copies into free space, publishes head with a
+// release store and rings the consumer's bell; the consumer reads with an
+// acquire load, and after consuming publishes tail and rings the producer's
+// bell. align() rounds both counters up to 8 at the end of each collective.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "transport/channel.h"
+#include "transport/waiter.h"
+
+namespace tfring {
+namespace transport {
+
+struct alignas(64) ShmHeader {
+  uint64_t magic;
+  uint64_t capacity;
+  int32_t rank;
+  int32_t pid;
+  alignas(64) Doorbell bell;
+  alignas(64) std::atomic<uint64_t> head;
+  alignas(64) std::atomic<uint64_t> tail;
+};
+
+class ShmSegment {
+ public:
+  // Creates (owner) or opens (neighbour) the segment of `rank` in job `job`.
+  static std::unique_ptr<ShmSegment> create(const std::string& job, int rank,
+                                            uint64_t capacity);
+  static std::unique_ptr<ShmSegment> open(const std::string& job, int rank);
+  ~ShmSegment();
+  void unlink();
+
+  ShmHeader* header() const { return header_; }
+  char* data() const { return reinterpret_cast<char*>(header_) + kDataOffset; }
+  uint64_t capacity() const { return header_->capacity; }
+  static constexpr size_t kDataOffset = 256;
+
+ private:
+  ShmSegment() = default;
+  static std::string nameFor(const std::string& job, int rank);
+  std::string name_;
+  ShmHeader* header_ = nullptr;
+  size_t mapped_ = 0;
+  bool owner_ = false;
+};
+
+class ShmSendChannel : public SendChannel {
+ public:
+  // `peer` is the right neighbour's segment; `self` is ours (unused here).
+  ShmSendChannel(ShmSegment* peer, int peer_rank);
+  size_t trySend(const void* data, size_t n) override;
+  void align() override;
+  void checkPeer() override;
+  std::string describe() const override;
+
+ private:
+  ShmSegment* peer_;
+  ShmHeader* h_;
+  int peer_rank_;
+  uint64_t head_;  // our copy of head; we are the only writer
+};
+
+class ShmRecvChannel : public RecvChannel {
+ public:
+  // `self` holds the inbox; `left` is the producer's segment (its bell).
+  ShmRecvChannel(ShmSegment* self, ShmSegment* left, int left_rank);
+  size_t tryRecv(void* data, size_t n) override;
+  size_t peek(const void** data, size_t max) override;
+  void consume(size_t n) override;
+  void align() override;
+  void checkPeer() override;
+  std::string describe() const override;
+
+ private:
+  ShmSegment* self_;
+  ShmSegment* left_;
+  ShmHeader* h_;
+  int left_rank_;
+  uint64_t tail_;  // our copy of tail; we are the only writer
+};
+
+// Whether a process is still alive (pid on this host).
+bool pidAlive(int pid);
+
+}  // namespace transport
+}  // namespace tfring

@@ -1,0 +1,102 @@
+#include "transport/tcp/tcp_channel.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/net.h"
+#include "common/status.h"
+
+namespace tfring {
+namespace transport {
+
+TcpSendChannel::TcpSendChannel(int fd, int peer_rank, std::string peer_addr)
+    : fd_(fd), peer_rank_(peer_rank), peer_addr_(std::move(peer_addr)) {
+  net::setNonBlocking(fd_, true);
+}
+
+TcpSendChannel::~TcpSendChannel() { net::closeFd(fd_); }
+
+size_t TcpSendChannel::trySend(const void* data, size_t n) {
+  if (n == 0) return 0;
+  for (;;) {
+    ssize_t r = ::send(fd_, data, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (r >= 0) return static_cast<size_t>(r);
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    fail(Code::kPeerFailure, "lost the connection to rank ", peer_rank_, " at ",
+         peer_addr_, " while sending: ", strerror(errno),
+         " (the rank exited or its host failed)");
+  }
+}
+
+std::string TcpSendChannel::describe() const {
+  return strCat("rank ", peer_rank_, " (tcp ", peer_addr_, ")");
+}
+
+TcpRecvChannel::TcpRecvChannel(int fd, int peer_rank, std::string peer_addr,
+                               size_t staging_bytes)
+    : fd_(fd), peer_rank_(peer_rank), peer_addr_(std::move(peer_addr)),
+      buf_(std::max<size_t>(staging_bytes, 4096)) {
+  net::setNonBlocking(fd_, true);
+}
+
+TcpRecvChannel::~TcpRecvChannel() { net::closeFd(fd_); }
+
+size_t TcpRecvChannel::readSome(void* dst, size_t n) {
+  if (n == 0) return 0;
+  for (;;) {
+    ssize_t r = ::recv(fd_, dst, n, MSG_DONTWAIT);
+    if (r > 0) return static_cast<size_t>(r);
+    if (r == 0)
+      fail(Code::kPeerFailure, "rank ", peer_rank_, " at ", peer_addr_,
+           " closed its connection (it exited or failed)");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    fail(Code::kPeerFailure, "lost the connection to rank ", peer_rank_, " at ",
+         peer_addr_, ": ", strerror(errno));
+  }
+}
+
+size_t TcpRecvChannel::tryRecv(void* data, size_t n) {
+  char* out = static_cast<char*>(data);
+  size_t staged = std::min(n, end_ - begin_);
+  if (staged) {
+    std::memcpy(out, buf_.data() + begin_, staged);
+    begin_ += staged;
+    if (begin_ == end_) begin_ = end_ = 0;
+    if (staged == n) return n;
+  }
+  return staged + readSome(out + staged, n - staged);
+}
+
+size_t TcpRecvChannel::peek(const void** data, size_t max) {
+  size_t have = end_ - begin_;
+  if (have < max) {
+    // Compact so a partial element at the end can be completed in place.
+    if (begin_ > 0 && (buf_.size() - end_) < std::min(max, buf_.size() / 2)) {
+      std::memmove(buf_.data(), buf_.data() + begin_, have);
+      begin_ = 0;
+      end_ = have;
+    }
+    end_ += readSome(buf_.data() + end_, buf_.size() - end_);
+    have = end_ - begin_;
+  }
+  *data = buf_.data() + begin_;
+  return std::min(have, max);
+}
+
+void TcpRecvChannel::consume(size_t n) {
+  begin_ += n;
+  if (begin_ == end_) begin_ = end_ = 0;
+}
+
+std::string TcpRecvChannel::describe() const {
+  return strCat("rank ", peer_rank_, " (tcp ", peer_addr_, ")");
+}
+
+}  // namespace transport
+}  // namespace tfring

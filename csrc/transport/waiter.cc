@@ -1,0 +1,116 @@
+#include "transport/waiter.h"
+
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <climits>
+
+#include "common/abort.h"
+#include "common/status.h"
+
+namespace tfring {
+namespace transport {
+
+namespace {
+
+// Shared (not PRIVATE) futex ops: the word lives in a segment mapped by
+// several processes.
+void futexWait(std::atomic<uint32_t>* addr, uint32_t expected, double seconds) {
+  struct timespec ts;
+  ts.tv_sec = static_cast<time_t>(seconds);
+  ts.tv_nsec = static_cast<long>((seconds - ts.tv_sec) * 1e9);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT, expected, &ts,
+          nullptr, 0);
+}
+
+void futexWake(std::atomic<uint32_t>* addr) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAKE, INT_MAX,
+          nullptr, nullptr, 0);
+}
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+constexpr uint64_t kSpinRounds = 256;
+constexpr uint64_t kYieldRounds = 64;
+constexpr double kMaxSleep = 0.05;       // seconds between health checks
+constexpr double kHealthInterval = 0.2;  // seconds
+
+}  // namespace
+
+void Doorbell::ring() {
+  seq.fetch_add(1, std::memory_order_seq_cst);
+  if (sleeping.load(std::memory_order_seq_cst)) futexWake(&seq);
+}
+
+void Waiter::begin(const Deadline& deadline, const std::string& what) {
+  deadline_ = deadline;
+  what_ = what;
+  idle_rounds_ = 0;
+  next_health_check_ = nowSeconds() + kHealthInterval;
+}
+
+void Waiter::checkHealth() {
+  AbortState::get().check();
+  double now = nowSeconds();
+  if (now < next_health_check_) return;
+  next_health_check_ = now + kHealthInterval;
+  if (send_) send_->checkPeer();
+  if (recv_) recv_->checkPeer();
+  if (deadline_.expired())
+    fail(Code::kTimeout, "timed out in ", what_, " waiting for ",
+         recv_ ? recv_->describe() : std::string("peer"),
+         " (TFRING_TIMEOUT; a peer may be stuck or much slower)");
+}
+
+void Waiter::idle(uint32_t ticket, bool want_send, bool want_recv) {
+  ++idle_rounds_;
+  if (idle_rounds_ < kSpinRounds) {
+    cpuRelax();
+    if ((idle_rounds_ & 31) == 0) checkHealth();
+    return;
+  }
+  checkHealth();
+  if (idle_rounds_ < kSpinRounds + kYieldRounds) {
+    sched_yield();
+    return;
+  }
+  int sfd = (want_send && send_) ? send_->pollFd() : -1;
+  int rfd = (want_recv && recv_) ? recv_->pollFd() : -1;
+  bool shm_involved = (want_send && send_ && sfd < 0) || (want_recv && recv_ && rfd < 0);
+  if (sfd >= 0 || rfd >= 0) {
+    struct pollfd fds[2];
+    int n = 0;
+    if (sfd >= 0) fds[n++] = {sfd, POLLOUT, 0};
+    if (rfd >= 0) fds[n++] = {rfd, POLLIN, 0};
+    // With a shared-memory side too, poll briefly so the doorbell is seen.
+    int ms = shm_involved ? 1 : static_cast<int>(kMaxSleep * 1000);
+    ::poll(fds, n, ms);
+    return;
+  }
+  if (!bell_) {
+    usleep(1000);
+    return;
+  }
+  // Dekker-style handshake with Doorbell::ring(): announce sleeping, then
+  // re-check the sequence; a ring in between is either seen here or sees us.
+  bell_->sleeping.store(1, std::memory_order_seq_cst);
+  if (bell_->seq.load(std::memory_order_seq_cst) == ticket) {
+    double remaining = deadline_.remaining();
+    double t = remaining < kMaxSleep ? (remaining > 0 ? remaining : 0.001) : kMaxSleep;
+    futexWait(&bell_->seq, ticket, t);
+  }
+  bell_->sleeping.store(0, std::memory_order_seq_cst);
+}
+
+}  // namespace transport
+}  // namespace tfring

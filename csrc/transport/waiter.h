@@ -1,0 +1,61 @@
+// Waiter: how a rank sleeps when its channels cannot move.
+//
+// Each rank owns a doorbell: a 32-bit sequence word in shared memory that
+// neighbours on the same host bump (and futex-wake, if the owner sleeps)
+// after they put bytes in its inbox or take bytes out of the inbox it writes
+// to. The protocol is ticket based: a progress loop takes a ticket (the
+// current sequence) *before* trying its channels; if nothing moved it calls
+// idle(ticket), which returns at once if the bell rang since the ticket.
+// Spinning first, then yielding, then sleeping keeps latency low when each
+// rank has a core and keeps oversubscribed runs (more ranks than cores) from
+// collapsing. TCP channels are waited on with poll().
+//
+// Every idle() also enforces the collective's deadline, the process-wide
+// abort state, and periodically asks the channels whether their peers are
+// still alive.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "common/clock.h"
+#include "transport/channel.h"
+
+namespace tfring {
+namespace transport {
+
+struct Doorbell {
+  std::atomic<uint32_t> seq;
+  std::atomic<uint32_t> sleeping;
+  void ring();
+};
+
+class Waiter {
+ public:
+  Waiter(Doorbell* bell, SendChannel* send, RecvChannel* recv)
+      : bell_(bell), send_(send), recv_(recv) {}
+
+  // Starts a wait episode for one operation (resets the backoff).
+  void begin(const Deadline& deadline, const std::string& what);
+  uint32_t ticket() const {
+    return bell_ ? bell_->seq.load(std::memory_order_seq_cst) : 0;
+  }
+  void progressed() { idle_rounds_ = 0; }
+  // want_send/want_recv: which channel directions this loop is blocked on.
+  void idle(uint32_t ticket, bool want_send, bool want_recv);
+
+ private:
+  void checkHealth();
+
+  Doorbell* bell_;
+  SendChannel* send_;
+  RecvChannel* recv_;
+  Deadline deadline_{};
+  std::string what_;
+  uint64_t idle_rounds_ = 0;
+  double next_health_check_ = 0;
+};
+
+}  // namespace transport
+}  // namespace tfring

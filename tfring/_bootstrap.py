@@ -1,0 +1,172 @@
+"""Finds this process's rank, the world size and the job's rendezvous store
+from the environment a launcher leaves behind.
+
+Launchers understood, in order:
+  * tfring-run (TFRING_RANK, TFRING_SIZE, TFRING_STORE_ADDR, TFRING_SECRET)
+  * mpirun: Open MPI (OMPI_COMM_WORLD_*), MPICH / Intel MPI (PMI_RANK,
+    PMI_SIZE), PMIx (PMIX_RANK); the store address and secret are exchanged
+    through mpi4py when it is importable
+  * Slurm srun (SLURM_PROCID, SLURM_NTASKS)
+  * nothing: a single process is a job of size 1.
+"""
+
+import hashlib
+import os
+import re
+import secrets
+import socket
+
+from tfring import _core
+
+# Keeps the store server (hosted by rank 0 when no launcher does) alive.
+_server = None
+
+
+def _env_int(*names):
+    for n in names:
+        v = os.environ.get(n)
+        if v not in (None, ""):
+            try:
+                return int(v)
+            except ValueError:
+                pass
+    return None
+
+
+def _timeout():
+    try:
+        return float(os.environ.get("TFRING_TIMEOUT", "300"))
+    except ValueError:
+        return 300.0
+
+
+def _split_addr(addr):
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"TFRING_STORE_ADDR must be host:port, got {addr!r}")
+    return host.strip("[]"), int(port)
+
+
+def _connect(addr, secret):
+    host, port = _split_addr(addr)
+    return _core.TcpStore(host, port, secret, _timeout())
+
+
+def _serve(secret, port=0):
+    global _server
+    bind = os.environ.get("TFRING_IFACE_ADDR", "0.0.0.0")
+    _server = _core.TcpStoreServer(bind, port, secret)
+    return _server.port
+
+
+def _my_address():
+    addr = os.environ.get("TFRING_IFACE_ADDR")
+    if addr:
+        return addr
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _mpi_world(comm):
+    if comm is None:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    return comm
+
+
+def _job_id():
+    for n in ("PMIX_NAMESPACE", "OMPI_MCA_orte_hnp_uri", "OMPI_MCA_ess_base_jobid"):
+        if os.environ.get(n):
+            return os.environ[n]
+    if os.environ.get("SLURM_JOB_ID"):
+        return os.environ["SLURM_JOB_ID"] + "." + os.environ.get("SLURM_STEP_ID", "0")
+    return f"ppid{os.getppid()}"
+
+
+def _first_slurm_host():
+    nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST", "")
+    m = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodes)
+    if not m:
+        return None
+    prefix, _, ranges = m.groups()
+    if not ranges:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def discover(comm=None):
+    """Returns (rank, size, store or None, secret)."""
+    if comm is not None:
+        return _via_mpi(comm)
+    rank = _env_int("TFRING_RANK")
+    size = _env_int("TFRING_SIZE")
+    if rank is not None and size is not None:
+        secret = os.environ.get("TFRING_SECRET", "")
+        if size == 1:
+            return 0, 1, None, secret
+        if os.environ.get("TFRING_FILE_STORE"):
+            return rank, size, _core.FileStore(os.environ["TFRING_FILE_STORE"]), secret
+        addr = os.environ.get("TFRING_STORE_ADDR")
+        if not addr:
+            raise RuntimeError("TFRING_RANK/TFRING_SIZE are set but TFRING_STORE_ADDR is not; "
+                               "launch with tfring-run or set the store address")
+        return rank, size, _connect(addr, secret), secret
+
+    mpi_rank = _env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
+    mpi_size = _env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
+    if mpi_rank is not None and mpi_size is not None:
+        if mpi_size == 1:
+            return 0, 1, None, ""
+        try:
+            return _via_mpi(None)
+        except ImportError:
+            return _via_fallback(mpi_rank, mpi_size, None)
+
+    slurm_rank = _env_int("SLURM_PROCID")
+    slurm_size = _env_int("SLURM_NTASKS", "SLURM_NPROCS")
+    if slurm_rank is not None and slurm_size is not None and slurm_size > 1:
+        return _via_fallback(slurm_rank, slurm_size, _first_slurm_host())
+    return 0, 1, None, ""
+
+
+def _via_mpi(comm):
+    """Rank 0 serves the store; mpi4py broadcasts where it is and the secret."""
+    comm = _mpi_world(comm)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if size == 1:
+        return 0, 1, None, ""
+    info = None
+    if rank == 0:
+        secret = secrets.token_hex(16)
+        addr = os.environ.get("TFRING_STORE_ADDR")
+        if not addr:
+            addr = f"{_my_address()}:{_serve(secret)}"
+        info = (addr, secret)
+    addr, secret = comm.bcast(info, root=0)
+    return rank, size, _connect(addr, secret), secret
+
+
+def _via_fallback(rank, size, host):
+    """No mpi4py: a store at a well-known place derived from the job id."""
+    job = _job_id()
+    secret = os.environ.get("TFRING_SECRET") or hashlib.sha256(
+        f"{job}:{os.getuid()}".encode()).hexdigest()[:32]
+    addr = os.environ.get("TFRING_STORE_ADDR")
+    if addr:
+        if rank == 0:
+            _serve(secret, _split_addr(addr)[1])
+        return rank, size, _connect(addr, secret), secret
+    if host is not None:
+        port = 20000 + int(hashlib.sha256(job.encode()).hexdigest(), 16) % 20000
+        if rank == 0:
+            _serve(secret, port)
+        return rank, size, _connect(f"{host}:{port}", secret), secret
+    # All ranks on this host (mpirun without mpi4py): a file store in /tmp.
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"),
+                        "tfring-" + hashlib.sha256(job.encode()).hexdigest()[:16])
+    os.makedirs(path, exist_ok=True)
+    return rank, size, _core.FileStore(path), secret

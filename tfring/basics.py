@@ -1,0 +1,62 @@
+"""Process-level API: init, shutdown and the job's topology."""
+
+import atexit
+
+from tfring import _bootstrap, _core
+
+
+def init(comm=None):
+    """Joins the job. Reads the launcher's environment (tfring-run, mpirun,
+    srun); a process started without a launcher is a job of size 1. `comm`
+    may be an mpi4py communicator to run on instead of MPI_COMM_WORLD."""
+    if _core.is_initialized():
+        return
+    rank, size, store, secret = _bootstrap.discover(comm)
+    _core.init(rank, size, store, secret)
+
+
+def shutdown():
+    """Leaves the job. Outstanding collectives fail; init() may be called again."""
+    _core.shutdown()
+
+
+def is_initialized():
+    return _core.is_initialized()
+
+
+def _require():
+    if not _core.is_initialized():
+        raise ValueError("tfring has not been initialized; call tfring.init() first")
+
+
+def size():
+    _require()
+    return _core.size()
+
+
+def rank():
+    _require()
+    return _core.rank()
+
+
+def local_rank():
+    _require()
+    return _core.local_rank()
+
+
+def local_size():
+    _require()
+    return _core.local_size()
+
+
+def cross_rank():
+    _require()
+    return _core.cross_rank()
+
+
+def cross_size():
+    _require()
+    return _core.cross_size()
+
+
+atexit.register(_core.shutdown)
