@@ -1,0 +1,5 @@
+import sys
+
+from tfring.run.launcher import main
+
+sys.exit(main())

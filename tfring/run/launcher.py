@@ -1,0 +1,595 @@
+"""tfring-run: start the ranks of a tfring job without MPI.
+
+    tfring-run -np 4 python train.py
+    tfring-run -np 8 -H node1:4,node2:4 python train.py
+
+The launcher hosts the job's rendezvous store (a ``tfring._core.TcpStoreServer``
+guarded by a fresh per-job secret) and starts one process per rank with the
+environment ``tfring.init()`` reads: ``TFRING_RANK``, ``TFRING_SIZE``,
+``TFRING_LOCAL_RANK``, ``TFRING_LOCAL_SIZE``, ``TFRING_CROSS_RANK``,
+``TFRING_CROSS_SIZE``, ``TFRING_STORE_ADDR``, ``TFRING_SECRET`` and
+``TFRING_HOSTNAME``.
+
+Ranks on the launcher's own host are its children; ranks on other hosts start
+over ``ssh -o BatchMode=yes`` (keys must already be set up). Each rank runs in
+a process group of its own, so the launcher alone decides when ranks stop:
+- every line a rank prints is relayed whole, prefixed ``[rank]<stdout>: ``
+  or ``[rank]<stderr>: `` (and optionally saved unprefixed per rank);
+- SIGINT/SIGTERM/SIGHUP sent to the launcher are forwarded to every rank;
+- when a rank fails, the launcher names it, sends SIGTERM to the others,
+  SIGKILL after a grace period, and exits with the failing rank's code
+  (128+N for a rank killed by signal N);
+- ``--timeout`` bounds the whole job (exit code 124).
+A remote rank's ssh client is signalled like a local rank; the remote process
+itself stops when its ssh session ends only if the remote side hangs it up.
+"""
+
+import argparse
+import contextlib
+import os
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+__all__ = [
+    "RankSpec",
+    "assign_ranks",
+    "is_local_host",
+    "main",
+    "parse_hosts",
+    "rank_env",
+    "ssh_command",
+]
+
+PROG = "tfring-run"
+EXIT_TIMEOUT = 124
+DEFAULT_GRACE_S = 5.0
+
+# Signals forwarded to the ranks when the launcher receives them.
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+# Variables that describe one rank's place in the job: set by the launcher,
+# never inherited from its own environment.
+RANK_VARS = (
+    "TFRING_RANK",
+    "TFRING_SIZE",
+    "TFRING_LOCAL_RANK",
+    "TFRING_LOCAL_SIZE",
+    "TFRING_CROSS_RANK",
+    "TFRING_CROSS_SIZE",
+    "TFRING_STORE_ADDR",
+    "TFRING_SECRET",
+    "TFRING_HOSTNAME",
+)
+
+
+# ------------------------------------------------------------ placement ----
+
+
+def parse_hosts(spec):
+    """``"a:4,b:2,c"`` -> ``[("a", 4), ("b", 2), ("c", 1)]``."""
+    hosts = []
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        # "[::1]:2" or "host:2" or "host"; a bare IPv6 address has no slots.
+        if item.startswith("["):
+            end = item.find("]")
+            if end < 0:
+                raise ValueError(f"bad host entry {item!r}")
+            host, rest = item[1:end], item[end + 1 :]
+            slots = rest[1:] if rest.startswith(":") else ""
+        elif item.count(":") == 1:
+            host, slots = item.split(":")
+        else:
+            host, slots = item, ""
+        if not host:
+            raise ValueError(f"bad host entry {item!r}: empty host name")
+        try:
+            n = int(slots) if slots else 1
+        except ValueError:
+            raise ValueError(
+                f"bad host entry {item!r}: slots must be an integer"
+            ) from None
+        if n < 1:
+            raise ValueError(f"bad host entry {item!r}: slots must be >= 1")
+        hosts.append((host, n))
+    if not hosts:
+        raise ValueError(f"no hosts in {spec!r}")
+    return hosts
+
+
+def _local_names():
+    names = {"localhost", "127.0.0.1", "::1", "localhost.localdomain"}
+    try:
+        hn = socket.gethostname()
+        names.update({hn, hn.split(".")[0]})
+    except OSError:
+        pass
+    return {n.lower() for n in names}
+
+
+def is_local_host(host):
+    """True for names that mean this machine. Does no DNS lookup."""
+    h = host.lower()
+    return h in _local_names() or h.startswith("127.")
+
+
+@dataclass
+class RankSpec:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    host: str
+    local: bool
+
+
+def assign_ranks(np_, hosts):
+    """Fills hosts in order: with ``a:2,b:2`` ranks 0,1 go to a and 2,3 to b.
+
+    ``cross_rank``/``cross_size`` follow Horovod: among the hosts that have a
+    rank with this ``local_rank``, the index of this host and their count."""
+    capacity = sum(n for _, n in hosts)
+    if np_ > capacity:
+        raise ValueError(f"-np {np_} exceeds the {capacity} slots given in -H")
+    merged = {}
+    for host, slots in hosts:  # a host named twice gets the slots of both
+        merged[host] = merged.get(host, 0) + slots
+    per_host = []
+    left = np_
+    for host, slots in merged.items():
+        take = min(slots, left)
+        if take:
+            per_host.append((host, take))
+        left -= take
+    specs = []
+    for host_index, (host, count) in enumerate(per_host):
+        local = is_local_host(host)
+        for local_rank in range(count):
+            peers = [i for i, (_, c) in enumerate(per_host) if c > local_rank]
+            specs.append(
+                RankSpec(
+                    rank=len(specs),
+                    size=np_,
+                    local_rank=local_rank,
+                    local_size=count,
+                    cross_rank=peers.index(host_index),
+                    cross_size=len(peers),
+                    host=host,
+                    local=local,
+                )
+            )
+    return specs
+
+
+def rank_env(spec, store_addr, secret):
+    """The TFRING_* variables of one rank (store address omitted when None)."""
+    env = {
+        "TFRING_RANK": str(spec.rank),
+        "TFRING_SIZE": str(spec.size),
+        "TFRING_LOCAL_RANK": str(spec.local_rank),
+        "TFRING_LOCAL_SIZE": str(spec.local_size),
+        "TFRING_CROSS_RANK": str(spec.cross_rank),
+        "TFRING_CROSS_SIZE": str(spec.cross_size),
+        "TFRING_SECRET": secret,
+        "TFRING_HOSTNAME": spec.host,
+    }
+    if store_addr:
+        env["TFRING_STORE_ADDR"] = store_addr
+    return env
+
+
+def ssh_command(host, cwd, env, command, ssh_port=None, ssh_args=()):
+    """argv that runs ``command`` in ``cwd`` on ``host`` with ``env`` set."""
+    assignments = [f"{k}={v}" for k, v in env.items()]
+    remote = "cd {} && exec env {} {}".format(
+        shlex.quote(cwd),
+        " ".join(shlex.quote(a) for a in assignments),
+        " ".join(shlex.quote(c) for c in command),
+    )
+    argv = ["ssh", "-o", "BatchMode=yes"]
+    if ssh_port:
+        argv += ["-p", str(ssh_port)]
+    argv += list(ssh_args)
+    argv += [host, remote]
+    return argv
+
+
+def _format_addr(host, port):
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def guess_reachable_address(remote_hosts):
+    """This machine's address on the route to the first remote host.
+
+    A UDP connect() only picks a route and sends nothing."""
+    for host in remote_hosts:
+        try:
+            infos = socket.getaddrinfo(host, 22, type=socket.SOCK_DGRAM)
+        except OSError:
+            continue
+        for family, _, _, _, sockaddr in infos:
+            try:
+                with socket.socket(family, socket.SOCK_DGRAM) as s:
+                    s.connect(sockaddr)
+                    return s.getsockname()[0]
+            except OSError:
+                continue
+    return socket.getfqdn()
+
+
+# --------------------------------------------------------------- output ----
+
+
+class OutputRelay:
+    """Relays ranks' output a whole line at a time, so lines never mix."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._broken = False
+
+    def write(self, stream, data):
+        if self._broken:
+            return
+        out = getattr(stream, "buffer", None)
+        with self._lock:
+            try:
+                if out is not None:
+                    out.write(data)
+                    out.flush()
+                else:
+                    stream.write(data.decode("utf-8", "replace"))
+                    stream.flush()
+            except (BrokenPipeError, ValueError):
+                # Our reader went away (e.g. `| head`): keep the job going.
+                self._broken = True
+
+    def message(self, text):
+        self.write(sys.stderr, f"{PROG}: {text}\n".encode())
+
+    def pump(self, pipe, rank, name, stream, copy_path=None):
+        prefix = f"[{rank}]<{name}>: ".encode()
+        with contextlib.ExitStack() as stack:
+            stack.callback(pipe.close)
+            copy = stack.enter_context(open(copy_path, "wb")) if copy_path else None
+            try:
+                for line in iter(pipe.readline, b""):
+                    if copy is not None:
+                        copy.write(line)
+                        copy.flush()
+                    if not line.endswith(b"\n"):
+                        line += b"\n"
+                    self.write(stream, prefix + line)
+            except (OSError, ValueError):
+                pass  # the pipe broke: the rank is gone, Job.wait reports how
+
+    def start(self, pipe, rank, name, stream, copy_path=None):
+        t = threading.Thread(
+            target=self.pump,
+            name=f"relay-{rank}-{name}",
+            args=(pipe, rank, name, stream, copy_path),
+            daemon=True,
+        )
+        t.start()
+        return t
+
+
+# ------------------------------------------------------------------ job ----
+
+
+def _signal_name(signum):
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class Job:
+    """The running ranks: spawning, watching, stopping."""
+
+    def __init__(self, relay, grace_s):
+        self.relay = relay
+        self.grace_s = grace_s
+        self.procs = []  # (rank, Popen)
+        self.returncodes = {}  # rank -> returncode
+        self.threads = []
+        self.kill_at = None  # when survivors of a stop get SIGKILL
+        self.exit_code = None  # decided by the first reason to stop
+        self.signals_received = 0
+
+    def spawn(self, rank, argv, env, cwd, output_dir=None):
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self.procs.append((rank, proc))
+        for name, pipe, stream in (
+            ("stdout", proc.stdout, sys.stdout),
+            ("stderr", proc.stderr, sys.stderr),
+        ):
+            copy_path = None
+            if output_dir:
+                rank_dir = os.path.join(output_dir, f"rank.{rank}")
+                os.makedirs(rank_dir, exist_ok=True)
+                copy_path = os.path.join(rank_dir, name)
+            self.threads.append(self.relay.start(pipe, rank, name, stream, copy_path))
+        return proc
+
+    def running(self):
+        return [(r, p) for r, p in self.procs if r not in self.returncodes]
+
+    def signal_all(self, signum):
+        for _, proc in self.running():
+            try:
+                os.killpg(proc.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def stop(self, exit_code, signum=signal.SIGTERM):
+        """Signals every running rank; SIGKILL follows after the grace period."""
+        if self.exit_code is None:
+            self.exit_code = exit_code
+        self.signal_all(signum)
+        if self.kill_at is None:
+            self.kill_at = time.monotonic() + self.grace_s
+
+    def on_signal(self, signum, frame):
+        self.signals_received += 1
+        if self.signals_received == 1:
+            self.relay.message(
+                f"received {_signal_name(signum)}; forwarding it to all ranks"
+            )
+            self.stop(128 + signum, signum)
+        else:
+            self.relay.message(
+                f"received {_signal_name(signum)} again; killing all ranks"
+            )
+            self.signal_all(signal.SIGKILL)
+
+    def wait(self, timeout_s=None):
+        start = time.monotonic()
+        while True:
+            for rank, proc in self.running():
+                rc = proc.poll()
+                if rc is None:
+                    continue
+                self.returncodes[rank] = rc
+                if rc != 0 and self.exit_code is None:
+                    others = bool(self.running())
+                    if rc < 0:
+                        what = f"was killed by signal {_signal_name(-rc)}"
+                        code = 128 - rc
+                    else:
+                        what = f"exited with code {rc}"
+                        code = rc
+                    tail = "; terminating the other ranks" if others else ""
+                    self.relay.message(f"rank {rank} (pid {proc.pid}) {what}{tail}")
+                    self.stop(code)
+            if not self.running():
+                break
+            now = time.monotonic()
+            if (
+                timeout_s is not None
+                and self.exit_code is None
+                and now - start > timeout_s
+            ):
+                self.relay.message(
+                    f"timeout: the job ran longer than {timeout_s:g} s (--timeout); "
+                    "terminating all ranks"
+                )
+                self.stop(EXIT_TIMEOUT)
+            if self.kill_at is not None and now >= self.kill_at:
+                left = ", ".join(str(r) for r, _ in self.running())
+                self.relay.message(
+                    f"rank(s) {left} still running {self.grace_s:g} s after SIGTERM; "
+                    "sending SIGKILL"
+                )
+                self.signal_all(signal.SIGKILL)
+                self.kill_at = float("inf")
+            time.sleep(0.02)
+        # Let the relays drain what the ranks printed last. A grandchild that
+        # outlives its rank may hold a pipe open: don't wait for it forever.
+        deadline = time.monotonic() + 2.0
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return self.exit_code if self.exit_code is not None else 0
+
+
+# ---------------------------------------------------------------- store ----
+
+
+def start_store(bind_host, secret):
+    """Starts the job's TcpStoreServer. Returns (server, None) or (None, why)."""
+    try:
+        from tfring import _core
+    except ImportError as e:
+        return None, f"tfring._core cannot be imported ({e})"
+    server_cls = getattr(_core, "TcpStoreServer", None)
+    if server_cls is None:
+        return None, "tfring._core has no TcpStoreServer"
+    try:
+        return server_cls(bind_host, 0, secret), None
+    except Exception as e:  # noqa: BLE001 - any failure is reported the same way
+        return None, f"TcpStoreServer({bind_host!r}, 0) failed: {e}"
+
+
+# ------------------------------------------------------------------ cli ----
+
+
+def _parse_env_items(items):
+    env = {}
+    for item in items or []:
+        if "=" in item:
+            k, v = item.split("=", 1)
+        else:
+            k = item
+            if k not in os.environ:
+                raise ValueError(f"--env {k}: not set in the launcher's environment")
+            v = os.environ[k]
+        if not k:
+            raise ValueError(f"--env {item!r}: empty name")
+        env[k] = v
+    return env
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        allow_abbrev=False,
+        description="Start the ranks of a tfring job (no MPI needed).",
+        epilog="Example: tfring-run -np 4 python train.py",
+    )
+    p.add_argument(
+        "-np",
+        "-n",
+        "--num-proc",
+        dest="np",
+        type=int,
+        required=True,
+        help="number of ranks",
+    )
+    p.add_argument(
+        "-H",
+        "--hosts",
+        default=None,
+        help="host1:slots,host2:slots,... (default: all ranks on this host)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="stop the job after this many seconds (exit code 124)",
+    )
+    p.add_argument(
+        "--env",
+        "-x",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="set K=V in every rank (K alone copies the launcher's value); repeatable",
+    )
+    p.add_argument(
+        "--output-dir",
+        default=None,
+        help="also write each rank's output to DIR/rank.R/{stdout,stderr}",
+    )
+    p.add_argument(
+        "--grace-period",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        help="seconds between SIGTERM and SIGKILL when stopping ranks "
+        f"(default {DEFAULT_GRACE_S:g})",
+    )
+    p.add_argument(
+        "--store-host",
+        default=None,
+        help="address the ranks use to reach the launcher's store "
+        "(default: 127.0.0.1, or the route to the first remote host)",
+    )
+    p.add_argument(
+        "--ssh-port", type=int, default=None, help="ssh port for remote hosts"
+    )
+    p.add_argument(
+        "command", nargs=argparse.REMAINDER, help="the program every rank runs"
+    )
+    return p
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        parser.error("no command given")
+    if args.np < 1:
+        parser.error("-np must be >= 1")
+    try:
+        hosts = (
+            parse_hosts(args.hosts) if args.hosts else [(socket.gethostname(), args.np)]
+        )
+        specs = assign_ranks(args.np, hosts)
+        user_env = _parse_env_items(args.env)
+    except ValueError as e:
+        parser.error(str(e))
+
+    relay = OutputRelay()
+    remote_hosts = sorted({s.host for s in specs if not s.local})
+    if remote_hosts:
+        bind_host = "0.0.0.0"
+        store_host = args.store_host or guess_reachable_address(remote_hosts)
+    else:
+        bind_host = args.store_host or "127.0.0.1"
+        store_host = bind_host
+    secret = secrets.token_hex(16)
+    server, why = start_store(bind_host, secret)
+    store_addr = _format_addr(store_host, server.port) if server else None
+    if server is None:
+        relay.message(
+            f"warning: cannot host the rendezvous store: {why}; ranks get no "
+            "TFRING_STORE_ADDR, so tfring.init() in them will fail"
+        )
+
+    cwd = os.getcwd()
+    base_env = dict(os.environ)
+    base_env["PYTHONUNBUFFERED"] = "1"
+    # Remote ranks get the tunables set here, not the whole local environment.
+    forwarded = {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith("TFRING_") and k not in RANK_VARS
+    }
+    forwarded["PYTHONUNBUFFERED"] = "1"
+
+    job = Job(relay, args.grace_period)
+    previous = {s: signal.signal(s, job.on_signal) for s in FORWARDED_SIGNALS}
+    try:
+        for spec in specs:
+            renv = rank_env(spec, store_addr, secret)
+            if spec.local:
+                env = dict(base_env)
+                env.update(user_env)
+                env.update(renv)
+                for k in RANK_VARS:
+                    if k not in renv:
+                        env.pop(k, None)
+                argv = command
+            else:
+                env = dict(os.environ)
+                remote_env = dict(forwarded)
+                remote_env.update(user_env)
+                remote_env.update(renv)
+                argv = ssh_command(spec.host, cwd, remote_env, command, args.ssh_port)
+            if job.exit_code is not None:
+                break  # a signal arrived while starting: start no more ranks
+            try:
+                job.spawn(spec.rank, argv, env, cwd, args.output_dir)
+            except OSError as e:
+                relay.message(
+                    f"cannot start rank {spec.rank} ({shlex.join(argv)}): {e}"
+                )
+                job.stop(127 if isinstance(e, FileNotFoundError) else 126)
+                break
+        return job.wait(args.timeout)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        if server is not None:
+            with contextlib.suppress(Exception):  # the job is over either way
+                server.stop()
