@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# tfring developer entry point.
+#
+#   ./dev.sh setup          create .venv and build/install tfring into it
+#   ./dev.sh test [ARGS]    setup, then python -m pytest -q tests/ ARGS
+#   ./dev.sh demo           setup, then tfring-run -np 2 python examples/numpy_sgd.py
+#
+# Setup is incremental: the first run creates .venv (python3.11, else
+# python3), installs the build tools and `pip install -e ".[test]"`; later
+# runs only rebuild the native code with CMake (build dir: $TFRING_BUILD_DIR,
+# default build/) unless setup.py or pyproject.toml changed.
+#
+# Environment: TFRING_VENV (default .venv), TFRING_BUILD_DIR (default build),
+# TFRING_BUILD_TYPE (Release), TFRING_BUILD_JOBS, TFRING_WITH_TF / _CUDA
+# (AUTO|ON|OFF), PYTHON (the interpreter that creates the venv).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")"
+ROOT=$PWD
+VENV=${TFRING_VENV:-$ROOT/.venv}
+PY=$VENV/bin/python
+STAMP=$VENV/.tfring-install-stamp
+export TFRING_BUILD_DIR=${TFRING_BUILD_DIR:-$ROOT/build}
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+log() { printf 'dev.sh: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+pip_quiet=()
+if [[ "${CI:-}" == "true" || ! -t 1 ]]; then pip_quiet=(-q); fi
+
+base_python() {
+  local cand
+  for cand in "${PYTHON:-}" python3.11 python3; do
+    [[ -n "$cand" ]] || continue
+    if command -v "$cand" >/dev/null 2>&1 &&
+       "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+      echo "$cand"; return 0
+    fi
+  done
+  die "no python3.10+ found (tried \$PYTHON, python3.11, python3)"
+}
+
+ensure_venv() {
+  if [[ -x "$PY" ]] && "$PY" -c 'import sys' >/dev/null 2>&1; then
+    return 0
+  fi
+  local base
+  base=$(base_python)
+  log "creating $VENV with $base ($("$base" --version 2>&1))"
+  rm -rf "$VENV"
+  "$base" -m venv "$VENV"
+}
+
+# True when something that needs a full `pip install -e` changed since the
+# last one (or there was none).
+needs_install() {
+  [[ -f "$STAMP" ]] || return 0
+  [[ -f "$TFRING_BUILD_DIR/CMakeCache.txt" ]] || return 0
+  compgen -G "$ROOT/tfring/_core*.so" >/dev/null || return 0
+  local f
+  for f in setup.py pyproject.toml; do
+    [[ -f "$f" && "$f" -nt "$STAMP" ]] && return 0
+  done
+  return 1
+}
+
+setup() {
+  ensure_venv
+  if needs_install; then
+    log "installing build tools and tfring[test] into $VENV"
+    "$PY" -m pip install "${pip_quiet[@]}" --upgrade pip
+    "$PY" -m pip install "${pip_quiet[@]}" --upgrade setuptools wheel pybind11 cmake ninja numpy
+    # The build tools come from the venv (no isolated build env), so CMake's
+    # build dir stays valid between runs.
+    PATH="$VENV/bin:$PATH" "$PY" -m pip install "${pip_quiet[@]}" \
+      --no-build-isolation -e ".[test]"
+    touch "$STAMP"
+  else
+    # Installed already: let CMake rebuild whatever changed in csrc/ (it also
+    # re-configures itself when CMakeLists.txt or the source lists change).
+    PATH="$VENV/bin:$PATH" "$VENV/bin/cmake" --build "$TFRING_BUILD_DIR" \
+      -j "${TFRING_BUILD_JOBS:-$(nproc 2>/dev/null || echo 2)}" >/dev/null \
+      || die "incremental build failed: see cmake --build $TFRING_BUILD_DIR"
+  fi
+}
+
+activate() {
+  export VIRTUAL_ENV=$VENV
+  export PATH="$VENV/bin:$PATH"
+}
+
+# A safety net against hanging tests, unless the project's pytest config or
+# the caller sets a timeout of its own.
+default_test_timeout() {
+  [[ -n "${PYTEST_TIMEOUT:-}" ]] && return 0
+  if grep -qsE '^\s*timeout\s*=' pytest.ini tox.ini setup.cfg pyproject.toml; then
+    return 0
+  fi
+  "$PY" -c 'import pytest_timeout' >/dev/null 2>&1 && export PYTEST_TIMEOUT=600
+  return 0
+}
+
+cmd=${1:-help}
+[[ $# -gt 0 ]] && shift
+case "$cmd" in
+  setup)
+    setup
+    log "ready: source $VENV/bin/activate"
+    ;;
+  test)
+    setup
+    activate
+    default_test_timeout
+    rc=0
+    "$PY" -m pytest -q tests/ "$@" || rc=$?
+    if [[ $rc -eq 5 ]]; then
+      log "pytest collected no tests"
+      rc=0
+    fi
+    exit $rc
+    ;;
+  demo)
+    setup
+    activate
+    demo=examples/numpy_sgd.py
+    [[ -f "$demo" ]] || die "$demo is missing"
+    exec tfring-run -np 2 python "$demo" "$@"
+    ;;
+  help|-h|--help)
+    sed -n '2,7s/^# \{0,1\}//p' "$0"
+    ;;
+  *)
+    log "unknown command: $cmd"
+    sed -n '2,7s/^# \{0,1\}//p' "$0" >&2
+    exit 2
+    ;;
+esac
