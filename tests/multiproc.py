@@ -1,0 +1,84 @@
+"""Spawns the ranks of a test job: N Python processes, each running a worker
+script with TFRING_RANK/TFRING_SIZE and a store hosted by the test process.
+No launcher is needed; every wait has a deadline."""
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from tfring import _core
+
+WORKERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers")
+
+
+@dataclass
+class RankResult:
+    rank: int
+    returncode: int
+    stdout: str
+    stderr: str
+    result: object  # what the worker wrote with report()
+
+
+def run_ranks(n, worker, args=(), env=None, timeout=120, per_rank_env=None):
+    """Runs tests/workers/<worker> on n ranks; returns [RankResult] in rank
+    order. Fails the calling test (via AssertionError) on a hang."""
+    secret = secrets.token_hex(16)
+    server = _core.TcpStoreServer("127.0.0.1", 0, secret)
+    outdir = os.environ.get("PYTEST_TMPDIR") or os.path.join("/tmp", "tfring-tests")
+    os.makedirs(outdir, exist_ok=True)
+    tag = secrets.token_hex(4)
+    procs = []
+    try:
+        for r in range(n):
+            e = dict(os.environ)
+            e.update({
+                "TFRING_RANK": str(r),
+                "TFRING_SIZE": str(n),
+                "TFRING_STORE_ADDR": f"127.0.0.1:{server.port}",
+                "TFRING_SECRET": secret,
+                "TFRING_TIMEOUT": "60",
+                "TFRING_RESULT": os.path.join(outdir, f"{tag}.{r}.json"),
+                "PYTHONUNBUFFERED": "1",
+                "OMP_NUM_THREADS": "1",
+            })
+            if env:
+                e.update({k: str(v) for k, v in env.items()})
+            if per_rank_env:
+                e.update({k: str(v) for k, v in per_rank_env(r).items()})
+            procs.append(subprocess.Popen(
+                [sys.executable, os.path.join(WORKERS, worker), *map(str, args)],
+                env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        results = []
+        for r, p in enumerate(procs):
+            try:
+                out, err = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                outs = [q.communicate()[1][-2000:] for q in procs]
+                raise AssertionError(f"rank {r} hung past {timeout} s; stderr tails: {outs}")
+            path = os.path.join(outdir, f"{tag}.{r}.json")
+            res = None
+            if os.path.exists(path):
+                with open(path) as f:
+                    res = json.load(f)
+                os.unlink(path)
+            results.append(RankResult(r, p.returncode, out, err, res))
+        return results
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        server.stop()
+
+
+def check_ok(results):
+    for r in results:
+        assert r.returncode == 0, (
+            f"rank {r.rank} exited {r.returncode}\nstdout:\n{r.stdout[-3000:]}\n"
+            f"stderr:\n{r.stderr[-3000:]}")
+    return [r.result for r in results]

@@ -1,0 +1,82 @@
+"""Helpers shared by worker scripts (run inside each rank)."""
+
+import hashlib
+import json
+import os
+
+import numpy as np
+
+
+def report(obj):
+    with open(os.environ["TFRING_RESULT"], "w") as f:
+        json.dump(obj, f)
+
+
+def digest(arrays):
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+# bfloat16 travels as uint16 bit patterns; numpy has no native type.
+def f32_to_bf16_bits(x):
+    b = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def bf16_bits_to_f64(bits):
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+DTYPES = ["float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "int8"]
+OPS = ["sum", "average", "min", "max", "product"]
+
+
+def make_input(dtype, count, rank, salt, op):
+    """Deterministic per-rank data small enough that no op overflows."""
+    rng = np.random.default_rng(1000 * rank + salt)
+    if dtype in ("float16", "bfloat16", "float32", "float64"):
+        if op == "product":
+            vals = rng.uniform(0.5, 1.5, count)
+        else:
+            vals = rng.uniform(-4, 4, count)
+        if dtype == "bfloat16":
+            return f32_to_bf16_bits(vals), "bfloat16"
+        return vals.astype(dtype), None
+    if op == "product":
+        vals = rng.integers(1, 3, count)
+    elif dtype == "uint8":
+        vals = rng.integers(0, 30, count)
+    else:
+        vals = rng.integers(-15, 16, count)
+    return vals.astype(dtype), None
+
+
+def to_f64(arr, dtype):
+    if dtype == "bfloat16":
+        return bf16_bits_to_f64(arr)
+    return np.asarray(arr).astype(np.float64)
+
+
+def reference(inputs, dtype, op, n):
+    xs = [to_f64(a, dtype) for a in inputs]
+    if op in ("sum", "average"):
+        r = np.sum(xs, axis=0)
+        if op == "average":
+            r = r / n
+            if not dtype.startswith(("float", "bfloat")):
+                r = np.trunc(r)
+    elif op == "min":
+        r = np.min(xs, axis=0)
+    elif op == "max":
+        r = np.max(xs, axis=0)
+    else:
+        r = np.prod(xs, axis=0)
+    return r
+
+
+def tolerance(dtype, n):
+    return {"float16": 2e-3 * n, "bfloat16": 1e-2 * n, "float32": 1e-6 * n,
+            "float64": 1e-12 * n}.get(dtype, 0)
