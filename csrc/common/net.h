@@ -13,7 +13,8 @@ namespace tfring {
 namespace net {
 
 // Listens on host:port (port 0 picks a free one; host "" or "0.0.0.0" binds
-// all interfaces). Returns the listening fd and writes the bound port.
+// all interfaces). Returns the listening fd (non-blocking; accepted fds are
+// blocking) and writes the bound port.
 int listenOn(const std::string& host, int port, int* bound_port, int backlog = 128);
 
 // Accepts one connection, waiting until the deadline. Returns -1 on timeout.

@@ -1,10 +1,11 @@
 // TcpStore: rank 0 runs a TcpStoreServer (a thread serving all clients);
 // every rank, rank 0 included, talks to it through a TcpStore client.
 // Protocol: the client opens with a hello carrying the job secret; the
-// server closes connections whose secret differs (compared in constant
-// time) so a stray or hostile process cannot join or read the job's keys.
-// Requests are length-prefixed frames: SET, GET (blocking server-side until
-// the key exists or the client's deadline), ADD, CHECK.
+// server answers OK or REJECT and closes connections whose secret differs
+// (compared in constant time) so a stray or hostile process cannot join or
+// read the job's keys. Requests are length-prefixed frames: SET, GET and
+// WAIT (blocking server-side until the keys exist or the client's
+// deadline), ADD, CHECK. The wire format is documented in tcp_store.cc.
 #pragma once
 
 #include <atomic>
@@ -32,9 +33,13 @@ class TcpStoreServer {
  private:
   void serve();
   void handleClient(int fd);
+  void cleanupClient(int fd);  // closes fd and marks this thread finished
+  void reapFinished();          // joins client threads that have exited
 
   std::string secret_;
   int listen_fd_ = -1;
+  int wake_fds_[2] = {-1, -1};  // stop() writes here to wake serve()
+  std::mutex stop_mu_;          // serializes stop() callers
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::thread thread_;
@@ -43,6 +48,7 @@ class TcpStoreServer {
   std::map<std::string, Bytes> data_;
   std::vector<std::thread> clients_;
   std::vector<int> client_fds_;
+  std::vector<std::thread::id> finished_;  // exited, not yet joined
 };
 
 class TcpStore : public Store {
@@ -58,9 +64,25 @@ class TcpStore : public Store {
   bool check(const std::vector<std::string>& keys) override;
 
  private:
+  // Connects and authenticates one connection.
+  int openConnection(double timeout_s);
+  // Sends one request frame on an idle connection (opening another one if
+  // all are busy) and returns the reply frame; `wait_s` is how long the
+  // server may legitimately block before answering.
+  Bytes roundTrip(const Bytes& request, double wait_s);
+
+  std::string host_;
+  int port_ = 0;
+  std::string secret_;
   std::string addr_;
-  int fd_ = -1;
-  std::mutex mu_;  // one request in flight per connection
+  double connect_timeout_s_ = 30.0;
+  double io_timeout_s_ = 30.0;  // bound on a non-blocking request
+  // One request in flight per connection, so a thread blocked in get() never
+  // holds up another thread's set(): concurrent callers get their own
+  // connection, kept here for reuse when idle.
+  std::mutex mu_;
+  std::vector<int> idle_fds_;
+  std::string broken_;  // set once the server is lost; later calls fail fast
 };
 
 }  // namespace rendezvous
