@@ -1,0 +1,69 @@
+"""Bad input and faults: a clear error naming the tensor and the ranks, on
+every rank that takes part, never a hang."""
+
+import pytest
+
+from multiproc import check_ok, run_ranks
+
+
+def _errors(n, scenario, env=None, timeout=60):
+    return check_ok(run_ranks(n, "faults.py", [scenario], env=env, timeout=timeout))
+
+
+@pytest.mark.parametrize("scenario,needle", [
+    ("shape", "shape [4] on rank 0 vs [5] on rank 1"),
+    ("dtype", "dtype float32 on rank 0 vs float64 on rank 2"),
+    ("op", "reduce op sum on rank 0 vs max on rank 1"),
+    ("root", "root rank 0 on rank 0 vs 1 on rank 1"),
+    ("allgather_shape", "only the first dimension"),
+])
+def test_mismatch_is_an_error_on_every_rank(scenario, needle):
+    res = _errors(3, scenario)
+    for r, out in enumerate(res):
+        assert out["error"] == "MismatchError", (r, out)
+        assert needle in out["message"], (r, out["message"])
+        assert "bad'" in out["message"]  # names the tensor
+
+
+def test_mismatch_does_not_poison_later_collectives():
+    res = _errors(2, "after_error")
+    for out in res:
+        assert out["error"] == "MismatchError"
+        assert out["after"] == [2.0, 2.0, 2.0]
+
+
+def test_missing_tensor_warns_then_errors_naming_the_missing_rank():
+    res = run_ranks(3, "faults.py", ["missing"], timeout=60,
+                    env={"TFRING_STALL_CHECK_TIME": "1", "TFRING_TIMEOUT": "4", "SLEEP": "7"})
+    outs = check_ok(res)
+    for r in (0, 2):
+        assert outs[r]["error"] == "MismatchError", outs[r]
+        msg = outs[r]["message"]
+        assert "'lonely'" in msg and "not by ranks [1]" in msg and "ranks [0, 2]" in msg, msg
+        assert outs[r]["elapsed"] < 15
+    warned = [x for x in res if "missing ranks [1]" in x.stderr]
+    assert warned, "no stall warning naming the missing rank"
+
+
+def test_duplicate_name_in_flight():
+    res = _errors(2, "duplicate")
+    for out in res:
+        assert "already in flight" in out["message"] and "'twice'" in out["message"], out
+
+
+@pytest.mark.parametrize("scenario", ["die_idle", "die_busy"])
+@pytest.mark.parametrize("victim", [0, 2])
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_dead_peer_fails_every_rank_fast(scenario, victim, transport):
+    res = run_ranks(3, "faults.py", [scenario], timeout=60,
+                    env={"VICTIM": victim, "TFRING_TIMEOUT": "60", "TFRING_TRANSPORT": transport})
+    for r in res:
+        if r.rank == victim:
+            assert r.returncode != 0
+            continue
+        assert r.returncode == 0, r.stderr[-2000:]
+        out = r.result
+        assert out["error"] == "PeerFailureError", out
+        assert f"rank {victim}" in out["message"], out["message"]
+        # Well before TFRING_TIMEOUT: death is detected, not waited out.
+        assert out["elapsed"] < 10, out

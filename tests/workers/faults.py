@@ -1,0 +1,72 @@
+"""Fault scenarios; each rank reports the error it saw (class, text, time)."""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+from common import report
+
+import tfring.basics as basics
+from tfring import _core
+
+scenario = sys.argv[1]
+basics.init()
+rank, n = basics.rank(), basics.size()
+t0 = time.time()
+seen = {"error": None, "message": "", "elapsed": None}
+
+
+def attempt(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the test inspects what was raised
+        seen.update(error=type(e).__name__, message=str(e), elapsed=time.time() - t0,
+                    bases=[c.__name__ for c in type(e).__mro__])
+
+
+if scenario == "shape":
+    attempt(lambda: _core.allreduce(np.ones(4 + (rank == 1), np.float32), name="grad/bad"))
+elif scenario == "dtype":
+    attempt(lambda: _core.allreduce(np.ones(4, np.float64 if rank == 2 else np.float32),
+                                    name="grad/bad"))
+elif scenario == "op":
+    attempt(lambda: _core.allreduce(np.ones(4, np.float32), op="max" if rank == 1 else "sum",
+                                    name="grad/bad"))
+elif scenario == "root":
+    attempt(lambda: _core.broadcast(np.ones(4, np.float32), root=rank % 2, name="weights/bad"))
+elif scenario == "allgather_shape":
+    attempt(lambda: _core.allgather(np.ones((2, 3 + (rank == 1)), np.float32), name="emb/bad"))
+elif scenario == "missing":
+    if rank == 1:
+        time.sleep(float(os.environ["SLEEP"]))
+    else:
+        attempt(lambda: _core.allreduce(np.ones(4, np.float32), name="lonely"))
+elif scenario == "duplicate":
+    h = _core.allreduce_async(np.ones(4, np.float32), name="twice")
+    attempt(lambda: _core.allreduce_async(np.ones(4, np.float32), name="twice"))
+    h.wait(30)
+elif scenario in ("die_idle", "die_busy"):
+    victim = int(os.environ["VICTIM"])
+    _core.allreduce(np.ones(10, np.float32), name="warmup")
+    if rank == victim:
+        if scenario == "die_idle":
+            os.kill(os.getpid(), signal.SIGKILL)
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    x = np.ones(4 << 20, np.float32)
+
+    def loop():
+        for i in range(100000):
+            _core.allreduce(x, name=f"busy.{i}")
+    attempt(loop)
+elif scenario == "after_error":
+    # A mismatch fails one tensor, not the job: later collectives still work.
+    attempt(lambda: _core.allreduce(np.ones(4 + rank, np.float32), name="grad/bad"))
+    y = _core.allreduce(np.ones(3, np.float32), op="sum", name="grad/good")
+    seen["after"] = y.tolist()
+report(seen)
+# Peers may be gone: skip the goodbye handshake's wait.
+os._exit(0)
