@@ -39,11 +39,36 @@ class CMakeBuild(build_ext):
         for opt in ("TFRING_WITH_CUDA", "TFRING_WITH_TF"):
             if os.environ.get(opt):
                 args.append(f"-D{opt}={os.environ[opt]}")
+        tf_path = _tensorflow_path()
+        if tf_path:
+            args.append(f"-DTFRING_TF_PYTHONPATH={tf_path}")
         if _have_ninja():
             args += ["-G", "Ninja"]
         subprocess.check_call(args)
         jobs = os.environ.get("TFRING_BUILD_JOBS", str(os.cpu_count() or 2))
         subprocess.check_call(["cmake", "--build", build_dir, "-j", jobs])
+
+
+def _tensorflow_path():
+    """The site dir TensorFlow is importable from when this interpreter cannot
+    see it (pip's build isolation hides the environment's packages), else
+    None. Looked up without importing TensorFlow, in a child process that
+    drops the isolation's PYTHONPATH and PYTHONNOUSERSITE."""
+    if os.environ.get("TFRING_WITH_TF", "").upper() == "OFF":
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec("tensorflow") is not None:
+        return None
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONNOUSERSITE")}
+    probe = ("import importlib.util, os; s = importlib.util.find_spec('tensorflow'); "
+             "print(os.path.dirname(os.path.dirname(s.origin)) if s and s.origin else '')")
+    try:
+        out = subprocess.check_output([sys.executable, "-c", probe], env=env, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.strip() or None
 
 
 def _have_ninja():

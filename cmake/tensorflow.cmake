@@ -1,2 +1,146 @@
-# TensorFlow op library: built when TensorFlow is importable.
+# TensorFlow op library: _tfring_ops.so, built when TensorFlow is importable.
+#
+# The op library is compiled against the TensorFlow that Python_EXECUTABLE
+# imports, with the flags tf.sysconfig reports (include dir, C++ ABI, C++
+# standard, Eigen alignment) and linked to libtensorflow_framework and to
+# tfring_core (one runtime per process: _core and the op library share it).
+#
+# TFRING_WITH_TF: AUTO builds it when TensorFlow imports and skips it with a
+# message otherwise; ON makes a missing or unusable TensorFlow fatal; OFF
+# skips it. TFRING_TF_PYTHONPATH: sys.path entries where TensorFlow lives, for
+# builds whose interpreter cannot see it (pip's build isolation; setup.py
+# finds and passes it).
+#
+# The TensorFlow version is written next to the library
+# (_tfring_ops.so.tfversion); tfring/ops.py compares it with tf.__version__
+# before loading, since a library built against another TensorFlow fails
+# with undefined symbols or worse.
 set(TFRING_HAVE_TF OFF)
+set(TFRING_TF_PYTHONPATH "" CACHE STRING
+    "Where TensorFlow is importable from when Python_EXECUTABLE cannot see it")
+
+string(TOUPPER "${TFRING_WITH_TF}" _tf_mode)
+if(_tf_mode STREQUAL "OFF")
+  message(STATUS "TensorFlow op library: disabled (TFRING_WITH_TF=OFF)")
+  return()
+endif()
+
+# Skips the op library under AUTO, stops the build under ON.
+macro(_tfring_tf_unavailable why)
+  if(_tf_mode STREQUAL "ON")
+    message(FATAL_ERROR "TFRING_WITH_TF=ON but ${why}")
+  endif()
+  message(STATUS "TensorFlow op library: skipped (${why})")
+  return()
+endmacro()
+
+if(NOT Python_EXECUTABLE)
+  find_package(Python COMPONENTS Interpreter)
+endif()
+if(NOT Python_EXECUTABLE)
+  _tfring_tf_unavailable("no Python interpreter was found")
+endif()
+
+set(_tf_env ${CMAKE_COMMAND} -E env TF_CPP_MIN_LOG_LEVEL=3)
+if(TFRING_TF_PYTHONPATH)
+  # Replaces (not extends) PYTHONPATH: pip's isolation hook lives there and
+  # would hide the real site-packages again.
+  list(APPEND _tf_env --unset=PYTHONNOUSERSITE
+       "PYTHONPATH=${TFRING_TF_PYTHONPATH}")
+endif()
+set(_tf_query [=[
+import tensorflow as tf
+print("version=" + tf.__version__)
+print("cflags=" + ";".join(tf.sysconfig.get_compile_flags()))
+print("lflags=" + ";".join(tf.sysconfig.get_link_flags()))
+print("libdir=" + tf.sysconfig.get_lib())
+]=])
+execute_process(
+  COMMAND ${_tf_env} ${Python_EXECUTABLE} -c "${_tf_query}"
+  RESULT_VARIABLE _tf_rc OUTPUT_VARIABLE _tf_out ERROR_VARIABLE _tf_err)
+if(NOT _tf_rc EQUAL 0)
+  string(REGEX REPLACE ".*\n([^\n]+)\n?$" "\\1" _tf_last "${_tf_err}")
+  _tfring_tf_unavailable(
+    "TensorFlow does not import with ${Python_EXECUTABLE}: ${_tf_last}")
+endif()
+string(REGEX MATCH "version=([^\n]*)" _ "${_tf_out}")
+set(TFRING_TF_VERSION "${CMAKE_MATCH_1}")
+string(REGEX MATCH "cflags=([^\n]*)" _ "${_tf_out}")
+set(_tf_cflags "${CMAKE_MATCH_1}")
+string(REGEX MATCH "lflags=([^\n]*)" _ "${_tf_out}")
+set(_tf_lflags "${CMAKE_MATCH_1}")
+string(REGEX MATCH "libdir=([^\n]*)" _ "${_tf_out}")
+set(_tf_libdir "${CMAKE_MATCH_1}")
+
+# Sort TF's compile flags into include dirs, definitions and the standard.
+set(_tf_includes)
+set(_tf_defines)
+set(_tf_std "")
+set(_tf_abi "")
+foreach(_flag IN LISTS _tf_cflags)
+  if(_flag MATCHES "^-I(.+)$")
+    list(APPEND _tf_includes "${CMAKE_MATCH_1}")
+  elseif(_flag MATCHES "^-D_GLIBCXX_USE_CXX11_ABI=([01])$")
+    set(_tf_abi "${CMAKE_MATCH_1}")
+  elseif(_flag MATCHES "^-D(.+)$")
+    list(APPEND _tf_defines "${CMAKE_MATCH_1}")
+  elseif(_flag MATCHES "^--?std=(c|gnu)\\+\\+([0-9]+)$")
+    set(_tf_std "${CMAKE_MATCH_2}")
+  endif()
+endforeach()
+
+# The op library calls the core through runtime.h (std::string, std::vector,
+# std::function), so both must use the same libstdc++ string ABI. The core is
+# built with the compiler's default; refuse a TensorFlow that wants the other.
+if(NOT _tf_abi STREQUAL "")
+  include(CheckCXXSourceCompiles)
+  set(_abi_probe "#include <string>
+#if !defined(_GLIBCXX_USE_CXX11_ABI) || _GLIBCXX_USE_CXX11_ABI != ${_tf_abi}
+#error different ABI
+#endif
+int main() { return 0; }
+")
+  check_cxx_source_compiles("${_abi_probe}" TFRING_CORE_ABI_MATCHES_TF_${_tf_abi})
+  if(NOT TFRING_CORE_ABI_MATCHES_TF_${_tf_abi})
+    _tfring_tf_unavailable(
+      "TensorFlow ${TFRING_TF_VERSION} uses -D_GLIBCXX_USE_CXX11_ABI=${_tf_abi}, "
+      "which differs from this compiler's default that tfring_core is built "
+      "with; std::string crosses runtime.h, so the two cannot be mixed")
+  endif()
+endif()
+if(_tf_std AND _tf_std GREATER CMAKE_CXX_STANDARD)
+  message(WARNING "TensorFlow ${TFRING_TF_VERSION} asks for C++${_tf_std}; "
+    "the op library uses it, tfring_core stays on C++${CMAKE_CXX_STANDARD}")
+endif()
+
+file(GLOB TFRING_TF_SRCS CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/tf/*.cc)
+add_library(_tfring_ops MODULE ${TFRING_TF_SRCS})
+target_include_directories(_tfring_ops SYSTEM PRIVATE ${_tf_includes})
+target_compile_definitions(_tfring_ops PRIVATE ${_tf_defines}
+  TFRING_TF_VERSION="${TFRING_TF_VERSION}")
+if(NOT _tf_abi STREQUAL "")
+  target_compile_definitions(_tfring_ops PRIVATE _GLIBCXX_USE_CXX11_ABI=${_tf_abi})
+endif()
+if(_tf_std AND _tf_std GREATER CMAKE_CXX_STANDARD)
+  set_target_properties(_tfring_ops PROPERTIES CXX_STANDARD ${_tf_std})
+endif()
+# TF's headers are noisy under -Wextra even as system headers (templates).
+target_compile_options(_tfring_ops PRIVATE -Wno-sign-compare -Wno-unused-parameter)
+target_link_libraries(_tfring_ops PRIVATE tfring_core ${_tf_lflags})
+set_target_properties(_tfring_ops PROPERTIES
+  PREFIX ""
+  SUFFIX ".so"
+  LIBRARY_OUTPUT_DIRECTORY ${TFRING_OUTPUT_DIR}
+  BUILD_RPATH "$ORIGIN;${_tf_libdir}"
+  INSTALL_RPATH "$ORIGIN;${_tf_libdir}")
+
+set(_tf_stamp ${CMAKE_CURRENT_BINARY_DIR}/_tfring_ops.so.tfversion)
+file(WRITE ${_tf_stamp} "${TFRING_TF_VERSION}\n")
+add_custom_command(TARGET _tfring_ops POST_BUILD
+  COMMAND ${CMAKE_COMMAND} -E copy_if_different ${_tf_stamp}
+          ${TFRING_OUTPUT_DIR}/_tfring_ops.so.tfversion
+  VERBATIM)
+
+set(TFRING_HAVE_TF ON)
+message(STATUS "TensorFlow op library: building against TensorFlow "
+  "${TFRING_TF_VERSION} (${_tf_libdir})")

@@ -1,0 +1,156 @@
+#include "tf/adapter.h"
+
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+namespace tfring {
+namespace tf {
+
+namespace tfw = ::tensorflow;
+using AsyncOpKernelDone = tfw::AsyncOpKernel::DoneCallback;
+
+bool toRingDataType(tfw::DataType in, DataType* out) {
+  switch (in) {
+    case tfw::DT_HALF: *out = DataType::kFloat16; return true;
+    case tfw::DT_BFLOAT16: *out = DataType::kBFloat16; return true;
+    case tfw::DT_FLOAT: *out = DataType::kFloat32; return true;
+    case tfw::DT_DOUBLE: *out = DataType::kFloat64; return true;
+    case tfw::DT_INT32: *out = DataType::kInt32; return true;
+    case tfw::DT_INT64: *out = DataType::kInt64; return true;
+    case tfw::DT_UINT8: *out = DataType::kUInt8; return true;
+    case tfw::DT_INT8: *out = DataType::kInt8; return true;
+    case tfw::DT_BOOL: *out = DataType::kBool; return true;
+    default: return false;
+  }
+}
+
+absl::Status toTfStatus(const Status& s) {
+  using absl::StatusCode;
+  StatusCode code;
+  switch (s.code()) {
+    case Code::kOk: return absl::OkStatus();
+    case Code::kInvalidArgument: code = StatusCode::kInvalidArgument; break;
+    case Code::kMismatch: code = StatusCode::kFailedPrecondition; break;
+    case Code::kTimeout: code = StatusCode::kDeadlineExceeded; break;
+    case Code::kPeerFailure: code = StatusCode::kUnavailable; break;
+    case Code::kAborted: code = StatusCode::kAborted; break;
+    case Code::kUnavailable: code = StatusCode::kUnimplemented; break;
+    case Code::kInternal: code = StatusCode::kInternal; break;
+    default: code = StatusCode::kUnknown; break;
+  }
+  return absl::Status(code, s.message());
+}
+
+Status fromTfStatus(const absl::Status& s) {
+  if (s.ok()) return Status::OK();
+  return Status(Code::kInternal, std::string(s.message()));
+}
+
+std::vector<int64_t> dimsOf(const tfw::TensorShape& shape) {
+  std::vector<int64_t> dims(shape.dims());
+  for (int i = 0; i < shape.dims(); ++i) dims[i] = shape.dim_size(i);
+  return dims;
+}
+
+RingOpKernel::RingOpKernel(tfw::OpKernelConstruction* c, CollectiveType type)
+    : AsyncOpKernel(c), type_(type) {
+  OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
+  if (tensor_name_.empty()) tensor_name_ = name();
+}
+
+bool RingOpKernel::prepare(tfw::OpKernelContext* ctx, runtime::Request* req,
+                           int index, const std::string& name_suffix) {
+  const tfw::Tensor& input = ctx->input(index);
+  req->name = tensor_name_ + name_suffix;
+  req->type = type_;
+  if (!toRingDataType(input.dtype(), &req->dtype)) {
+    ctx->SetStatus(absl::InvalidArgumentError(
+        tfring::strCat("tfring: ", collectiveName(type_), " of tensor '",
+                       req->name, "' does not support dtype ",
+                       tfw::DataTypeString(input.dtype()))));
+    return false;
+  }
+  req->shape = dimsOf(input.shape());
+  req->input = dataOf(input);
+  req->device = deviceOrdinal(ctx);
+  return true;
+}
+
+namespace {
+
+// Counts down the requests of one op; the last to finish reports to TF.
+// One extra count belongs to the submitting thread, so `done` cannot run
+// while requests are still being enqueued.
+class Countdown {
+ public:
+  Countdown(tfw::OpKernelContext* ctx, int count, AsyncOpKernelDone done)
+      : ctx_(ctx), pending_(count), done_(std::move(done)) {}
+
+  void finish(const Status& s) {
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (first_error_.ok()) first_error_ = s;
+    }
+    if (pending_.fetch_sub(1) == 1) {
+      if (!first_error_.ok()) ctx_->SetStatus(toTfStatus(first_error_));
+      auto done = std::move(done_);
+      done();
+    }
+  }
+
+ private:
+  tfw::OpKernelContext* ctx_;
+  std::atomic<int> pending_;
+  AsyncOpKernelDone done_;
+  std::mutex mu_;
+  Status first_error_;
+};
+
+Status enqueueNoThrow(runtime::Request req, runtime::DoneCallback cb) {
+  try {
+    return runtime::enqueue(std::move(req), std::move(cb));
+  } catch (const Error& e) {
+    return e.status();
+  } catch (const std::exception& e) {
+    return Status(Code::kInternal, e.what());
+  }
+}
+
+}  // namespace
+
+void RingOpKernel::submit(tfw::OpKernelContext* ctx,
+                          std::vector<runtime::Request> reqs,
+                          DoneCallback done) {
+  const int n = static_cast<int>(reqs.size());
+  auto countdown = std::make_shared<Countdown>(ctx, n + 1, std::move(done));
+  int i = 0;
+  for (; i < n; ++i) {
+    Status s = enqueueNoThrow(std::move(reqs[i]), [countdown](const Status& st) {
+      countdown->finish(st);
+    });
+    if (!s.ok()) {
+      // Refused: enqueue will not call back for it, nor for those after it.
+      for (int j = i; j < n; ++j) countdown->finish(s);
+      break;
+    }
+  }
+  countdown->finish(Status::OK());
+}
+
+runtime::Allocator RingOpKernel::outputAllocator(tfw::OpKernelContext* ctx) {
+  return [ctx](const std::vector<int64_t>& dims, void** data) -> Status {
+    tfw::TensorShape shape;
+    absl::Status s = tfw::TensorShape::BuildTensorShape(dims, &shape);
+    tfw::Tensor* out = nullptr;
+    if (s.ok()) s = ctx->allocate_output(0, shape, &out);
+    if (!s.ok()) return fromTfStatus(s);
+    *data = dataOf(*out);
+    return Status::OK();
+  };
+}
+
+}  // namespace tf
+}  // namespace tfring

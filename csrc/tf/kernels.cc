@@ -1,0 +1,186 @@
+// CPU kernels of the four collective ops. Each is an AsyncOpKernel: it builds
+// a runtime::Request pointing at TF's buffers and returns; the engine runs
+// the collective on its own thread and calls `done`. No TF thread ever waits
+// on the network.
+//
+// Output buffers: allreduce and broadcast know their output shape (the
+// input's), so they allocate it here, reusing the input buffer when TF says
+// nobody else holds it. Allgather and reducescatter learn their output shape
+// only once every rank has been heard from, so the engine calls back into
+// outputAllocator() to allocate it.
+#include <string>
+
+#include "tensorflow/core/framework/op_kernel.h"
+
+#include "tf/adapter.h"
+
+namespace tfring {
+namespace tf {
+
+namespace tfw = ::tensorflow;
+
+namespace {
+
+// Reads the attributes allreduce and reducescatter share.
+void reduceAttrs(tfw::OpKernelConstruction* c, ReduceOp* op, double* prescale,
+                 double* postscale) {
+  std::string s;
+  float pre = 1.0f, post = 1.0f;
+  OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &s));
+  OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &pre));
+  OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &post));
+  OP_REQUIRES(c, parseReduceOp(s, op),
+              absl::InvalidArgumentError("tfring: unknown reduce_op '" + s +
+                                         "'"));
+  *prescale = pre;
+  *postscale = post;
+}
+
+}  // namespace
+
+class RingAllreduceOp : public RingOpKernel {
+ public:
+  explicit RingAllreduceOp(tfw::OpKernelConstruction* c)
+      : RingOpKernel(c, CollectiveType::kAllreduce) {
+    reduceAttrs(c, &op_, &prescale_, &postscale_);
+  }
+
+  void ComputeAsync(tfw::OpKernelContext* ctx, DoneCallback done) override {
+    runtime::Request req;
+    if (!prepare(ctx, &req)) return done();
+    tfw::Tensor* out = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx,
+                         ctx->forward_input_or_allocate_output(
+                             {0}, 0, ctx->input(0).shape(), &out),
+                         done);
+    req.output = dataOf(*out);
+    req.op = op_;
+    req.prescale = prescale_;
+    req.postscale = postscale_;
+    submit(ctx, {std::move(req)}, std::move(done));
+  }
+
+ private:
+  ReduceOp op_ = ReduceOp::kSum;
+  double prescale_ = 1.0, postscale_ = 1.0;
+};
+
+// One op, many tensors (any mix of dtypes): every tensor is enqueued before
+// the engine's next cycle, so they are fused, and the op finishes when the
+// last one does. Request i is named "<tensor name>.i".
+class RingGroupedAllreduceOp : public RingOpKernel {
+ public:
+  explicit RingGroupedAllreduceOp(tfw::OpKernelConstruction* c)
+      : RingOpKernel(c, CollectiveType::kAllreduce) {
+    reduceAttrs(c, &op_, &prescale_, &postscale_);
+  }
+
+  void ComputeAsync(tfw::OpKernelContext* ctx, DoneCallback done) override {
+    std::vector<runtime::Request> reqs(ctx->num_inputs());
+    for (int i = 0; i < ctx->num_inputs(); ++i) {
+      runtime::Request& req = reqs[i];
+      if (!prepare(ctx, &req, i, "." + std::to_string(i))) return done();
+      tfw::Tensor* out = nullptr;
+      OP_REQUIRES_OK_ASYNC(ctx,
+                           ctx->forward_input_or_allocate_output(
+                               {i}, i, ctx->input(i).shape(), &out),
+                           done);
+      req.output = dataOf(*out);
+      req.op = op_;
+      req.prescale = prescale_;
+      req.postscale = postscale_;
+    }
+    submit(ctx, std::move(reqs), std::move(done));
+  }
+
+ private:
+  ReduceOp op_ = ReduceOp::kSum;
+  double prescale_ = 1.0, postscale_ = 1.0;
+};
+
+class RingAllgatherOp : public RingOpKernel {
+ public:
+  explicit RingAllgatherOp(tfw::OpKernelConstruction* c)
+      : RingOpKernel(c, CollectiveType::kAllgather) {}
+
+  void ComputeAsync(tfw::OpKernelContext* ctx, DoneCallback done) override {
+    runtime::Request req;
+    if (!prepare(ctx, &req)) return done();
+    OP_REQUIRES_ASYNC(
+        ctx, ctx->input(0).dims() >= 1,
+        absl::InvalidArgumentError("tfring: allgather of tensor '" +
+                                   tensorName() +
+                                   "' needs at least one dimension"),
+        done);
+    req.allocate = outputAllocator(ctx);
+    submit(ctx, {std::move(req)}, std::move(done));
+  }
+};
+
+class RingBroadcastOp : public RingOpKernel {
+ public:
+  explicit RingBroadcastOp(tfw::OpKernelConstruction* c)
+      : RingOpKernel(c, CollectiveType::kBroadcast) {
+    OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_));
+  }
+
+  void ComputeAsync(tfw::OpKernelContext* ctx, DoneCallback done) override {
+    runtime::Request req;
+    if (!prepare(ctx, &req)) return done();
+    tfw::Tensor* out = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx,
+                         ctx->forward_input_or_allocate_output(
+                             {0}, 0, ctx->input(0).shape(), &out),
+                         done);
+    req.output = dataOf(*out);
+    req.root = root_;
+    submit(ctx, {std::move(req)}, std::move(done));
+  }
+
+ private:
+  int root_ = 0;
+};
+
+class RingReducescatterOp : public RingOpKernel {
+ public:
+  explicit RingReducescatterOp(tfw::OpKernelConstruction* c)
+      : RingOpKernel(c, CollectiveType::kReducescatter) {
+    reduceAttrs(c, &op_, &prescale_, &postscale_);
+  }
+
+  void ComputeAsync(tfw::OpKernelContext* ctx, DoneCallback done) override {
+    runtime::Request req;
+    if (!prepare(ctx, &req)) return done();
+    OP_REQUIRES_ASYNC(
+        ctx, ctx->input(0).dims() >= 1,
+        absl::InvalidArgumentError("tfring: reducescatter of tensor '" +
+                                   tensorName() +
+                                   "' needs at least one dimension"),
+        done);
+    req.op = op_;
+    req.prescale = prescale_;
+    req.postscale = postscale_;
+    req.allocate = outputAllocator(ctx);
+    submit(ctx, {std::move(req)}, std::move(done));
+  }
+
+ private:
+  ReduceOp op_ = ReduceOp::kSum;
+  double prescale_ = 1.0, postscale_ = 1.0;
+};
+
+// CPU only for now; the kernels are device-agnostic apart from
+// deviceOrdinal(), so the GPU registrations will reuse them.
+REGISTER_KERNEL_BUILDER(Name("RingAllreduce").Device(tfw::DEVICE_CPU),
+                        RingAllreduceOp);
+REGISTER_KERNEL_BUILDER(Name("RingGroupedAllreduce").Device(tfw::DEVICE_CPU),
+                        RingGroupedAllreduceOp);
+REGISTER_KERNEL_BUILDER(Name("RingAllgather").Device(tfw::DEVICE_CPU),
+                        RingAllgatherOp);
+REGISTER_KERNEL_BUILDER(Name("RingBroadcast").Device(tfw::DEVICE_CPU),
+                        RingBroadcastOp);
+REGISTER_KERNEL_BUILDER(Name("RingReducescatter").Device(tfw::DEVICE_CPU),
+                        RingReducescatterOp);
+
+}  // namespace tf
+}  // namespace tfring

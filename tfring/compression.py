@@ -1,0 +1,43 @@
+"""Gradient compression applied around a collective: `compress` before the
+tensor goes on the wire, `decompress` after. Horovod-compatible:
+`Compression.none` and `Compression.fp16`."""
+
+import tensorflow as tf
+
+
+class Compressor:
+    """Interface: compress(tensor) -> (tensor, ctx); decompress(tensor, ctx)."""
+
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class NoneCompressor(Compressor):
+    """Sends tensors as they are."""
+
+
+class FP16Compressor(Compressor):
+    """Sends floating-point tensors as float16, halving the bytes moved;
+    others pass unchanged. The result is cast back to the input's dtype."""
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype.is_floating and tensor.dtype != tf.float16:
+            return tf.cast(tensor, tf.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor if ctx is None else tf.cast(tensor, ctx)
+
+
+class Compression:
+    """The compressors a collective accepts as `compression=`."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor
