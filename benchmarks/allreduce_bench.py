@@ -171,7 +171,7 @@ def worker(args):
 
     report = {
         "np": nranks,
-        "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
+        "mpi_library": MPI.Get_library_version().replace("\0", "").splitlines()[0].strip(),
         "tfring_error": tfring_error if not args.no_tfring else "skipped (--no-tfring)",
         "results": results,
     }
