@@ -34,13 +34,13 @@ def test_mismatch_does_not_poison_later_collectives():
 
 def test_missing_tensor_warns_then_errors_naming_the_missing_rank():
     res = run_ranks(3, "faults.py", ["missing"], timeout=60,
-                    env={"TFRING_STALL_CHECK_TIME": "1", "TFRING_TIMEOUT": "4", "SLEEP": "7"})
+                    env={"TFRING_STALL_CHECK_TIME": "1", "TFRING_TIMEOUT": "4", "SLEEP": "9"})
     outs = check_ok(res)
     for r in (0, 2):
         assert outs[r]["error"] == "MismatchError", outs[r]
         msg = outs[r]["message"]
         assert "'lonely'" in msg and "not by ranks [1]" in msg and "ranks [0, 2]" in msg, msg
-        assert outs[r]["elapsed"] < 15
+        assert outs[r]["elapsed"] < 30
     warned = [x for x in res if "missing ranks [1]" in x.stderr]
     assert warned, "no stall warning naming the missing rank"
 

@@ -12,6 +12,8 @@
 // to the previous receive step and the whole 2(N-1)-step exchange runs as
 // one pipeline. Each rank moves 2(N-1)/N of the buffer in and out, which is
 // the bandwidth lower bound for allreduce.
+#include <cstring>
+
 #include "collectives/ring.h"
 #include "collectives/ring_pipeline.h"
 #include "kernels/cpu/reduce.h"
@@ -26,13 +28,15 @@ std::vector<size_t> evenSplit(size_t count, int parts) {
   return off;
 }
 
-void ringAllreduce(RingComm& c, void* data, size_t count, DataType dtype,
+void ringAllreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
                    ReduceOp op, double postscale) {
   const int N = c.size;
   const size_t es = dtypeSize(dtype);
-  char* base = static_cast<char*>(data);
+  char* base = static_cast<char*>(out);
+  const char* src = static_cast<const char*>(in);
   if (N == 1 || count == 0) {
-    if (postscale != 1.0) kernels::scale(data, count, dtype, postscale);
+    if (out != in && count) std::memcpy(out, in, count * es);
+    if (postscale != 1.0) kernels::scale(out, count, dtype, postscale);
     return;
   }
   auto off = evenSplit(count, N);
@@ -40,14 +44,17 @@ void ringAllreduce(RingComm& c, void* data, size_t count, DataType dtype,
     i = ((i % N) + N) % N;
     return std::make_pair(base + off[i] * es, (off[i + 1] - off[i]) * es);
   };
+  auto inSeg = [&](int i) { return src + off[((i % N) + N) % N] * es; };
   const int p = c.pos;
   RingProgram prog;
   prog.dtype = dtype;
   prog.op = op;
   for (int k = 0; k < N - 1; ++k) {  // reduce-scatter
+    // Step 0 sends straight from the input; each receive folds the input's
+    // copy of its segment with what arrived, writing the output.
     auto s = seg(p - k), r = seg(p - k - 1);
-    prog.sends.push_back({s.first, s.second, k == 0 ? -1 : k - 1});
-    prog.recvs.push_back({r.first, r.second, true, k == N - 2 ? postscale : 1.0});
+    prog.sends.push_back({k == 0 ? inSeg(p) : s.first, s.second, k == 0 ? -1 : k - 1});
+    prog.recvs.push_back({r.first, r.second, true, k == N - 2 ? postscale : 1.0, inSeg(p - k - 1)});
   }
   for (int k = 0; k < N - 1; ++k) {  // allgather
     auto s = seg(p + 1 - k), r = seg(p - k);

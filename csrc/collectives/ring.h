@@ -31,11 +31,13 @@ struct RingComm {
 // count % parts get one more). Returns element offsets, parts+1 entries.
 std::vector<size_t> evenSplit(size_t count, int parts);
 
-// In place on `data`: every rank ends with op over all ranks' data, then
-// multiplied by `postscale` (the caller folds 1/size in for Average). The
-// result is bitwise identical on every rank: each segment is reduced along
-// one chain of ranks and then copied, never recomputed.
-void ringAllreduce(RingComm& c, void* data, size_t count, DataType dtype,
+// `out` (which may alias `in`) ends with op over all ranks' `in`, then
+// multiplied by `postscale` (the caller folds 1/size in for Average). `in`
+// is only read: the first reduction of each segment reads it and writes
+// `out`, so no up-front copy is needed. The result is bitwise identical on
+// every rank: each segment is reduced along one chain of ranks and then
+// copied, never recomputed.
+void ringAllreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
                    ReduceOp op, double postscale);
 
 // `out` holds every rank's block in rank order; block r is rank_bytes[r]

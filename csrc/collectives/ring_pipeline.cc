@@ -54,7 +54,10 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
         size_t n = c.left->peek(&p, want);
         n -= n % esize;
         if (n) {
-          kernels::reduce(r.data + ro, p, n / esize, prog.dtype, prog.op);
+          if (r.src && r.src != r.data)
+            kernels::reduce3(r.data + ro, r.src + ro, p, n / esize, prog.dtype, prog.op);
+          else
+            kernels::reduce(r.data + ro, p, n / esize, prog.dtype, prog.op);
           c.left->consume(n);
           if (r.scale != 1.0) kernels::scale(r.data + ro, n / esize, prog.dtype, r.scale);
           ro += n;

@@ -29,8 +29,9 @@ struct SendStep {
 struct RecvStep {
   char* data = nullptr;
   size_t bytes = 0;
-  bool reduce = false;   // data = op(data, received), else data = received
+  bool reduce = false;   // data = op(src, received), else data = received
   double scale = 1.0;    // applied to each reduced piece (final RS step)
+  const char* src = nullptr;  // reduce operand; null means data itself
 };
 
 struct RingProgram {

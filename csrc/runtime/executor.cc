@@ -46,9 +46,13 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
   if (es.size() == 1) {
     Entry& e = *es[0];
     size_t n = static_cast<size_t>(m0.numElements());
-    if (e.req.output != e.req.input && n) std::memcpy(e.req.output, e.req.input, bytesOf(m0));
-    if (m0.prescale != 1.0) kernels::scale(e.req.output, n, dt, m0.prescale);
-    collectives::ringAllreduce(comm_, e.req.output, n, dt, kernelOp(m0.op), post);
+    const void* in = e.req.input;
+    if (m0.prescale != 1.0) {
+      if (e.req.output != in && n) std::memcpy(e.req.output, in, bytesOf(m0));
+      kernels::scale(e.req.output, n, dt, m0.prescale);
+      in = e.req.output;
+    }
+    collectives::ringAllreduce(comm_, in, e.req.output, n, dt, kernelOp(m0.op), post);
     return;
   }
   // Fused: pack every input into one buffer, reduce it once, unpack.
@@ -65,7 +69,8 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
   for (auto& e : es) timeline_.end(e->meta.name);
   size_t count = total / dtypeSize(dt);
   if (m0.prescale != 1.0) kernels::scale(fusion_.data(), count, dt, m0.prescale);
-  collectives::ringAllreduce(comm_, fusion_.data(), count, dt, kernelOp(m0.op), post);
+  collectives::ringAllreduce(comm_, fusion_.data(), fusion_.data(), count, dt, kernelOp(m0.op),
+                             post);
   for (auto& e : es) timeline_.begin(e->meta.name, "MEMCPY_OUT_FUSION_BUFFER");
   off = 0;
   for (auto& e : es) {

@@ -74,6 +74,9 @@ def reference(inputs, dtype, op, n):
         r = np.max(xs, axis=0)
     else:
         r = np.prod(xs, axis=0)
+    if not dtype.startswith(("float", "bfloat")):
+        # Integer arithmetic wraps around like numpy's (two's complement).
+        r = r.astype(np.int64).astype(dtype).astype(np.float64)
     return r
 
 
