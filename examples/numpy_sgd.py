@@ -32,7 +32,7 @@ def main():
     y_all = x_all @ w_true + 0.01 * rng.normal(size=len(x_all))
 
     # Start from rank 0's weights, whatever each rank initialized.
-    w = np.random.default_rng(rank).normal(size=args.features)
+    w = np.random.default_rng(1000 + rank).normal(size=args.features)
     w = _core.broadcast(w, root=0, name="init.w")
     local = args.batch_size // size
     for step in range(args.steps):
