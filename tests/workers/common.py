@@ -8,7 +8,11 @@ import numpy as np
 
 
 def report(obj):
-    with open(os.environ["TFRING_RESULT"], "w") as f:
+    path = os.environ.get("TFRING_RESULT")
+    if not path:  # under mpirun: one file per MPI rank in a directory
+        rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK")
+        path = os.path.join(os.environ["TFRING_RESULT_DIR"], f"{rank}.json")
+    with open(path, "w") as f:
         json.dump(obj, f)
 
 

@@ -1,0 +1,60 @@
+"""Runtime plumbing: the timeline, tunables read back, lifecycle, a job of
+one without any launcher."""
+
+import os
+import subprocess
+import sys
+
+from multiproc import check_ok, run_ranks
+
+
+def test_timeline_is_valid_chrome_trace(tmp_path):
+    path = str(tmp_path / "timeline.{rank}.json")
+    res = check_ok(run_ranks(2, "misc.py", env={"TFRING_TIMELINE": path}))
+    for out in res:
+        events = out["timeline"]
+        names = {e.get("name") for e in events}
+        assert {"NEGOTIATE", "allreduce", "allgather"} <= names, names
+        threads = {e["args"]["name"] for e in events if e.get("ph") == "M"}
+        assert {"grad.0", "grad.3", "gathered"} <= threads
+        begins = sum(e["ph"] == "B" for e in events)
+        ends = sum(e["ph"] == "E" for e in events)
+        assert begins == ends > 0
+        # Fusion: the four small gradients went through fusion buffers.
+        assert "MEMCPY_IN_FUSION_BUFFER" in names or "allreduce" in names
+
+
+def test_config_read_back_and_use_after_shutdown():
+    res = check_ok(run_ranks(2, "misc.py", env={
+        "TFRING_FUSION_THRESHOLD": "2MiB", "TFRING_CYCLE_TIME": "3.5",
+        "TFRING_CHUNK_SIZE": "64K", "TFRING_TIMEOUT": "42", "TFRING_CACHE": "0"}))
+    for out in res:
+        c = out["config"]
+        assert c["fusion_threshold"] == 2 << 20
+        assert c["cycle_time_ms"] == 3.5
+        assert c["chunk_bytes"] == 64 << 10
+        assert c["timeout_s"] == 42
+        assert c["cache_enabled"] is False
+        assert "not initialized" in out["after_shutdown"]
+
+
+def test_single_process_without_launcher():
+    code = (
+        "import numpy as np, tfring.basics as b; from tfring import _core\n"
+        "b.init(); assert (b.rank(), b.size(), b.local_size()) == (0, 1, 1)\n"
+        "x = np.arange(5.0)\n"
+        "assert np.array_equal(_core.allreduce(x, op='average'), x)\n"
+        "assert np.array_equal(_core.allgather(x), x)\n"
+        "b.shutdown(); b.init(); assert b.is_initialized(); print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TFRING_", "OMPI_", "PMI_",
+                                                                     "SLURM_"))}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_reducescatter_shape_rule():
+    from tfring import _core
+    shapes = [_core.reducescatter_shape([10, 3], r, 4) for r in range(4)]
+    assert [s[0] for s in shapes] == [3, 3, 2, 2] and all(s[1] == 3 for s in shapes)
+    assert sum(s[0] for s in shapes) == 10
