@@ -59,3 +59,16 @@ def test_out_of_order_submission(fusion):
     for r, out in enumerate(res):
         assert out["failures"] == [], f"rank {r}: {out['failures']}"
     assert len({out["digest"] for out in res}) == 1
+
+
+def test_two_simulated_hosts_mix_shm_and_tcp():
+    # TFRING_HOSTNAME overrides host identity: ranks 0-1 on "a", 2-3 on "b".
+    res = check_ok(run_ranks(4, "collectives.py", ["quick"], env=SMALL,
+                             per_rank_env=lambda r: {"TFRING_HOSTNAME": "a" if r < 2 else "b"},
+                             timeout=240))
+    for r, out in enumerate(res):
+        assert out["failures"] == [], out["failures"][:10]
+        assert out["transport"] == "shm+tcp"
+        assert (out["local_rank"], out["local_size"]) == (r % 2, 2)
+        assert (out["cross_rank"], out["cross_size"]) == (r // 2, 2)
+    assert len({out["digest"] for out in res}) == 1
