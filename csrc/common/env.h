@@ -25,7 +25,7 @@ struct Config {
   double cycle_time_ms = 1.0;             // TFRING_CYCLE_TIME
   double timeout_s = 300.0;               // TFRING_TIMEOUT
   double stall_warning_s = 60.0;          // TFRING_STALL_CHECK_TIME
-  double heartbeat_timeout_s = 30.0;      // TFRING_HEARTBEAT_TIMEOUT
+  double heartbeat_timeout_s = 10.0;      // TFRING_HEARTBEAT_TIMEOUT
   int64_t chunk_bytes = 1ll << 20;        // TFRING_CHUNK_SIZE (pipeline unit)
   int64_t shm_buffer_bytes = 8ll << 20;   // TFRING_SHM_BUFFER (per link)
   std::string transport = "auto";         // TFRING_TRANSPORT: auto|shm|tcp

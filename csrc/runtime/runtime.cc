@@ -7,6 +7,7 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "common/abort.h"
@@ -38,10 +39,13 @@ Global& G() {
   return *g;
 }
 
-// Detects hosts that vanish without closing their sockets (power loss,
-// network partition) within about 10 seconds.
-void setKeepAlive(int fd) {
-  int on = 1, idle = 4, intvl = 2, cnt = 3;
+// A process that dies closes its sockets and is noticed at once; a host that
+// vanishes without closing them (power loss, partition) is noticed by TCP
+// keepalive probes within about TFRING_HEARTBEAT_TIMEOUT seconds.
+void setKeepAlive(int fd, double timeout_s) {
+  int t = static_cast<int>(timeout_s);
+  int on = 1, cnt = 3;
+  int idle = std::max(1, t / 2), intvl = std::max(1, (t - idle) / cnt);
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
@@ -89,7 +93,7 @@ Status init(const InitOptions& opts) {
     }
     int ctrl = net::connectTo(coord_host, port, deadline);
     net::setNoDelay(ctrl);
-    setKeepAlive(ctrl);
+    setKeepAlive(ctrl, g.cfg.heartbeat_timeout_s);
     wire::sendHello(ctrl, kCtrlPurpose, opts.rank, opts.secret, deadline, "the coordinator (rank 0)");
     std::unique_ptr<Coordinator> coord;
     if (opts.rank == 0) {
@@ -110,7 +114,7 @@ Status init(const InitOptions& opts) {
           continue;
         }
         net::setNoDelay(fd);
-        setKeepAlive(fd);
+        setKeepAlive(fd, g.cfg.heartbeat_timeout_s);
         fds[who] = fd;
         ++got;
       }
