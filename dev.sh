@@ -65,6 +65,26 @@ needs_install() {
   return 1
 }
 
+jobs() { echo "${TFRING_BUILD_JOBS:-$(nproc 2>/dev/null || echo 2)}"; }
+
+# pip's editable build links into a temporary directory and copies back only
+# the extension module, not libtfring_core.so beside it (nor the TF op
+# library). Point the CMake build at the source tree's tfring/ instead, so
+# every library lands next to tfring/_core*.so and a rebuild updates them in
+# place. Re-pointing an existing build dir only relinks.
+build_in_tree() {
+  local out=$ROOT/tfring
+  if ! grep -qx "TFRING_OUTPUT_DIR:PATH=$out" "$TFRING_BUILD_DIR/CMakeCache.txt" 2>/dev/null; then
+    PATH="$VENV/bin:$PATH" "$VENV/bin/cmake" -S "$ROOT" -B "$TFRING_BUILD_DIR" \
+      -DTFRING_OUTPUT_DIR="$out" >/dev/null \
+      || die "cmake configure failed: cmake -S . -B $TFRING_BUILD_DIR"
+  fi
+  # Already installed: CMake rebuilds whatever changed in csrc/ (and
+  # re-configures itself when CMakeLists.txt or the source lists change).
+  PATH="$VENV/bin:$PATH" "$VENV/bin/cmake" --build "$TFRING_BUILD_DIR" -j "$(jobs)" >/dev/null \
+    || die "build failed: see cmake --build $TFRING_BUILD_DIR"
+}
+
 setup() {
   ensure_venv
   if needs_install; then
@@ -75,13 +95,10 @@ setup() {
     # build dir stays valid between runs.
     PATH="$VENV/bin:$PATH" "$PY" -m pip install "${pip_quiet[@]}" \
       --no-build-isolation -e ".[test]"
+    build_in_tree
     touch "$STAMP"
   else
-    # Installed already: let CMake rebuild whatever changed in csrc/ (it also
-    # re-configures itself when CMakeLists.txt or the source lists change).
-    PATH="$VENV/bin:$PATH" "$VENV/bin/cmake" --build "$TFRING_BUILD_DIR" \
-      -j "${TFRING_BUILD_JOBS:-$(nproc 2>/dev/null || echo 2)}" >/dev/null \
-      || die "incremental build failed: see cmake --build $TFRING_BUILD_DIR"
+    build_in_tree
   fi
 }
 
