@@ -2,6 +2,7 @@
 importable) the TensorFlow op library, all through CMakeLists.txt."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -20,7 +21,12 @@ class CMakeBuild(build_ext):
     """Runs CMake once; every library lands next to tfring/_core.so."""
 
     def build_extension(self, ext):
-        out_dir = os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
+        # Editable installs build straight into the source package, so the
+        # libraries _core loads from $ORIGIN sit beside it and later
+        # `cmake --build` runs update them in place.
+        editable = getattr(self, "editable_mode", False) or self.inplace
+        out_dir = (os.path.join(HERE, "tfring") if editable
+                   else os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name))))
         build_dir = os.path.abspath(os.environ.get("TFRING_BUILD_DIR", self.build_temp))
         os.makedirs(build_dir, exist_ok=True)
         cfg = os.environ.get("TFRING_BUILD_TYPE", "Release")
@@ -47,6 +53,13 @@ class CMakeBuild(build_ext):
         subprocess.check_call(args)
         jobs = os.environ.get("TFRING_BUILD_JOBS", str(os.cpu_count() or 2))
         subprocess.check_call(["cmake", "--build", build_dir, "-j", jobs])
+        if editable:
+            # setuptools installs the module from its own build dir.
+            ext_path = os.path.abspath(self.get_ext_fullpath(ext.name))
+            built = os.path.join(out_dir, os.path.basename(ext_path))
+            if built != ext_path:
+                os.makedirs(os.path.dirname(ext_path), exist_ok=True)
+                shutil.copy2(built, ext_path)
 
 
 def _tensorflow_path():
