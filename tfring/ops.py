@@ -397,11 +397,12 @@ def _allgather_grad(op, grad):
 
 def _broadcast_grad(op, grad):
     # Only the root's input reaches the outputs: it gets the sum of every
-    # rank's gradient, the others zero.
+    # rank's gradient, the others zero. Every rank builds the same graph
+    # (the allreduce feeds the result on all of them), or graph optimizers
+    # could drop the allreduce on non-root ranks only.
     grad = _allreduce(tf.convert_to_tensor(grad), "sum")
-    if basics.rank() != op.get_attr("root_rank"):
-        return tf.zeros_like(grad)
-    return grad
+    is_root = basics.rank() == op.get_attr("root_rank")
+    return grad * tf.constant(1 if is_root else 0, grad.dtype)
 
 
 def _reducescatter_grad(op, grad):
