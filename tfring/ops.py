@@ -303,15 +303,26 @@ def _broadcast_group(variables, root_rank):
         var.assign(broadcast(var, root_rank))
 
 
+def _as_tf_variable(var):
+    """Keras 3 variables wrap a tf.Variable (`.value`); tf.function needs the
+    tf.Variable itself to assign to it."""
+    if isinstance(var, tf.Variable):
+        return var
+    inner = getattr(var, "value", None)
+    return inner if isinstance(inner, tf.Variable) else var
+
+
 @_no_autograph
 def broadcast_variables(variables, root_rank=0):
-    """Assigns `root_rank`'s value to every variable on every rank. Eager:
-    runs at once. Graph: returns the op to run."""
+    """Assigns `root_rank`'s value to every variable on every rank
+    (tf.Variable or Keras variables). Eager: runs at once, all broadcasts in
+    flight together. Graph: returns the op to run."""
     global _broadcast_group_fn
     variables = list(variables)
     if tf.executing_eagerly():
+        variables = [_as_tf_variable(v) for v in variables]
         if _broadcast_group_fn is None:
-            _broadcast_group_fn = tf.function(_broadcast_group)
+            _broadcast_group_fn = tf.function(_broadcast_group, autograph=False)
         if variables:
             _broadcast_group_fn(variables, int(root_rank))
         return None
