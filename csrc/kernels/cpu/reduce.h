@@ -13,20 +13,37 @@ namespace tfring {
 namespace kernels {
 
 // dst = op(dst, src), elementwise over `count` elements. op must be kSum,
-// kMin, kMax or kProduct (kAverage is treated as kSum).
+// kMin, kMax or kProduct (kAverage is treated as kSum). Integers wrap; min
+// and max return NaN when either side is NaN (like np.minimum/np.maximum);
+// for kBool, sum/max are logical or and min/product logical and. Every
+// kernel set gives bitwise identical results. No alignment needed.
 void reduce(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op);
 
 // dst = op(a, b): the out-of-place variant (lets a ring step reduce a
-// received chunk and the local input into the output in one pass).
+// received chunk and the local input into the output in one pass). dst may
+// be exactly a or b; other overlaps are not allowed.
 void reduce3(void* dst, const void* a, const void* b, size_t count,
              DataType dtype, ReduceOp op);
 
-// data *= factor. Integer types round toward zero after multiplying in
-// double. No-op when factor == 1.
+// data *= factor. Floating types multiply in their own precision (float16
+// and bfloat16 in float32). Integer types round toward zero after
+// multiplying in double, saturating out-of-range results. No-op when
+// factor == 1.
 void scale(void* data, size_t count, DataType dtype, double factor);
 
 // Which instruction set the dispatcher picked: "avx512", "avx2" or "scalar".
+// It picks the best one the CPU has, at first use; TFRING_CPU_ISA=scalar|avx2
+// forces a lower one.
 const char* isaName();
+
+// Whether this CPU and build can run the named kernel set.
+bool isaSupported(const char* name);
+
+// Switches the kernel set at run time (tests and benchmarks). Returns false,
+// changing nothing, when the name is unknown or unsupported; an empty name
+// goes back to the startup choice. Calls already running finish with the set
+// they started with.
+bool setIsa(const char* name);
 
 // Element conversions used by kernels and tests.
 float halfToFloat(uint16_t h);
