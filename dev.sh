@@ -59,7 +59,7 @@ needs_install() {
   [[ -f "$TFRING_BUILD_DIR/CMakeCache.txt" ]] || return 0
   compgen -G "$ROOT/tfring/_core*.so" >/dev/null || return 0
   local f
-  for f in setup.py pyproject.toml; do
+  for f in setup.py pyproject.toml requirements/test.txt; do
     [[ -f "$f" && "$f" -nt "$STAMP" ]] && return 0
   done
   return 1
@@ -91,6 +91,9 @@ setup() {
     log "installing build tools and tfring[test] into $VENV"
     "$PY" -m pip install "${pip_quiet[@]}" --upgrade pip
     "$PY" -m pip install "${pip_quiet[@]}" --upgrade setuptools wheel pybind11 cmake ninja numpy
+    # Test dependencies first: TensorFlow must be importable when CMake
+    # configures, so the op library gets built against it.
+    "$PY" -m pip install "${pip_quiet[@]}" -r requirements/test.txt
     # The build tools come from the venv (no isolated build env), so CMake's
     # build dir stays valid between runs.
     PATH="$VENV/bin:$PATH" "$PY" -m pip install "${pip_quiet[@]}" \

