@@ -1,15 +1,68 @@
-# CUDA kernels: built when nvcc is found (or forced with TFRING_WITH_CUDA=ON).
-if(NOT TFRING_WITH_CUDA STREQUAL "OFF")
+# GPU support: CUDA kernels (csrc/kernels/cuda/*.cu) and the GPU runtime
+# (csrc/gpu/cuda/*.cc: streams, CUDA-IPC ring, NCCL backend) compiled into
+# tfring_core when nvcc is found (TFRING_WITH_CUDA=AUTO) or required (ON).
+# Without CUDA, csrc/gpu/nocuda/*.cc stands in and a GPU tensor gets a clear
+# "no CUDA support" error; everything else is identical.
+#
+# libtfring_core.so links the CUDA runtime statically (CUDA::cudart_static),
+# so it loads on machines without libcudart.so; the driver (libcuda.so.1) is
+# opened by that runtime on first use, so a machine without a GPU driver
+# fails only when a GPU tensor is actually used. NCCL needs no headers or
+# link step: csrc/gpu/nccl_loader.cc declares what it uses and dlopens
+# libnccl.so.2 at run time.
+#
+# TFRING_CUDA_ARCHITECTURES: real architectures get SASS, the last one also
+# PTX for newer GPUs to JIT. The default covers A100 (80) and H100/H200 (90)
+# and keeps the compile short for CI; nvcc 13 no longer targets sm_70.
+set(TFRING_HAVE_CUDA OFF)
+set(TFRING_CUDA_ARCHITECTURES "80-real;90" CACHE STRING
+    "CUDA architectures for the kernels (CMake CUDA_ARCHITECTURES syntax)")
+
+string(TOUPPER "${TFRING_WITH_CUDA}" _cuda_mode)
+if(NOT _cuda_mode STREQUAL "OFF")
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     set(TFRING_HAVE_CUDA ON)
-  elseif(TFRING_WITH_CUDA STREQUAL "ON")
-    message(FATAL_ERROR "TFRING_WITH_CUDA=ON but no CUDA compiler was found")
+  elseif(_cuda_mode STREQUAL "ON")
+    message(FATAL_ERROR "TFRING_WITH_CUDA=ON but no CUDA compiler (nvcc) was found; "
+                        "put nvcc on the PATH or set CMAKE_CUDA_COMPILER")
   endif()
 endif()
-if(TFRING_HAVE_CUDA)
-  message(STATUS "tfring: CUDA kernels enabled (${CMAKE_CUDA_COMPILER})")
-else()
-  message(STATUS "tfring: CUDA not found, building CPU only")
+
+if(NOT TFRING_HAVE_CUDA)
+  message(STATUS "tfring: CUDA not found or disabled, building CPU only")
+  file(GLOB TFRING_NOCUDA_SRCS CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/nocuda/*.cc)
+  target_sources(tfring_core PRIVATE ${TFRING_NOCUDA_SRCS})
+  return()
 endif()
+
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+  set(CMAKE_CUDA_ARCHITECTURES ${TFRING_CUDA_ARCHITECTURES})
+endif()
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
+message(STATUS "tfring: CUDA ${CUDAToolkit_VERSION} kernels for ${TFRING_CUDA_ARCHITECTURES} "
+               "(${CMAKE_CUDA_COMPILER})")
+
+# The kernels: an object library of their own, so the C++ warning flags set
+# for the whole directory (which nvcc would reject) can be replaced by their
+# host-compiler equivalents.
+file(GLOB TFRING_CUDA_KERNEL_SRCS CONFIGURE_DEPENDS
+     ${CMAKE_CURRENT_SOURCE_DIR}/csrc/kernels/cuda/*.cu)
+add_library(tfring_cuda_kernels OBJECT ${TFRING_CUDA_KERNEL_SRCS})
+set_property(TARGET tfring_cuda_kernels PROPERTY COMPILE_OPTIONS "")
+target_compile_options(tfring_cuda_kernels PRIVATE
+  $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>)
+target_include_directories(tfring_cuda_kernels PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/csrc)
+set_target_properties(tfring_cuda_kernels PROPERTIES
+  CUDA_ARCHITECTURES "${TFRING_CUDA_ARCHITECTURES}"
+  CUDA_STANDARD 17
+  CUDA_STANDARD_REQUIRED ON
+  POSITION_INDEPENDENT_CODE ON
+  CUDA_RUNTIME_LIBRARY Static)
+
+file(GLOB TFRING_GPU_SRCS CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/cuda/*.cc)
+target_sources(tfring_core PRIVATE ${TFRING_GPU_SRCS} $<TARGET_OBJECTS:tfring_cuda_kernels>)
+target_compile_definitions(tfring_core PRIVATE TFRING_HAVE_CUDA=1)
+target_link_libraries(tfring_core PRIVATE CUDA::cudart_static)

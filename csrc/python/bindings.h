@@ -9,6 +9,7 @@ namespace python {
 void bindStore(pybind11::module_& m);    // store_binding.cc
 void bindKernels(pybind11::module_& m);  // kernels_binding.cc
 void bindRuntime(pybind11::module_& m);  // runtime_binding.cc
+void bindGpu(pybind11::module_& m);      // gpu_binding.cc
 
 }  // namespace python
 }  // namespace tfring

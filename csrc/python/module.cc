@@ -7,4 +7,5 @@ PYBIND11_MODULE(_core, m) {
   tfring::python::bindStore(m);
   tfring::python::bindKernels(m);
   tfring::python::bindRuntime(m);
+  tfring::python::bindGpu(m);
 }

@@ -16,6 +16,7 @@
 
 #include "python/bindings.h"
 #include "python/errors.h"
+#include "python/gpu_binding.h"
 #include "rendezvous/store.h"
 #include "runtime/runtime.h"
 
@@ -218,10 +219,14 @@ void bindRuntime(py::module_& m) {
   m.def("reducescatter_shape", &runtime::reducescatterShape);
 
   auto arOpts = [](const char* kind, CollectiveType type) {
-    return [kind, type](py::array a, const std::string& op, py::object name, int root,
-                        double prescale, double postscale, py::object dtype, py::object out) {
-      return submit(type, a, autoName(kind, name), resolveOp(op), root, prescale, postscale,
-                    dtype, out);
+    return [kind, type](py::object a, const std::string& op, py::object name, int root,
+                        double prescale, double postscale, py::object dtype,
+                        py::object out) -> py::object {
+      if (isCudaArray(a))  // gpu_binding.cc
+        return submitCuda(type, a, autoName(kind, name), resolveOp(op), root, prescale,
+                          postscale, dtype, out);
+      return py::cast(submit(type, py::array(a), autoName(kind, name), resolveOp(op), root,
+                             prescale, postscale, dtype, out));
     };
   };
   struct Spec { const char* name; CollectiveType type; };
@@ -238,9 +243,9 @@ void bindRuntime(py::module_& m) {
           std::get<2>(args), std::get<3>(args), std::get<4>(args), std::get<5>(args),
           std::get<6>(args), std::get<7>(args));
     m.def(sp.name,
-          [f](py::array a, const std::string& op, py::object name, int root, double prescale,
+          [f](py::object a, const std::string& op, py::object name, int root, double prescale,
               double postscale, py::object dtype, py::object out) {
-            return f(a, op, name, root, prescale, postscale, dtype, out)->wait(-1.0);
+            return f(a, op, name, root, prescale, postscale, dtype, out).attr("wait")(-1.0);
           },
           std::get<0>(args), std::get<1>(args), std::get<2>(args), std::get<3>(args),
           std::get<4>(args), std::get<5>(args), std::get<6>(args), std::get<7>(args));

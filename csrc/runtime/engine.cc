@@ -46,18 +46,18 @@ Status Engine::enqueue(Request req, DoneCallback done) {
   m.root = req.root;
   m.prescale = req.prescale;
   m.postscale = req.postscale;
-  m.device = req.device;
+  // Ranks agree on host vs GPU; GPU ordinals legitimately differ per rank.
+  m.device = req.device < 0 ? -1 : 0;
   for (auto d : req.shape)
     if (d < 0)
       return Status(Code::kInvalidArgument,
                     strCat("tensor '", req.name, "' has a negative dimension ", m.shapeString()));
-  if (req.device >= 0)
-    return Status(Code::kUnavailable,
-                  strCat("tensor '", req.name, "' is on GPU ", req.device,
-                         " but this tfring build has no CUDA support; "
-                         "rebuild with nvcc on the PATH or place the tensor on the CPU"));
   e->req = std::move(req);
   e->done = std::move(done);
+  if (e->req.device >= 0) {  // without CUDA: "... has no CUDA support ..."
+    Status s = acceptGpu(*e);
+    if (!s.ok()) return s;
+  }
   std::lock_guard<std::mutex> lk(mu_);
   if (AbortState::get().aborted()) return AbortState::get().status();
   if (stopping_) return Status(Code::kAborted, "tfring has been shut down");
@@ -158,12 +158,17 @@ void Engine::runGroup(const Group& g) {
     timeline_.end(e->meta.name);
     timeline_.begin(e->meta.name, collectiveName(g.type));
   }
-  switch (g.type) {
-    case CollectiveType::kAllreduce: execAllreduce(es); break;
-    case CollectiveType::kAllgather: execAllgather(*es[0], g.dim0s[0]); break;
-    case CollectiveType::kBroadcast: execBroadcast(*es[0]); break;
-    case CollectiveType::kReducescatter: execReducescatter(*es[0]); break;
-    case CollectiveType::kBarrier: break;
+  Status st;
+  if (!es.empty() && es[0]->req.device >= 0) {
+    st = execGpu(g, es);
+  } else {
+    switch (g.type) {
+      case CollectiveType::kAllreduce: execAllreduce(es); break;
+      case CollectiveType::kAllgather: execAllgather(*es[0], g.dim0s[0]); break;
+      case CollectiveType::kBroadcast: execBroadcast(*es[0]); break;
+      case CollectiveType::kReducescatter: execReducescatter(*es[0]); break;
+      case CollectiveType::kBarrier: break;
+    }
   }
   for (auto& e : es) {
     timeline_.end(e->meta.name);
@@ -171,7 +176,7 @@ void Engine::runGroup(const Group& g) {
       std::lock_guard<std::mutex> lk(mu_);
       inflight_.erase(e->meta.name);
     }
-    e->done(Status::OK());
+    e->done(st);
   }
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "collectives/ring.h"
+#include "gpu/executor.h"
 #include "runtime/messages.h"
 #include "runtime/runtime.h"
 #include "runtime/timeline.h"
@@ -30,6 +31,7 @@ struct Entry {
   Request req;
   DoneCallback done;
   Meta meta;
+  std::shared_ptr<void> gpu_ready;  // GPU tensors: the input's ready event
 };
 
 class Engine {
@@ -59,6 +61,10 @@ class Engine {
   void execBroadcast(Entry& e);
   void execReducescatter(Entry& e);
 
+  // executor_gpu.cc: GPU tensors (Request.device >= 0)
+  Status acceptGpu(Entry& e);
+  Status execGpu(const Group& g, const std::vector<std::shared_ptr<Entry>>& es);
+
   std::unique_ptr<transport::RingLinks> links_;
   int ctrl_fd_;
   Config cfg_;
@@ -79,6 +85,7 @@ class Engine {
   std::unordered_map<std::string, int32_t> ids_;
   std::vector<char> fusion_;
   std::vector<char> scratch_;
+  std::unique_ptr<gpu::Executor> gpu_;  // created at the first GPU group
 
   std::thread thread_, reader_;
 };

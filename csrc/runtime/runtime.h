@@ -63,6 +63,10 @@ struct Request {
   void* output = nullptr;
   Allocator allocate;
   int device = -1;  // -1: host memory; >= 0: CUDA device ordinal
+  // GPU tensors: a cudaStream_t. The input is read once the work queued on
+  // it before enqueue() is done; null: the input is ready now. `done` comes
+  // once the output is complete on the device (see gpu/executor.h).
+  void* stream = nullptr;
 };
 
 // Queues a request. Errors found locally (not initialized, duplicate name in

@@ -1,0 +1,144 @@
+#include "gpu/cuda/cuda_util.h"
+
+#include <dlfcn.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <functional>
+
+#include "common/abort.h"
+#include "common/logging.h"
+
+namespace tfring {
+namespace gpu {
+
+void cudaFail(cudaError_t e, const char* expr, const std::string& context) {
+  fail(Code::kInternal, "CUDA error ", static_cast<int>(e), " (", cudaGetErrorName(e), ": ",
+       cudaGetErrorString(e), ") in ", expr, context.empty() ? "" : ": ", context);
+}
+
+DeviceGuard::DeviceGuard(int device) {
+  TFRING_CUDA_CHECK(cudaGetDevice(&prev_));
+  if (prev_ != device) {
+    TFRING_CUDA_CHECK(cudaSetDevice(device), "GPU ", device);
+    changed_ = true;
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (changed_) cudaSetDevice(prev_);
+}
+
+namespace {
+size_t roundUp(size_t bytes) {
+  size_t c = size_t(1) << 20;
+  while (c < bytes) c <<= 1;
+  return c;
+}
+}  // namespace
+
+DeviceBuffer::~DeviceBuffer() {
+  if (p_) cudaFree(p_);
+  for (void* p : retired_) cudaFree(p);
+}
+
+char* DeviceBuffer::reserve(size_t bytes) {
+  if (bytes <= cap_ && p_) return p_;
+  size_t cap = roundUp(bytes);
+  void* p = nullptr;
+  TFRING_CUDA_CHECK(cudaMalloc(&p, cap), "allocating a ", cap, "-byte GPU buffer");
+  if (p_) retired_.push_back(p_);
+  p_ = static_cast<char*>(p);
+  cap_ = cap;
+  return p_;
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (p_) cudaFreeHost(p_);
+}
+
+char* PinnedBuffer::reserve(size_t bytes) {
+  if (bytes <= cap_ && p_) return p_;
+  size_t cap = roundUp(bytes);
+  void* p = nullptr;
+  TFRING_CUDA_CHECK(cudaHostAlloc(&p, cap, cudaHostAllocPortable),
+                    "allocating ", cap, " bytes of pinned host memory");
+  if (p_) cudaFreeHost(p_);
+  p_ = static_cast<char*>(p);
+  cap_ = cap;
+  return p_;
+}
+
+void waitStream(cudaStream_t stream, const Deadline& deadline, const std::string& what,
+                const std::function<void()>& poll) {
+  cudaEvent_t ev;
+  TFRING_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  cudaError_t e = cudaEventRecord(ev, stream);
+  if (e != cudaSuccess) {
+    cudaEventDestroy(ev);
+    cudaFail(e, "cudaEventRecord", what);
+  }
+  uint64_t rounds = 0;
+  double next_check = nowSeconds() + 0.1;
+  for (;;) {
+    e = cudaEventQuery(ev);
+    if (e == cudaSuccess) break;
+    if (e != cudaErrorNotReady) {
+      cudaEventDestroy(ev);
+      cudaFail(e, "waiting for the GPU", what);
+    }
+    ++rounds;
+    if (rounds < 64) continue;
+    if (rounds < 256) {
+      sched_yield();
+      continue;
+    }
+    usleep(rounds < 2048 ? 20 : 200);
+    double now = nowSeconds();
+    if (now < next_check) continue;
+    next_check = now + 0.1;
+    try {
+      AbortState::get().check();
+      if (poll) poll();
+      if (deadline.expired())
+        fail(Code::kTimeout, "timed out waiting for the GPU to finish ", what,
+             " (TFRING_TIMEOUT; a peer may be stuck)");
+    } catch (...) {
+      cudaEventDestroy(ev);  // the stream may never reach it; that is fine
+      throw;
+    }
+  }
+  cudaEventDestroy(ev);
+}
+
+std::string deviceUuid(int device) {
+  cudaDeviceProp prop;
+  TFRING_CUDA_CHECK(cudaGetDeviceProperties(&prop, device), "GPU ", device);
+  const unsigned char* b = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+  char buf[64];
+  snprintf(buf, sizeof(buf),
+           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+           b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  return buf;
+}
+
+bool allocationRange(const void* p, void** base, size_t* size) {
+  using Fn = int (*)(unsigned long long*, size_t*, unsigned long long);
+  static Fn fn = []() -> Fn {
+    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!h) h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) return nullptr;
+    return reinterpret_cast<Fn>(dlsym(h, "cuMemGetAddressRange_v2"));
+  }();
+  if (!fn) return false;
+  unsigned long long b = 0;
+  size_t s = 0;
+  if (fn(&b, &s, reinterpret_cast<unsigned long long>(p)) != 0) return false;
+  *base = reinterpret_cast<void*>(b);
+  *size = s;
+  return true;
+}
+
+}  // namespace gpu
+}  // namespace tfring

@@ -1,0 +1,326 @@
+// gpu/executor.h with CUDA: accepts GPU tensors at enqueue, picks the
+// job's GPU backend at the first GPU group, and runs each group like
+// runtime/executor.cc does on host buffers (prescale into place, fusion
+// buffer pack/unpack, scratch for reducescatter) around a GpuComm, on one
+// stream per process, waiting once per group before the tensors are handed
+// back.
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include "collectives/ring.h"
+#include "common/logging.h"
+#include "common/wire.h"
+#include "gpu/backend_select.h"
+#include "gpu/cuda/comm.h"
+#include "gpu/cuda/cuda_util.h"
+#include "gpu/device.h"
+#include "gpu/nccl_loader.h"
+#include "kernels/cuda/kernels.h"
+#include "transport/ring_links.h"
+
+namespace tfring {
+namespace gpu {
+
+namespace {
+
+std::mutex g_mu;
+std::string g_backend;
+std::atomic<int> g_device{-1};  // the one GPU this process's tensors use
+
+constexpr size_t kFusionAlign = 64;  // fused tensors start 64-byte aligned
+
+size_t alignUp(size_t x) { return (x + kFusionAlign - 1) / kFusionAlign * kFusionAlign; }
+
+class CudaExecutor : public Executor {
+ public:
+  CudaExecutor(int device, const HostLink& host, cudaStream_t stream,
+               std::unique_ptr<GpuComm> comm)
+      : device_(device), host_(host), stream_(stream), comm_(std::move(comm)) {}
+
+  ~CudaExecutor() override {
+    int prev = -1;
+    cudaGetDevice(&prev);
+    cudaSetDevice(device_);
+    comm_.reset();
+    fusion_.reset();
+    if (stream_) cudaStreamDestroy(stream_);
+    if (prev >= 0) cudaSetDevice(prev);
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_backend.clear();
+    g_device.store(-1);
+  }
+
+  int device() const override { return device_; }
+  std::string backend() const override { return comm_->name(); }
+  GpuComm* comm() const { return comm_.get(); }
+  void replaceComm(std::unique_ptr<GpuComm> c) { comm_ = std::move(c); }
+  char* scratch(size_t bytes) { return fusion().reserve(bytes); }
+
+  void allreduce(const std::vector<Buffer>& bufs, DataType dt, ReduceOp op, double pre,
+                 double post) override {
+    DeviceGuard g(device_);
+    const size_t es = dtypeSize(dt);
+    const double fin = op == ReduceOp::kAverage ? post / host_.topo->size : post;
+    const ReduceOp kop = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+    for (auto& b : bufs) waitReady(b);
+    if (bufs.size() == 1) {
+      const Buffer& b = bufs[0];
+      if (b.count) {
+        kernels::cuda::scale(b.output, b.input, b.count, dt, pre, stream_);
+        comm_->allreduce(b.output, b.count, dt, kop, fin);
+      }
+    } else {
+      // Fused: pack every input into one buffer (each at a 64-byte aligned
+      // offset, the same layout on every rank), reduce it once, unpack.
+      std::vector<size_t> off;
+      size_t total = 0;
+      for (auto& b : bufs) {
+        off.push_back(total);
+        total += alignUp(b.count * es);
+      }
+      char* f = fusion().reserve(total);
+      std::vector<kernels::cuda::CopyDesc> copies;
+      for (size_t i = 0; i < bufs.size(); ++i)
+        copies.push_back({f + off[i], bufs[i].input, bufs[i].count * es});
+      kernels::cuda::batchedCopy(copies.data(), copies.size(), stream_);
+      const size_t count = total / es;
+      if (pre != 1.0) kernels::cuda::scale(f, f, count, dt, pre, stream_);
+      comm_->allreduce(f, count, dt, kop, fin);
+      copies.clear();
+      for (size_t i = 0; i < bufs.size(); ++i)
+        copies.push_back({bufs[i].output, f + off[i], bufs[i].count * es});
+      kernels::cuda::batchedCopy(copies.data(), copies.size(), stream_);
+    }
+    finish("allreduce");
+  }
+
+  void allgather(const Buffer& b, const std::vector<size_t>& rank_bytes) override {
+    DeviceGuard g(device_);
+    waitReady(b);
+    const int me = host_.topo->rank;
+    size_t off = 0;
+    for (int r = 0; r < me; ++r) off += rank_bytes[r];
+    if (rank_bytes[me])
+      TFRING_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(b.output) + off, b.input,
+                                        rank_bytes[me], cudaMemcpyDeviceToDevice, stream_));
+    comm_->allgather(b.output, rank_bytes);
+    finish("allgather");
+  }
+
+  void broadcast(const Buffer& b, size_t bytes, int root) override {
+    DeviceGuard g(device_);
+    waitReady(b);
+    if (host_.topo->rank == root && b.output != b.input && bytes)
+      TFRING_CUDA_CHECK(
+          cudaMemcpyAsync(b.output, b.input, bytes, cudaMemcpyDeviceToDevice, stream_));
+    comm_->broadcast(b.output, bytes, root);
+    finish("broadcast");
+  }
+
+  void reducescatter(const Buffer& b, DataType dt, const std::vector<size_t>& counts,
+                     ReduceOp op, double pre, double post) override {
+    DeviceGuard g(device_);
+    waitReady(b);
+    const int me = host_.topo->rank;
+    const size_t es = dtypeSize(dt);
+    size_t total = 0, mine = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      if (static_cast<int>(r) < me) mine += counts[r];
+      total += counts[r];
+    }
+    const double fin = op == ReduceOp::kAverage ? post / host_.topo->size : post;
+    const ReduceOp kop = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+    // The input must survive, so reduce in scratch.
+    char* work = fusion().reserve(total * es);
+    kernels::cuda::scale(work, b.input, total, dt, pre, stream_);
+    comm_->reducescatter(work, counts, dt, kop, fin);
+    if (counts[me])
+      TFRING_CUDA_CHECK(cudaMemcpyAsync(b.output, work + mine * es, counts[me] * es,
+                                        cudaMemcpyDeviceToDevice, stream_));
+    finish("reducescatter");
+  }
+
+ private:
+  DeviceBuffer& fusion() {
+    if (!fusion_) fusion_.reset(new DeviceBuffer());
+    return *fusion_;
+  }
+  void waitReady(const Buffer& b) {
+    if (b.ready)
+      TFRING_CUDA_CHECK(
+          cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(b.ready.get()), 0));
+  }
+  void finish(const char* what) {
+    waitStream(stream_, Deadline::in(host_.timeout_s), what, [this] { comm_->poll(); });
+  }
+
+  int device_;
+  HostLink host_;
+  cudaStream_t stream_;
+  std::unique_ptr<GpuComm> comm_;
+  std::unique_ptr<DeviceBuffer> fusion_;
+};
+
+// For calibration: `reps` allreduces of `count` floats, waited for.
+double timeAllreduce(GpuComm* comm, cudaStream_t stream, float* data, size_t count, int reps,
+                     double timeout_s) {
+  double t0 = nowSeconds();
+  for (int i = 0; i < reps; ++i)
+    comm->allreduce(data, count, DataType::kFloat32, ReduceOp::kSum, 1.0);
+  waitStream(stream, Deadline::in(timeout_s), "calibration", [&] { comm->poll(); });
+  return nowSeconds() - t0;
+}
+
+// What every rank tells the others before the backend is chosen.
+constexpr size_t kFactsBytes = 2048;
+
+std::vector<RankGpu> gatherFacts(const HostLink& host, const RankGpu& mine) {
+  wire::Writer w;
+  w.putStr(mine.host.substr(0, 256));
+  w.putStr(mine.gpu.substr(0, 64));
+  w.put<uint8_t>(mine.nccl_ok);
+  w.putStr(mine.nccl_error.substr(0, 1500));
+  w.put<uint8_t>(mine.ipc_ok);
+  std::vector<uint8_t> rec = w.bytes();
+  rec.resize(kFactsBytes, 0);
+  std::vector<char> all = hostAllgather(host, rec.data(), kFactsBytes);
+  std::vector<RankGpu> out(host.topo->size);
+  for (int r = 0; r < host.topo->size; ++r) {
+    wire::Reader rd(reinterpret_cast<const uint8_t*>(all.data()) + r * kFactsBytes, kFactsBytes);
+    out[r].host = rd.getStr();
+    out[r].gpu = rd.getStr();
+    out[r].nccl_ok = rd.get<uint8_t>() != 0;
+    out[r].nccl_error = rd.getStr();
+    out[r].ipc_ok = rd.get<uint8_t>() != 0;
+  }
+  return out;
+}
+
+}  // namespace
+
+bool builtWithCuda() { return true; }
+
+Status acceptTensor(const std::string& name, int device, void* stream,
+                    std::shared_ptr<void>* ready) {
+  const int n = deviceCount();
+  if (n == 0)
+    return Status(Code::kUnavailable, strCat("tensor '", name, "' is on GPU ", device,
+                                             " but CUDA cannot be used in this process: ",
+                                             unavailableReason()));
+  if (device >= n)
+    return Status(Code::kInvalidArgument, strCat("tensor '", name, "' is on GPU ", device,
+                                                 " but this process sees only ", n, " GPU",
+                                                 n == 1 ? "" : "s"));
+  int bound = -1;
+  if (!g_device.compare_exchange_strong(bound, device) && bound != device)
+    return Status(Code::kInvalidArgument,
+                  strCat("tensor '", name, "' is on GPU ", device, " but this process already "
+                         "uses GPU ", bound, " (tfring drives one GPU per process; pick it by "
+                         "local rank)"));
+  if (!stream) return Status::OK();
+  try {
+    DeviceGuard g(device);
+    cudaEvent_t ev;
+    TFRING_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    cudaError_t e = cudaEventRecord(ev, static_cast<cudaStream_t>(stream));
+    if (e != cudaSuccess) {
+      cudaEventDestroy(ev);
+      cudaFail(e, "cudaEventRecord", strCat("on the stream of tensor '", name, "'"));
+    }
+    *ready = std::shared_ptr<void>(ev, [](void* p) { cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
+  } catch (const Error& e) {
+    return e.status();
+  }
+  return Status::OK();
+}
+
+std::string activeBackend() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  return g_backend;
+}
+
+Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor>* out) {
+  const transport::Topology& T = *host.topo;
+  TFRING_CUDA_CHECK(cudaSetDevice(device), "GPU ", device);
+  const GpuConfig cfg = GpuConfig::fromEnv();
+
+  // 1. Facts from every rank, then one decision every rank computes alike.
+  RankGpu mine;
+  mine.host = T.peers.empty() ? std::string("localhost") : T.peers[T.rank].host;
+  mine.gpu = deviceUuid(device);
+  if (cfg.backend == "nccl" || (cfg.backend == "auto" && T.size > 1)) {
+    const nccl::Library& lib = nccl::load();
+    mine.nccl_ok = lib.api != nullptr;
+    mine.nccl_error = lib.error;
+  } else {
+    mine.nccl_error = "not loaded (TFRING_GPU_BACKEND=" + cfg.backend + ")";
+  }
+  mine.ipc_ok = cfg.ipc;
+  std::vector<RankGpu> facts = T.size > 1 ? gatherFacts(host, mine) : std::vector<RankGpu>{mine};
+  Choice choice;
+  try {
+    choice = chooseBackend(cfg.backend, facts, cfg.autotune);
+  } catch (const Error& e) {
+    return e.status();  // identical on every rank
+  }
+
+  // 2. Build it (collective from here on; failures are fatal).
+  cudaStream_t stream = nullptr;
+  TFRING_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CommContext ctx;
+  ctx.host = host;
+  ctx.device = device;
+  ctx.stream = stream;
+  ctx.cfg = cfg;
+  auto build = [&](Backend b) -> std::unique_ptr<GpuComm> {
+    switch (b) {
+      case Backend::kLocal: return makeLocalComm(ctx);
+      case Backend::kHostRing: return makeHostRingComm(ctx);
+      case Backend::kNccl: return makeNcclComm(ctx);
+      case Backend::kIpcRing: {
+        std::string why;
+        auto c = makeIpcRingComm(ctx, &why);
+        if (c) return c;
+        TFRING_LOG(kWarning, why, "; GPU tensors go through host memory instead (slower)");
+        return makeHostRingComm(ctx);
+      }
+    }
+    return nullptr;
+  };
+  std::unique_ptr<CudaExecutor> ex(
+      new CudaExecutor(device, host, stream, build(choice.backend)));
+  std::string reason = choice.reason;
+  if (choice.calibrate) {
+    std::unique_ptr<GpuComm> alt = build(choice.alternative);
+    if (alt->name() != "ring-host") {
+      // Same work, same order on every rank; rank 0's timing decides. The
+      // data lives in the executor's fusion buffer, which outlives both.
+      constexpr size_t kCount = 8u << 20;  // 32 MiB of float32
+      float* data = reinterpret_cast<float*>(ex->scratch(kCount * sizeof(float)));
+      TFRING_CUDA_CHECK(cudaMemsetAsync(data, 0, kCount * sizeof(float), stream));
+      const double to = host.timeout_s;
+      timeAllreduce(ex->comm(), stream, data, kCount, 1, to);
+      timeAllreduce(alt.get(), stream, data, kCount, 1, to);
+      double t_main = timeAllreduce(ex->comm(), stream, data, kCount, 3, to);
+      double t_alt = timeAllreduce(alt.get(), stream, data, kCount, 3, to);
+      uint8_t pick_alt = t_alt < t_main ? 1 : 0;
+      hostBroadcast(host, &pick_alt, 1);
+      reason += strCat(" (rank 0 timed ", ex->comm()->name(), " ", t_main * 1e3 / 3, " ms, ",
+                       alt->name(), " ", t_alt * 1e3 / 3, " ms per 32 MiB allreduce)");
+      if (pick_alt) ex->replaceComm(std::move(alt));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_backend = ex->backend();
+  }
+  if (T.rank == 0) TFRING_LOG(kInfo, "GPU backend: ", ex->backend(), " (", reason, ")");
+  *out = std::move(ex);
+  return Status::OK();
+}
+
+}  // namespace gpu
+}  // namespace tfring

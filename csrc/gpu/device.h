@@ -1,0 +1,50 @@
+// Device memory and kernel entry points for the Python binding, tests and
+// benchmarks (tfring._core: CudaArray, cuda_* functions). No CUDA types
+// here; in builds without CUDA the queries say so and everything else
+// throws kUnavailable.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "common/types.h"
+
+namespace tfring {
+namespace gpu {
+
+// Number of usable GPUs: 0 without CUDA support, driver or device.
+int deviceCount();
+// Why deviceCount() is 0 ("" when it is not).
+std::string unavailableReason();
+// Name, UUID and compute capability of a device, for reports.
+std::string describeDevice(int device);
+
+// The device holding `p`; throws kInvalidArgument naming `what` if `p` is
+// not device (or managed) memory.
+int pointerDevice(const void* p, const std::string& what);
+
+void* deviceAlloc(int device, size_t bytes);
+void deviceFree(int device, void* p) noexcept;
+void copyToHost(void* dst, const void* src, size_t bytes, int device);
+void copyToDevice(void* dst, const void* src, size_t bytes, int device);
+// Blocks until `stream` (a cudaStream_t; null: the legacy default stream)
+// is idle.
+void synchronize(int device, void* stream);
+
+// Kernels (kernels/cuda/kernels.h), launched on `stream`.
+void launchReduce(int device, void* dst, const void* a, const void* b, size_t count,
+                  DataType dtype, ReduceOp op, double factor, void* stream);
+void launchScale(int device, void* dst, const void* src, size_t count, DataType dtype,
+                 double factor, void* stream);
+void launchCast(int device, void* dst, DataType dst_dtype, const void* src, DataType src_dtype,
+                size_t count, void* stream);
+struct Copy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+};
+void launchBatchedCopy(int device, const std::vector<Copy>& copies, void* stream);
+
+}  // namespace gpu
+}  // namespace tfring

@@ -1,0 +1,23 @@
+// GPU tunables: every environment variable the GPU side reads, declared
+// once with its default (README documents the same table).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tfring {
+namespace gpu {
+
+struct GpuConfig {
+  std::string backend = "auto";    // TFRING_GPU_BACKEND: auto | nccl | ring
+  int64_t chunk_bytes = 4ll << 20;  // TFRING_GPU_CHUNK_SIZE: CUDA-IPC ring pipeline unit
+  bool ipc = true;                 // TFRING_GPU_IPC=0: ring stages through host memory
+  bool ipc_user_buffers = true;    // TFRING_GPU_IPC_USER_BUFFERS=0: always copy to our buffer
+  bool autotune = true;            // TFRING_GPU_AUTOTUNE=0: auto prefers NCCL without timing
+  std::string nccl_lib;            // TFRING_NCCL_LIB: libnccl.so.2 file or directory
+
+  static GpuConfig fromEnv();
+};
+
+}  // namespace gpu
+}  // namespace tfring

@@ -1,0 +1,591 @@
+// tfring._core GPU support: collectives on objects exposing
+// __cuda_array_interface__ (CuPy, PyTorch, Numba, CudaArray), the CudaArray
+// result type, CUDA/NCCL/backend queries, the CUDA kernels (tests and
+// benchmarks) and CPU-side test hooks for the GPU dispatch logic.
+//
+// Collectives on GPU arrays (see submitCuda):
+//   allreduce(x) / broadcast(x)      -> out= (any CUDA array of x's size and
+//                                       dtype, may be x) or a new CudaArray
+//   allgather(x) / reducescatter(x)  -> a new CudaArray
+// CudaArray exposes __cuda_array_interface__ (v3), so cupy.asarray(y) or
+// torch.as_tensor(y, device="cuda") wrap it without a copy; y.to_numpy()
+// copies it to the host. The input's producer stream (the interface's
+// "stream" entry) is honoured: tfring reads the input only after the work
+// queued on it before the call; results are complete on the device when
+// wait() returns, so they may be used on any stream.
+//
+//   cuda_available() -> bool          built with CUDA and a GPU is usable
+//   cuda_built() -> bool
+//   cuda_device_count() -> int
+//   cuda_unavailable_reason() -> str
+//   cuda_describe(device) -> str
+//   gpu_backend() -> str | None       "nccl", "ring-ipc", "ring-host" or
+//                                     "local", once a GPU collective ran
+//   nccl_info() -> dict               where NCCL was found, or why not
+//   choose_gpu_backend(requested, ranks, autotune=True) -> (name, calibrate, reason)
+//   cuda_reduce / cuda_scale / cuda_cast / cuda_batched_copy (kernels)
+//   _emulate_pull_ring(...)           the CUDA-IPC ring's schedule on threads
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+
+#include "gpu/backend_select.h"
+#include "gpu/device.h"
+#include "gpu/executor.h"
+#include "gpu/nccl_loader.h"
+#include "gpu/pull_ring.h"
+#include "python/bindings.h"
+#include "python/errors.h"
+#include "python/gpu_binding.h"
+#include "runtime/runtime.h"
+
+namespace py = pybind11;
+
+namespace tfring {
+namespace python {
+
+namespace {
+
+// --------------------------------------------------------------- dtypes ----
+
+// The array-interface typestr of a tfring dtype (bfloat16 travels as u2).
+const char* typestrOf(DataType t) {
+  switch (t) {
+    case DataType::kFloat16: return "<f2";
+    case DataType::kBFloat16: return "<u2";
+    case DataType::kFloat32: return "<f4";
+    case DataType::kFloat64: return "<f8";
+    case DataType::kInt32: return "<i4";
+    case DataType::kInt64: return "<i8";
+    case DataType::kUInt8: return "|u1";
+    case DataType::kInt8: return "|i1";
+    case DataType::kBool: return "|b1";
+  }
+  return "|u1";
+}
+
+// The numpy dtype to copy a tfring dtype into on the host.
+py::dtype numpyDtypeOf(DataType t) {
+  return py::dtype(t == DataType::kBFloat16 ? std::string("uint16") : std::string(dtypeName(t)));
+}
+
+bool dtypeOfTypestr(const std::string& ts, DataType* out) {
+  if (ts.size() < 3) return false;
+  const std::string k = ts.substr(1);
+  if (ts[0] == '>') return false;  // big-endian data
+  if (k == "f2") *out = DataType::kFloat16;
+  else if (k == "f4") *out = DataType::kFloat32;
+  else if (k == "f8") *out = DataType::kFloat64;
+  else if (k == "i4") *out = DataType::kInt32;
+  else if (k == "i8") *out = DataType::kInt64;
+  else if (k == "u1") *out = DataType::kUInt8;
+  else if (k == "i1") *out = DataType::kInt8;
+  else if (k == "b1") *out = DataType::kBool;
+  else return false;
+  return true;
+}
+
+// ------------------------------------------------------------ CudaArray ----
+
+// Device memory owned by Python: a collective's result.
+class CudaArray {
+ public:
+  CudaArray(std::vector<int64_t> shape, DataType dtype, int device, void* ptr)
+      : shape_(std::move(shape)), dtype_(dtype), device_(device), ptr_(ptr) {}
+  static std::shared_ptr<CudaArray> empty(std::vector<int64_t> shape, DataType dtype, int device) {
+    size_t n = 1;
+    for (auto d : shape) n *= static_cast<size_t>(d);
+    void* p = gpu::deviceAlloc(device, n * dtypeSize(dtype));
+    return std::make_shared<CudaArray>(std::move(shape), dtype, device, p);
+  }
+  ~CudaArray() { gpu::deviceFree(device_, ptr_); }
+
+  size_t size() const {
+    size_t n = 1;
+    for (auto d : shape_) n *= static_cast<size_t>(d);
+    return n;
+  }
+  size_t nbytes() const { return size() * dtypeSize(dtype_); }
+  void* ptr() const { return ptr_; }
+  int device() const { return device_; }
+  DataType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+
+  py::dict interface() const {
+    py::dict d;
+    py::tuple shape(shape_.size());
+    for (size_t i = 0; i < shape_.size(); ++i) shape[i] = shape_[i];
+    d["shape"] = shape;
+    d["typestr"] = typestrOf(dtype_);
+    d["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(ptr_), false);
+    d["version"] = 3;
+    d["strides"] = py::none();
+    d["stream"] = py::none();  // complete: no synchronization needed
+    return d;
+  }
+
+  py::array toNumpy() const {
+    std::vector<py::ssize_t> shape(shape_.begin(), shape_.end());
+    py::array out(numpyDtypeOf(dtype_), shape);
+    gpu::copyToHost(out.mutable_data(), ptr_, nbytes(), device_);
+    return out;
+  }
+
+ private:
+  std::vector<int64_t> shape_;
+  DataType dtype_;
+  int device_;
+  void* ptr_;
+};
+
+// ----------------------------------------------- __cuda_array_interface__ ----
+
+struct CudaView {
+  void* ptr = nullptr;
+  std::vector<int64_t> shape;
+  std::string typestr;
+  size_t itemsize = 0;
+  bool readonly = false;
+  void* stream = nullptr;  // the producer's stream; null: no sync needed
+  size_t count() const {
+    size_t n = 1;
+    for (auto d : shape) n *= static_cast<size_t>(d);
+    return n;
+  }
+};
+
+CudaView viewOf(const py::object& obj, const char* what) {
+  py::dict cai = obj.attr("__cuda_array_interface__").cast<py::dict>();
+  CudaView v;
+  for (auto d : cai["shape"].cast<py::tuple>()) v.shape.push_back(d.cast<int64_t>());
+  v.typestr = cai["typestr"].cast<std::string>();
+  auto data = cai["data"].cast<py::tuple>();
+  v.ptr = reinterpret_cast<void*>(data[0].cast<uintptr_t>());
+  v.readonly = data[1].cast<bool>();
+  v.itemsize = static_cast<size_t>(std::stoul(v.typestr.substr(2)));
+  if (cai.contains("mask") && !cai["mask"].is_none())
+    throw py::value_error(strCat(what, ": masked CUDA arrays are not supported"));
+  if (cai.contains("strides") && !cai["strides"].is_none()) {
+    auto strides = cai["strides"].cast<py::tuple>();
+    int64_t expect = static_cast<int64_t>(v.itemsize);
+    for (int i = static_cast<int>(v.shape.size()) - 1; i >= 0; --i) {
+      if (v.shape[i] > 1 && strides[i].cast<int64_t>() != expect)
+        throw py::value_error(strCat(what, ": the CUDA array must be C-contiguous"));
+      expect *= v.shape[i];
+    }
+  }
+  if (cai.contains("stream") && !cai["stream"].is_none()) {
+    auto s = cai["stream"].cast<uintptr_t>();
+    if (s == 0)
+      throw py::value_error(strCat(what, ": __cuda_array_interface__ stream 0 is not allowed"));
+    v.stream = reinterpret_cast<void*>(s);
+  }
+  return v;
+}
+
+DataType resolveCudaDtype(const CudaView& v, const py::object& dtype) {
+  DataType dt;
+  if (!dtype.is_none()) {
+    std::string name = py::str(dtype);
+    if (!parseDataType(name, &dt))
+      throw py::type_error(strCat("tfring does not support dtype ", name));
+    if (dtypeSize(dt) != v.itemsize)
+      throw py::type_error(strCat("dtype ", name, " needs ", dtypeSize(dt),
+                                  "-byte elements but the array has ", v.itemsize));
+    return dt;
+  }
+  if (!dtypeOfTypestr(v.typestr, &dt))
+    throw py::type_error(strCat("tfring does not support CUDA arrays of typestr '", v.typestr,
+                                "' (bfloat16 data: pass a uint16 array with dtype='bfloat16')"));
+  return dt;
+}
+
+int deviceOfView(const CudaView& v, const char* what) {
+  // Without CUDA (or a GPU) leave the verdict to the engine, whose error
+  // says why GPU tensors cannot be used here.
+  if (!gpu::builtWithCuda() || gpu::deviceCount() == 0) return 0;
+  try {
+    return gpu::pointerDevice(v.ptr, what);
+  } catch (const Error& e) {
+    throw py::value_error(e.what());
+  }
+}
+
+// ----------------------------------------------------------- GpuHandle ----
+
+struct GpuState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  // Engine-allocated output (allgather, reducescatter): device memory.
+  std::vector<int64_t> out_shape;
+  void* out_ptr = nullptr;
+  int device = 0;
+  ~GpuState() { gpu::deviceFree(device, out_ptr); }
+};
+
+class GpuHandle {
+ public:
+  GpuHandle(std::shared_ptr<GpuState> st, py::object input, py::object output, DataType dt)
+      : st_(std::move(st)), input_(std::move(input)), output_(std::move(output)), dt_(dt) {}
+  ~GpuHandle() {
+    py::gil_scoped_release nogil;
+    std::unique_lock<std::mutex> lk(st_->mu);
+    st_->cv.wait(lk, [&] { return st_->done; });
+  }
+  bool poll() {
+    std::lock_guard<std::mutex> lk(st_->mu);
+    return st_->done;
+  }
+  py::object wait(double timeout) {
+    {
+      py::gil_scoped_release nogil;
+      std::unique_lock<std::mutex> lk(st_->mu);
+      auto pred = [&] { return st_->done; };
+      if (timeout < 0) {
+        st_->cv.wait(lk, pred);
+      } else if (!st_->cv.wait_for(lk, std::chrono::duration<double>(timeout), pred)) {
+        lk.unlock();
+        py::gil_scoped_acquire gil;
+        throwStatus(Status(Code::kTimeout, strCat("collective did not finish within ", timeout, " s")));
+      }
+    }
+    if (!st_->status.ok()) throwStatus(st_->status);
+    if (st_->out_ptr) {
+      auto arr = std::make_shared<CudaArray>(st_->out_shape, dt_, st_->device, st_->out_ptr);
+      st_->out_ptr = nullptr;
+      output_ = py::cast(arr);
+    }
+    return output_;
+  }
+
+ private:
+  std::shared_ptr<GpuState> st_;
+  py::object input_, output_;
+  DataType dt_;
+};
+
+}  // namespace
+
+bool isCudaArray(const py::object& obj) {
+  return py::hasattr(obj, "__cuda_array_interface__") && !py::isinstance<py::array>(obj);
+}
+
+py::object submitCuda(CollectiveType type, const py::object& input, const std::string& name,
+                      ReduceOp op, int root, double prescale, double postscale,
+                      const py::object& dtype_override, const py::object& out) {
+  CudaView in = viewOf(input, "input");
+  DataType dt = resolveCudaDtype(in, dtype_override);
+  if (type != CollectiveType::kAllgather && type != CollectiveType::kBroadcast &&
+      dt == DataType::kBool)
+    throw py::type_error(strCat(collectiveName(type), " does not support bool tensors"));
+  const int device = deviceOfView(in, "input");
+  const bool usable = gpu::builtWithCuda() && gpu::deviceCount() > 0;
+  auto st = std::make_shared<GpuState>();
+  st->device = device;
+  runtime::Request req;
+  req.name = name;
+  req.type = type;
+  req.dtype = dt;
+  req.shape = in.shape;
+  req.op = op;
+  req.root = root;
+  req.prescale = prescale;
+  req.postscale = postscale;
+  req.input = in.ptr;
+  req.device = device;
+  req.stream = in.stream;
+  py::object output = py::none();
+  if (type == CollectiveType::kAllreduce || type == CollectiveType::kBroadcast) {
+    if (!out.is_none()) {
+      if (!isCudaArray(out))
+        throw py::value_error("out= must be a CUDA array (it holds the result of a GPU input)");
+      CudaView o = viewOf(out, "out");
+      if (o.readonly || o.count() != in.count() || o.itemsize != in.itemsize ||
+          (dtype_override.is_none() && o.typestr.substr(1) != in.typestr.substr(1)))
+        throw py::value_error("out= must be a writable C-contiguous CUDA array like the input");
+      if (usable && deviceOfView(o, "out") != device)
+        throw py::value_error("out= must be on the same GPU as the input");
+      req.output = o.ptr;
+      output = out;
+    } else if (usable) {
+      auto arr = CudaArray::empty(in.shape, dt, device);
+      req.output = arr->ptr();
+      output = py::cast(arr);
+    }
+  } else if (usable) {
+    GpuState* raw = st.get();
+    req.allocate = [raw, dt, device](const std::vector<int64_t>& shape, void** data) {
+      size_t n = 1;
+      for (auto d : shape) n *= static_cast<size_t>(d);
+      try {
+        raw->out_ptr = gpu::deviceAlloc(device, n * dtypeSize(dt));
+      } catch (const Error& e) {
+        return e.status();
+      }
+      raw->out_shape = shape;
+      *data = raw->out_ptr;
+      return Status::OK();
+    };
+  }
+  Status s;
+  {
+    py::gil_scoped_release nogil;
+    s = runtime::enqueue(std::move(req), [st](const Status& status) {
+      std::lock_guard<std::mutex> lk(st->mu);
+      st->status = status;
+      st->done = true;
+      st->cv.notify_all();
+    });
+  }
+  if (!s.ok()) throwStatus(s);
+  return py::cast(std::unique_ptr<GpuHandle>(new GpuHandle(st, input, output, dt)));
+}
+
+namespace {
+
+// Kernel arguments: a CUDA array's pointer, element count and dtype.
+struct KernelArg {
+  CudaView v;
+  DataType dt;
+  int device;
+};
+
+KernelArg kernelArg(const py::object& obj, const py::object& dtype, const char* what) {
+  if (!isCudaArray(obj)) throw py::type_error(strCat(what, " must be a CUDA array"));
+  KernelArg a;
+  a.v = viewOf(obj, what);
+  a.dt = resolveCudaDtype(a.v, dtype);
+  a.device = gpu::pointerDevice(a.v.ptr, what);
+  return a;
+}
+
+void* streamOf(const py::object& s) {
+  return s.is_none() ? nullptr : reinterpret_cast<void*>(s.cast<uintptr_t>());
+}
+
+ReduceOp opOf(const std::string& s) {
+  ReduceOp op;
+  if (!parseReduceOp(s, &op))
+    throw py::value_error(strCat("unknown reduce op '", s, "' (expected sum, average, min, max or product)"));
+  return op;
+}
+
+void sameShape(const KernelArg& a, const KernelArg& b) {
+  if (a.v.count() != b.v.count() || a.device != b.device)
+    throw py::value_error("CUDA arrays must have the same size and device");
+}
+
+std::vector<char> bytesOf(const py::array& a) {
+  py::array c = py::array::ensure(a, py::array::c_style);
+  const char* p = static_cast<const char*>(c.data());
+  return std::vector<char>(p, p + c.nbytes());
+}
+
+}  // namespace
+
+void bindGpu(py::module_& m) {
+  // NCCL from pip wheels: tell the loader where Python's packages are.
+  try {
+    std::vector<std::string> dirs;
+    for (auto p : py::module_::import("sys").attr("path")) dirs.push_back(py::str(p));
+    gpu::nccl::setSearchPaths(dirs);
+  } catch (const py::error_already_set&) {
+  }
+
+  py::class_<CudaArray, std::shared_ptr<CudaArray>>(m, "CudaArray",
+                                                    "Device memory holding a GPU collective's result.")
+      .def_property_readonly("__cuda_array_interface__", &CudaArray::interface)
+      .def_property_readonly("shape", [](const CudaArray& a) {
+        py::tuple t(a.shape().size());
+        for (size_t i = 0; i < a.shape().size(); ++i) t[i] = a.shape()[i];
+        return t;
+      })
+      .def_property_readonly("dtype", [](const CudaArray& a) { return dtypeName(a.dtype()); })
+      .def_property_readonly("nbytes", &CudaArray::nbytes)
+      .def_property_readonly("size", &CudaArray::size)
+      .def_property_readonly("device", &CudaArray::device)
+      .def_property_readonly("ptr", [](const CudaArray& a) { return reinterpret_cast<uintptr_t>(a.ptr()); })
+      .def("to_numpy", &CudaArray::toNumpy, "Copies the data to a new numpy array.")
+      .def_static(
+          "from_numpy",
+          [](py::array a, int device, py::object dtype) {
+            py::array c = py::array::ensure(a, py::array::c_style);
+            std::string name = dtype.is_none() ? std::string(py::str(c.dtype().attr("name")))
+                                               : std::string(py::str(dtype));
+            DataType dt;
+            if (!parseDataType(name, &dt) || dtypeSize(dt) != static_cast<size_t>(c.itemsize()))
+              throw py::type_error(strCat("unsupported dtype ", name));
+            std::vector<int64_t> shape(c.shape(), c.shape() + c.ndim());
+            auto arr = CudaArray::empty(shape, dt, device);
+            gpu::copyToDevice(arr->ptr(), c.data(), arr->nbytes(), device);
+            return arr;
+          },
+          py::arg("array"), py::arg("device") = 0, py::arg("dtype") = py::none(),
+          "Copies a numpy array to a new CudaArray on `device`.")
+      .def("__len__", [](const CudaArray& a) { return a.shape().empty() ? 0 : a.shape()[0]; })
+      .def("__repr__", [](const CudaArray& a) {
+        std::string s = "CudaArray(shape=(";
+        for (size_t i = 0; i < a.shape().size(); ++i) s += strCat(i ? ", " : "", a.shape()[i]);
+        if (a.shape().size() == 1) s += ",";
+        return strCat(s, "), dtype=", dtypeName(a.dtype()), ", device=", a.device(), ")");
+      });
+
+  py::class_<GpuHandle>(m, "GpuHandle")
+      .def("wait", &GpuHandle::wait, py::arg("timeout") = -1.0,
+           "Blocks until the collective finishes; returns its output or raises.")
+      .def("poll", &GpuHandle::poll, "True once the collective has finished.");
+
+  m.def("cuda_built", &gpu::builtWithCuda, "Whether this build has CUDA support.");
+  m.def("cuda_available", [] { return gpu::builtWithCuda() && gpu::deviceCount() > 0; },
+        "Whether GPU tensors can be used: built with CUDA and a GPU is usable.");
+  m.def("cuda_device_count", &gpu::deviceCount);
+  m.def("cuda_unavailable_reason", &gpu::unavailableReason);
+  m.def("cuda_describe", [](int device) {
+    try {
+      return gpu::describeDevice(device);
+    } catch (const Error& e) {
+      throwStatus(e.status());
+    }
+  });
+  m.def("gpu_backend", []() -> py::object {
+    std::string b = gpu::activeBackend();
+    if (b.empty()) return py::none();
+    return py::str(b);
+  }, "The GPU backend of this process ('nccl', 'ring-ipc', 'ring-host', 'local'), "
+     "or None before the first GPU collective.");
+  m.def("nccl_info", [] {
+    const gpu::nccl::Library& lib = gpu::nccl::load();
+    py::dict d;
+    d["loaded"] = lib.api != nullptr;
+    d["path"] = lib.path;
+    d["version"] = lib.version;
+    d["error"] = lib.error;
+    d["searched"] = lib.searched;
+    return d;
+  }, "Loads NCCL if needed; says from where, or why it could not.");
+  m.def("nccl_candidates", &gpu::nccl::candidates);
+  m.def(
+      "choose_gpu_backend",
+      [](const std::string& requested, const std::vector<py::dict>& ranks, bool autotune) {
+        std::vector<gpu::RankGpu> facts;
+        for (auto& d : ranks) {
+          gpu::RankGpu f;
+          f.host = d["host"].cast<std::string>();
+          f.gpu = d["gpu"].cast<std::string>();
+          f.nccl_ok = d.contains("nccl_ok") ? d["nccl_ok"].cast<bool>() : false;
+          f.nccl_error = d.contains("nccl_error") ? d["nccl_error"].cast<std::string>()
+                                                  : std::string("not found");
+          f.ipc_ok = d.contains("ipc_ok") ? d["ipc_ok"].cast<bool>() : true;
+          facts.push_back(f);
+        }
+        gpu::Choice c;
+        try {
+          c = gpu::chooseBackend(requested, facts, autotune);
+        } catch (const Error& e) {
+          throwStatus(e.status());
+        }
+        return py::make_tuple(gpu::backendName(c.backend), c.calibrate,
+                              c.calibrate ? gpu::backendName(c.alternative) : "", c.reason);
+      },
+      py::arg("requested"), py::arg("ranks"), py::arg("autotune") = true,
+      "The GPU backend decision for ranks described as dicts (host, gpu, nccl_ok, ipc_ok): "
+      "(backend, calibrate, alternative, reason). Raises like the runtime would.");
+
+  m.def(
+      "_emulate_pull_ring",
+      [](const std::string& kind, const std::vector<int>& ring, const std::vector<py::array>& inputs,
+         const std::string& dtype, const std::string& op, double postscale, int root,
+         const std::vector<size_t>& rank_counts, size_t chunk_bytes, int num_events, int repeats) {
+        DataType dt;
+        if (!parseDataType(dtype, &dt)) throw py::type_error("unknown dtype " + dtype);
+        std::vector<std::vector<char>> in;
+        for (auto& a : inputs) in.push_back(bytesOf(a));
+        std::vector<std::vector<char>> out;
+        {
+          py::gil_scoped_release nogil;
+          try {
+            out = gpu::emulatePullRing(kind, ring, in, dt, opOf(op), postscale, root, rank_counts,
+                                       chunk_bytes, num_events, repeats);
+          } catch (const Error& e) {
+            py::gil_scoped_acquire gil;
+            throwStatus(e.status());
+          }
+        }
+        py::list res;
+        for (auto& b : out) res.append(py::bytes(b.data(), b.size()));
+        return res;
+      },
+      py::arg("kind"), py::arg("ring"), py::arg("inputs"), py::arg("dtype"), py::arg("op") = "sum",
+      py::arg("postscale") = 1.0, py::arg("root") = 0, py::arg("rank_counts") = std::vector<size_t>{},
+      py::arg("chunk_bytes") = 64, py::arg("num_events") = 4, py::arg("repeats") = 2,
+      "Test hook: the CUDA-IPC ring's schedule and counter protocol run on host threads; "
+      "returns each rank's final buffer as bytes.");
+
+  m.def(
+      "cuda_reduce",
+      [](py::object dst, py::object a, py::object b, const std::string& op, double factor,
+         py::object dtype, py::object stream) {
+        auto d = kernelArg(dst, dtype, "dst"), x = kernelArg(a, dtype, "a"),
+             y = kernelArg(b, dtype, "b");
+        sameShape(d, x);
+        sameShape(d, y);
+        gpu::launchReduce(d.device, d.v.ptr, x.v.ptr, y.v.ptr, d.v.count(), d.dt, opOf(op), factor,
+                          streamOf(stream));
+      },
+      py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("op") = "sum", py::arg("factor") = 1.0,
+      py::arg("dtype") = py::none(), py::arg("stream") = py::none(),
+      "dst = op(a, b) * factor on the GPU (queued on `stream`, a cudaStream_t as int; "
+      "None: the legacy default stream).");
+  m.def(
+      "cuda_scale",
+      [](py::object dst, py::object src, double factor, py::object dtype, py::object stream) {
+        auto d = kernelArg(dst, dtype, "dst"), s = kernelArg(src, dtype, "src");
+        sameShape(d, s);
+        gpu::launchScale(d.device, d.v.ptr, s.v.ptr, d.v.count(), d.dt, factor, streamOf(stream));
+      },
+      py::arg("dst"), py::arg("src"), py::arg("factor"), py::arg("dtype") = py::none(),
+      py::arg("stream") = py::none(), "dst = src * factor on the GPU.");
+  m.def(
+      "cuda_cast",
+      [](py::object dst, py::object src, py::object dst_dtype, py::object src_dtype,
+         py::object stream) {
+        auto d = kernelArg(dst, dst_dtype, "dst"), s = kernelArg(src, src_dtype, "src");
+        sameShape(d, s);
+        gpu::launchCast(d.device, d.v.ptr, d.dt, s.v.ptr, s.dt, d.v.count(), streamOf(stream));
+      },
+      py::arg("dst"), py::arg("src"), py::arg("dst_dtype") = py::none(),
+      py::arg("src_dtype") = py::none(), py::arg("stream") = py::none(),
+      "Float conversion on the GPU (fp16 compression: float32 -> float16 and back).");
+  m.def(
+      "cuda_batched_copy",
+      [](const std::vector<std::pair<py::object, py::object>>& pairs, py::object stream) {
+        std::vector<gpu::Copy> copies;
+        int device = -1;
+        for (auto& p : pairs) {
+          auto d = kernelArg(p.first, py::none(), "dst");
+          auto s = kernelArg(p.second, py::none(), "src");
+          size_t bytes = s.v.count() * s.v.itemsize;
+          if (d.v.count() * d.v.itemsize < bytes)
+            throw py::value_error("cuda_batched_copy: a destination is smaller than its source");
+          if (device >= 0 && d.device != device)
+            throw py::value_error("cuda_batched_copy: all arrays must be on one GPU");
+          device = d.device;
+          copies.push_back({d.v.ptr, s.v.ptr, bytes});
+        }
+        if (!copies.empty()) gpu::launchBatchedCopy(device, copies, streamOf(stream));
+      },
+      py::arg("pairs"), py::arg("stream") = py::none(),
+      "Copies each (dst, src) pair's bytes in as few launches as possible (fusion pack/unpack).");
+  m.def(
+      "cuda_synchronize", [](int device, py::object stream) { gpu::synchronize(device, streamOf(stream)); },
+      py::arg("device") = 0, py::arg("stream") = py::none());
+}
+
+}  // namespace python
+}  // namespace tfring

@@ -1,0 +1,99 @@
+// How the engine runs groups of GPU tensors (Request.device >= 0): the same
+// shapes and allocation rules as executor.cc, with the data path delegated
+// to the gpu::Executor (csrc/gpu), which this process creates at its first
+// GPU group, together with every other rank (the backend choice is a
+// collective decision). In a build without CUDA, acceptGpu() refuses GPU
+// tensors at enqueue, so execGpu() is never reached.
+#include "runtime/engine.h"
+
+namespace tfring {
+namespace runtime {
+
+namespace {
+
+void allocateGpuOutput(Entry& e, const std::vector<int64_t>& shape) {
+  if (e.req.output) return;
+  if (!e.req.allocate)
+    fail(Code::kInternal, "tensor '", e.meta.name, "' has neither an output nor an allocator");
+  void* p = nullptr;
+  Status s = e.req.allocate(shape, &p);
+  if (!s.ok()) throw Error(s);
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  if (!p && n > 0) fail(Code::kInternal, "allocator returned no memory for '", e.meta.name, "'");
+  e.req.output = p;
+}
+
+gpu::Buffer bufferOf(const Entry& e) {
+  gpu::Buffer b;
+  b.input = e.req.input;
+  b.output = e.req.output;
+  b.count = static_cast<size_t>(e.meta.numElements());
+  b.ready = e.gpu_ready;
+  return b;
+}
+
+}  // namespace
+
+Status Engine::acceptGpu(Entry& e) {
+  return gpu::acceptTensor(e.req.name, e.req.device, e.req.stream, &e.gpu_ready);
+}
+
+Status Engine::execGpu(const Group& g, const std::vector<std::shared_ptr<Entry>>& es) {
+  if (!gpu_) {
+    gpu::HostLink h;
+    h.comm = &comm_;
+    h.topo = &links_->topology();
+    h.timeout_s = cfg_.timeout_s;
+    Status s = gpu::createExecutor(es[0]->req.device, h, &gpu_);
+    if (!s.ok()) return s;
+  }
+  const Meta& m = es[0]->meta;
+  const int N = comm_.size;
+  const int me = links_->topology().rank;
+  switch (g.type) {
+    case CollectiveType::kAllreduce: {
+      std::vector<gpu::Buffer> bufs;
+      for (auto& e : es) bufs.push_back(bufferOf(*e));
+      gpu_->allreduce(bufs, m.dtype, m.op, m.prescale, m.postscale);
+      break;
+    }
+    case CollectiveType::kAllgather: {
+      Entry& e = *es[0];
+      int64_t row = 1;
+      for (size_t i = 1; i < m.shape.size(); ++i) row *= m.shape[i];
+      const size_t row_bytes = static_cast<size_t>(row) * dtypeSize(m.dtype);
+      std::vector<size_t> rank_bytes(N);
+      int64_t total_rows = 0;
+      for (int r = 0; r < N; ++r) {
+        rank_bytes[r] = static_cast<size_t>(g.dim0s[0][r]) * row_bytes;
+        total_rows += g.dim0s[0][r];
+      }
+      std::vector<int64_t> out_shape = m.shape;
+      out_shape[0] = total_rows;
+      allocateGpuOutput(e, out_shape);
+      gpu_->allgather(bufferOf(e), rank_bytes);
+      break;
+    }
+    case CollectiveType::kBroadcast:
+      gpu_->broadcast(bufferOf(*es[0]),
+                      static_cast<size_t>(m.numElements()) * dtypeSize(m.dtype), m.root);
+      break;
+    case CollectiveType::kReducescatter: {
+      Entry& e = *es[0];
+      int64_t row = 1;
+      for (size_t i = 1; i < m.shape.size(); ++i) row *= m.shape[i];
+      std::vector<size_t> counts(N);
+      for (int r = 0; r < N; ++r)
+        counts[r] = static_cast<size_t>(reducescatterShape(m.shape, r, N)[0] * row);
+      allocateGpuOutput(e, reducescatterShape(m.shape, me, N));
+      gpu_->reducescatter(bufferOf(e), m.dtype, counts, m.op, m.prescale, m.postscale);
+      break;
+    }
+    case CollectiveType::kBarrier: break;
+  }
+  return Status::OK();
+}
+
+}  // namespace runtime
+}  // namespace tfring

@@ -1,0 +1,495 @@
+"""GPU tensors: the dispatch logic on every machine, the GPU data path where
+a GPU is.
+
+Always run (no GPU needed):
+  - a GPU array reaching a build without CUDA, or a machine without a usable
+    GPU, gets a clear error (and CPU tensors keep working);
+  - which GPU backend a job picks (NCCL, CUDA-IPC ring, host-staged ring,
+    local) from what the ranks report, and the errors for impossible
+    requests;
+  - where NCCL is looked for, and what a missing or wrong library says;
+  - the CUDA-IPC ring's schedule and counter protocol, run on host threads
+    with the same code the GPU path uses (tiny chunks, few event slots, ring
+    orders that are not rank order);
+  - __cuda_array_interface__ checks that come before any device access.
+
+Need a GPU (skipped cleanly without one): the CUDA kernels against the CPU
+kernels and numpy, and multi-process jobs with several ranks sharing GPU 0
+over every backend. On a GPU machine: `python -m pytest -q tests/test_gpu.py`
+(benchmarks/gpu_run.sh builds tfring and runs this and the benchmark).
+"""
+
+import ctypes.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from multiproc import check_ok, run_ranks
+from tfring import _core
+
+HAVE_GPU = _core.cuda_available()
+requires_gpu = pytest.mark.skipif(
+    not HAVE_GPU, reason=f"no usable GPU: {_core.cuda_unavailable_reason()}")
+
+
+def _cupy():
+    try:
+        import cupy
+
+        return cupy
+    except Exception:  # noqa: BLE001  (ImportError, or CUDA errors on import)
+        return None
+
+
+class FakeCudaArray:
+    """Announces device memory it does not have: every check that should
+    come before touching the pointer is exercised without a GPU."""
+
+    def __init__(self, shape=(4,), typestr="<f4", strides=None, ptr=0x10000):
+        self.__cuda_array_interface__ = {
+            "shape": shape, "typestr": typestr, "data": (ptr, False), "version": 3,
+            "strides": strides,
+        }
+
+
+@pytest.fixture
+def job_of_one():
+    _core.init()
+    yield
+    _core.shutdown()
+
+
+# ------------------------------------------------------------ CPU only ----
+
+def test_cuda_queries_agree():
+    assert isinstance(_core.cuda_built(), bool)
+    assert _core.cuda_available() == (_core.cuda_built() and _core.cuda_device_count() > 0)
+    if not _core.cuda_available():
+        assert _core.cuda_unavailable_reason()
+    assert _core.gpu_backend() is None or isinstance(_core.gpu_backend(), str)
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="a GPU is usable here")
+def test_gpu_tensor_without_usable_cuda_is_a_clear_error(job_of_one):
+    with pytest.raises(_core.TfringError) as info:
+        _core.allreduce(FakeCudaArray(), name="gpu.x")
+    msg = str(info.value)
+    assert "tensor 'gpu.x' is on GPU 0" in msg
+    if _core.cuda_built():
+        assert "CUDA cannot be used in this process" in msg
+    else:
+        assert "this tfring build has no CUDA support" in msg
+        assert "place the tensor on the CPU" in msg
+    for fn in (_core.allgather, _core.broadcast, _core.reducescatter):
+        with pytest.raises(_core.TfringError, match="on GPU 0"):
+            fn(FakeCudaArray(), name=f"gpu.{fn.__name__}")
+    # Nothing is left in flight and CPU tensors still work.
+    np.testing.assert_array_equal(_core.allreduce(np.arange(3.0), name="gpu.x"), np.arange(3.0))
+
+
+def test_cuda_array_interface_is_checked_first(job_of_one):
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _core.allreduce(FakeCudaArray(shape=(2, 2), strides=(4, 8)), name="strided")
+    with pytest.raises(TypeError, match="typestr '<c8'"):
+        _core.allreduce(FakeCudaArray(typestr="<c8"), name="complex")
+    with pytest.raises(TypeError, match="does not support bool"):
+        _core.allreduce(FakeCudaArray(typestr="|b1"), name="bool")
+    with pytest.raises(TypeError, match="needs 2-byte elements"):
+        _core.allreduce(FakeCudaArray(typestr="<f4"), name="bf", dtype="bfloat16")
+    with pytest.raises(ValueError, match="out= must be a CUDA array"):
+        _core.allreduce(FakeCudaArray(), name="out", out=np.zeros(4, np.float32))
+
+
+def _rank(host="h0", gpu="GPU-0", nccl=True, ipc=True):
+    return {"host": host, "gpu": gpu, "nccl_ok": nccl, "ipc_ok": ipc,
+            "nccl_error": "" if nccl else "libnccl.so.2: cannot open shared object file"}
+
+
+def test_backend_one_rank():
+    assert _core.choose_gpu_backend("auto", [_rank()])[0] == "local"
+    assert _core.choose_gpu_backend("ring", [_rank()])[0] == "local"
+    # NCCL on one rank: the sanity check of the NCCL path.
+    assert _core.choose_gpu_backend("nccl", [_rank()])[0] == "nccl"
+
+
+def test_backend_shared_gpu_uses_the_ipc_ring():
+    ranks = [_rank(gpu="GPU-0") for _ in range(4)]
+    name, calibrate, _, reason = _core.choose_gpu_backend("auto", ranks)
+    assert (name, calibrate) == ("ring-ipc", False)
+    assert "ranks 0 and 1 share GPU GPU-0" in reason
+    with pytest.raises(_core.TfringError) as info:
+        _core.choose_gpu_backend("nccl", ranks)
+    assert "TFRING_GPU_BACKEND=nccl cannot be used" in str(info.value)
+    assert "share GPU" in str(info.value) and "TFRING_GPU_BACKEND=ring" in str(info.value)
+
+
+def test_backend_own_gpus_one_host_times_both():
+    ranks = [_rank(gpu=f"GPU-{i}") for i in range(4)]
+    assert _core.choose_gpu_backend("auto", ranks)[:3] == ("nccl", True, "ring-ipc")
+    assert _core.choose_gpu_backend("auto", ranks, autotune=False)[:2] == ("nccl", False)
+    assert _core.choose_gpu_backend("nccl", ranks)[:2] == ("nccl", False)
+    assert _core.choose_gpu_backend("ring", ranks)[:2] == ("ring-ipc", False)
+
+
+def test_backend_several_hosts():
+    ranks = [_rank(host=f"h{i // 2}", gpu=f"GPU-{i % 2}") for i in range(4)]
+    name, calibrate, _, reason = _core.choose_gpu_backend("auto", ranks)
+    assert (name, calibrate) == ("nccl", False)
+    assert "several hosts" in reason
+    assert _core.choose_gpu_backend("ring", ranks)[0] == "ring-host"
+    # The same GPU UUID on two hosts is two GPUs... but two ranks on one
+    # host with one GPU is a shared GPU.
+    ranks[1]["gpu"] = ranks[0]["gpu"]
+    assert _core.choose_gpu_backend("auto", ranks)[0] == "ring-host"
+
+
+def test_backend_without_nccl_or_ipc():
+    ranks = [_rank(gpu="GPU-0"), _rank(gpu="GPU-1", nccl=False)]
+    name, _, _, reason = _core.choose_gpu_backend("auto", ranks)
+    assert name == "ring-ipc"
+    assert "NCCL could not be loaded on rank 1" in reason
+    with pytest.raises(_core.TfringError, match="NCCL could not be loaded on rank 1"):
+        _core.choose_gpu_backend("nccl", ranks)
+    ranks = [_rank(gpu="GPU-0", ipc=False), _rank(gpu="GPU-0")]
+    assert _core.choose_gpu_backend("auto", ranks)[0] == "ring-host"
+
+
+def test_backend_unknown_name():
+    with pytest.raises(_core.TfringError, match="'mpi' is not one of auto, nccl, ring"):
+        _core.choose_gpu_backend("mpi", [_rank()])
+
+
+def _nccl_info(env_extra):
+    """nccl_info() in a fresh process (the loader keeps a success)."""
+    env = dict(os.environ)
+    env.update(env_extra)
+    out = subprocess.check_output(
+        [sys.executable, "-c",
+         "import json; from tfring import _core; "
+         "print(json.dumps({'info': _core.nccl_info(), 'cands': _core.nccl_candidates()}))"],
+        env=env, text=True)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_nccl_missing_library_says_what_to_do():
+    r = _nccl_info({"TFRING_NCCL_LIB": "/nonexistent/libnccl.so.2"})
+    info = r["info"]
+    assert not info["loaded"]
+    assert info["searched"] == ["/nonexistent/libnccl.so.2"]
+    assert "pip install nvidia-nccl-cu13" in info["error"]
+    assert "TFRING_NCCL_LIB" in info["error"]
+
+
+def test_nccl_wrong_library_is_rejected(tmp_path):
+    libm = ctypes.util.find_library("m")
+    if not libm:
+        pytest.skip("no libm to stand in for a wrong library")
+    path = None
+    for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64",
+              "/lib/aarch64-linux-gnu"):
+        if os.path.exists(os.path.join(d, libm)):
+            path = os.path.join(d, libm)
+    if path is None:
+        pytest.skip("libm not found on disk")
+    # A directory given as TFRING_NCCL_LIB means <dir>/libnccl.so.2.
+    shutil.copy(path, tmp_path / "libnccl.so.2")
+    info = _nccl_info({"TFRING_NCCL_LIB": str(tmp_path)})["info"]
+    assert not info["loaded"]
+    assert info["searched"][0] == str(tmp_path / "libnccl.so.2")
+    assert "has no symbol ncclGetVersion" in info["error"]
+
+
+def test_nccl_found_in_a_wheel_directory(tmp_path):
+    # pip's nvidia-nccl-cu13 puts the library in site-packages/nvidia/nccl/lib.
+    libdir = tmp_path / "site" / "nvidia" / "nccl" / "lib"
+    libdir.mkdir(parents=True)
+    (libdir / "libnccl.so.2").write_bytes(b"not a library")
+    r = _nccl_info({"PYTHONPATH": os.pathsep.join(
+        [str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]),
+        "TFRING_NCCL_LIB": ""})
+    assert str(libdir / "libnccl.so.2") in r["cands"]
+    if not r["info"]["loaded"]:
+        assert str(libdir / "libnccl.so.2") in r["info"]["searched"]
+
+
+# The CUDA-IPC ring's schedule, emulated on host threads.
+
+def _emulate(kind, ring, inputs, dtype, **kw):
+    out = _core._emulate_pull_ring(kind, ring, inputs, dtype, **kw)
+    return [np.frombuffer(b, dtype=inputs[0].dtype if inputs else np.uint8) for b in out]
+
+
+RINGS = {1: [[0]], 2: [[0, 1], [1, 0]], 3: [[0, 1, 2], [2, 0, 1]], 4: [[0, 1, 2, 3], [3, 1, 0, 2]],
+         5: [[4, 2, 0, 3, 1]], 7: [[0, 1, 2, 3, 4, 5, 6]]}
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7])
+@pytest.mark.parametrize("count", [0, 1, 3, 100, 4097])
+def test_ipc_ring_schedule_allreduce(n, count):
+    rng = np.random.default_rng(n * 1000 + count)
+    for ring in RINGS[n]:
+        for op, dtype in [("sum", "float64"), ("max", "int32"), ("product", "int64"),
+                          ("min", "float32")]:
+            xs = [(rng.integers(1, 4, count) * (r + 1)).astype(dtype) for r in range(n)]
+            ys = _emulate("allreduce", ring, xs, dtype, op=op, postscale=1.0 if n == 1 else 0.5,
+                          chunk_bytes=16, num_events=3, repeats=3)
+            f = {"sum": np.sum, "max": np.max, "product": np.prod, "min": np.min}[op]
+            want = f(np.stack(xs).astype(np.float64), axis=0)
+            if n > 1:
+                want = want * 0.5
+                if dtype.startswith("int"):
+                    want = np.trunc(want)
+            for r, y in enumerate(ys):
+                np.testing.assert_allclose(y.astype(np.float64), want, rtol=1e-12,
+                                           err_msg=f"rank {r} ring {ring} {op}")
+            assert len({y.tobytes() for y in ys}) == 1
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 7])
+def test_ipc_ring_schedule_allgather_broadcast_reducescatter(n):
+    rng = np.random.default_rng(n)
+    for ring in RINGS[n]:
+        # Allgather with blocks of different sizes, one of them empty.
+        blocks = [rng.integers(0, 255, (r * 37) % 50, dtype=np.uint8) for r in range(n)]
+        ys = _emulate("allgather", ring, blocks, "uint8",
+                      rank_counts=[len(b) for b in blocks], chunk_bytes=8, num_events=2)
+        for y in ys:
+            np.testing.assert_array_equal(y, np.concatenate(blocks))
+        # Broadcast from every root.
+        for root in range(n):
+            xs = [np.full(1000, r, np.uint8) for r in range(n)]
+            ys = _emulate("broadcast", ring, xs, "uint8", root=root, chunk_bytes=64,
+                          num_events=4)
+            for y in ys:
+                np.testing.assert_array_equal(y, np.full(1000, root, np.uint8))
+        # Reducescatter: rank r's block of the result is its share.
+        counts = [3 + (r % 2) for r in range(n)]
+        xs = [rng.standard_normal(sum(counts)) for r in range(n)]
+        ys = _emulate("reducescatter", ring, xs, "float64", rank_counts=counts, postscale=2.0,
+                      chunk_bytes=8, num_events=3)
+        want = np.sum(xs, axis=0) * 2.0
+        off = np.concatenate([[0], np.cumsum(counts)])
+        for r, y in enumerate(ys):
+            np.testing.assert_allclose(y[off[r]:off[r + 1]], want[off[r]:off[r + 1]],
+                                       rtol=1e-12)
+
+
+def test_ipc_ring_schedule_many_chunks_few_events():
+    # More chunks per step than event slots: chunks grow so every step has at
+    # most num_events/2, which keeps neighbours from waiting on each other.
+    xs = [np.ones(100_000, np.float32) * (r + 1) for r in range(3)]
+    ys = _emulate("allreduce", [0, 1, 2], xs, "float32", chunk_bytes=64, num_events=4,
+                  repeats=5)
+    for y in ys:
+        np.testing.assert_array_equal(y, np.full(100_000, 6.0, np.float32))
+
+
+# ------------------------------------------------------------ GPU only ----
+
+GPU_DTYPES = ["float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "int8",
+              "bool"]
+
+
+def _random(dtype, n, rng, op="sum"):
+    if dtype == "bool":
+        return rng.integers(0, 2, n).astype(bool)
+    if dtype == "bfloat16":
+        v = rng.uniform(-4, 4, n).astype(np.float32)
+        return (v.view(np.uint32) >> 16).astype(np.uint16)
+    if dtype.startswith(("float",)):
+        return rng.uniform(0.5, 1.5, n).astype(dtype) if op == "product" else \
+            rng.uniform(-4, 4, n).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(max(info.min, -100), min(info.max, 100), n).astype(dtype)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("op", ["sum", "min", "max", "product"])
+def test_cuda_reduce_matches_cpu_kernels(dtype, op):
+    rng = np.random.default_rng(7)
+    dt = "bfloat16" if dtype == "bfloat16" else None
+    for count in [0, 1, 7, 16, 1000, 100_003]:
+        a, b = _random(dtype, count, rng, op), _random(dtype, count, rng, op)
+        if dtype.startswith(("float", "bfloat")) and count > 4:
+            a[3] = np.array(np.nan, np.float32).view(np.uint32) >> 16 if dtype == "bfloat16" \
+                else np.nan
+        for factor in [1.0, 0.5]:
+            want = a.copy()
+            _core.kernels.reduce3(want, a, b, op, dtype=dt)
+            if factor != 1.0:
+                _core.kernels.scale(want, factor, dtype=dt)
+            ga, gb = _core.CudaArray.from_numpy(a, 0, dt), _core.CudaArray.from_numpy(b, 0, dt)
+            gd = _core.CudaArray.from_numpy(np.zeros_like(a), 0, dt)
+            _core.cuda_reduce(gd, ga, gb, op, factor, dtype=dt)
+            got = gd.to_numpy()
+            if dtype in ("float16", "float32", "float64"):
+                np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+                ok = ~np.isnan(want)
+                np.testing.assert_array_equal(got[ok], want[ok], err_msg=f"{dtype} {op} {count}")
+            elif dtype == "bfloat16":
+                nan_w = (want & 0x7FFF) > 0x7F80
+                np.testing.assert_array_equal((got & 0x7FFF) > 0x7F80, nan_w)
+                np.testing.assert_array_equal(got[~nan_w], want[~nan_w])
+            else:
+                np.testing.assert_array_equal(got, want, err_msg=f"{dtype} {op} {count}")
+            # In place (dst is a) too.
+            _core.cuda_reduce(ga, ga, gb, op, factor, dtype=dt)
+            np.testing.assert_array_equal(ga.to_numpy(), got)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+def test_cuda_scale_matches_cpu_kernels(dtype):
+    rng = np.random.default_rng(3)
+    dt = "bfloat16" if dtype == "bfloat16" else None
+    x = _random(dtype, 10_001, rng)
+    for factor in [0.25, 3.0, -1.5]:
+        want = x.copy()
+        _core.kernels.scale(want, factor, dtype=dt)
+        src = _core.CudaArray.from_numpy(x, 0, dt)
+        dst = _core.CudaArray.from_numpy(np.zeros_like(x), 0, dt)
+        _core.cuda_scale(dst, src, factor, dtype=dt)
+        np.testing.assert_array_equal(dst.to_numpy(), want)
+
+
+@requires_gpu
+def test_cuda_cast_fp16_compression():
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.standard_normal(100_001).astype(np.float32) * 100,
+                        np.array([np.nan, np.inf, -np.inf, 1e6, 6e-8, 0.0], np.float32)])
+    src = _core.CudaArray.from_numpy(x)
+    half = _core.CudaArray.from_numpy(np.zeros(len(x), np.float16))
+    _core.cuda_cast(half, src)
+    h = half.to_numpy()
+    want = x.astype(np.float16)  # numpy rounds to nearest even, overflow -> inf
+    np.testing.assert_array_equal(np.isnan(h), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_array_equal(h[ok], want[ok])
+    back = _core.CudaArray.from_numpy(np.zeros(len(x), np.float32))
+    _core.cuda_cast(back, half)
+    np.testing.assert_array_equal(back.to_numpy()[ok], want[ok].astype(np.float32))
+
+
+@requires_gpu
+def test_cuda_batched_copy_packs_and_unpacks():
+    rng = np.random.default_rng(11)
+    sizes = [0, 1, 3, 16, 1000, 70_000, 5] * 12  # more than one launch's worth
+    srcs = [rng.integers(0, 255, s, dtype=np.uint8) for s in sizes]
+    total = sum(sizes)
+    fused = _core.CudaArray.from_numpy(np.zeros(total, np.uint8))
+    cp = _cupy()
+    if cp is None:
+        pytest.skip("CuPy is needed to address slices of a device buffer")
+    fused_cp = cp.asarray(fused)
+    gsrcs = [cp.asarray(s) for s in srcs]
+    offs = np.concatenate([[0], np.cumsum(sizes)])
+    _core.cuda_batched_copy([(fused_cp[offs[i]:offs[i + 1]], g) for i, g in enumerate(gsrcs)])
+    np.testing.assert_array_equal(fused.to_numpy(), np.concatenate(srcs))
+    outs = [cp.zeros(s, cp.uint8) for s in sizes]
+    _core.cuda_batched_copy([(o, fused_cp[offs[i]:offs[i + 1]]) for i, o in enumerate(outs)])
+    for o, s in zip(outs, srcs):
+        np.testing.assert_array_equal(cp.asnumpy(o), s)
+
+
+@requires_gpu
+def test_cuda_kernels_unaligned_views():
+    cp = _cupy()
+    if cp is None:
+        pytest.skip("CuPy is needed for unaligned device views")
+    a = cp.arange(10_000, dtype=cp.float32)
+    b = cp.ones(10_000, dtype=cp.float32)
+    for off in range(5):
+        d = cp.zeros(10_000, cp.float32)
+        _core.cuda_reduce(d[off:], a[off:], b[off:], "sum")
+        want = cp.asnumpy(a[off:] + 1)
+        np.testing.assert_array_equal(cp.asnumpy(d[off:]), want)
+        # Mutually misaligned: no vector path, same result.
+        _core.cuda_reduce(d[: 10_000 - 1 - off], a[1 + off:], b[: 10_000 - 1 - off], "sum")
+        np.testing.assert_array_equal(cp.asnumpy(d[: 10_000 - 1 - off]),
+                                      cp.asnumpy(a[1 + off:] + 1))
+
+
+def _gpu_job(n, mode, env=None, timeout=300):
+    e = {"TFRING_TEST_DEVICE": "0", "TFRING_GPU_CHUNK_SIZE": "64K"}
+    if _cupy() is not None:
+        e["TFRING_TEST_ARRAYS"] = "cupy"
+    e.update(env or {})
+    res = check_ok(run_ranks(n, "gpu.py", [mode], env=e, timeout=timeout))
+    for r, out in enumerate(res):
+        assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"][:20])
+    assert len({out["digest"] for out in res}) == 1, "ranks ended with different results"
+    return res
+
+
+@requires_gpu
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_gpu_collectives_shared_gpu_ipc_ring(n):
+    res = _gpu_job(n, "full", {"TFRING_GPU_BACKEND": "ring"})
+    assert {r["backend"] for r in res} == {"local" if n == 1 else "ring-ipc"}
+
+
+@requires_gpu
+def test_gpu_collectives_auto_on_a_shared_gpu_picks_the_ring():
+    res = _gpu_job(2, "quick", {"TFRING_GPU_BACKEND": "auto"})
+    assert {r["backend"] for r in res} == {"ring-ipc"}
+
+
+@requires_gpu
+def test_gpu_collectives_staged_copies():
+    # The tensor cannot be exported: staging copies in our own buffer.
+    res = _gpu_job(3, "quick", {"TFRING_GPU_BACKEND": "ring", "TFRING_GPU_IPC_USER_BUFFERS": "0"})
+    assert {r["backend"] for r in res} == {"ring-ipc"}
+
+
+@requires_gpu
+def test_gpu_collectives_host_staging():
+    res = _gpu_job(3, "quick", {"TFRING_GPU_BACKEND": "ring", "TFRING_GPU_IPC": "0"})
+    assert {r["backend"] for r in res} == {"ring-host"}
+
+
+@requires_gpu
+def test_gpu_special_values_and_in_place():
+    _gpu_job(2, "special", {"TFRING_GPU_BACKEND": "ring"})
+
+
+@requires_gpu
+def test_gpu_producer_stream_is_honoured():
+    if _cupy() is None:
+        pytest.skip("needs CuPy streams")
+    _gpu_job(2, "stream", {"TFRING_GPU_BACKEND": "ring"})
+
+
+@requires_gpu
+def test_nccl_on_one_rank():
+    if not _core.nccl_info()["loaded"]:
+        pytest.skip("NCCL not found: " + _core.nccl_info()["error"])
+    res = _gpu_job(1, "quick", {"TFRING_GPU_BACKEND": "nccl"})
+    assert res[0]["backend"] == "nccl"
+
+
+@requires_gpu
+def test_nccl_refused_on_a_shared_gpu_and_the_job_goes_on():
+    res = _gpu_job(2, "refuse", {"TFRING_GPU_BACKEND": "nccl"})
+    for r in res:
+        assert r["error"] and "share GPU" in r["error"], r["error"]
+
+
+@requires_gpu
+def test_nccl_with_a_gpu_per_rank():
+    if _core.cuda_device_count() < 2:
+        pytest.skip("needs two GPUs")
+    if not _core.nccl_info()["loaded"]:
+        pytest.skip("NCCL not found")
+    env = {"TFRING_GPU_BACKEND": "nccl"}
+    e = {"TFRING_GPU_CHUNK_SIZE": "64K", **env}
+    if _cupy() is not None:
+        e["TFRING_TEST_ARRAYS"] = "cupy"
+    res = check_ok(run_ranks(2, "gpu.py", ["quick"], env=e, timeout=300))
+    assert {r["backend"] for r in res} == {"nccl"}
+    assert len({r["digest"] for r in res}) == 1

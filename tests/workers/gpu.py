@@ -1,0 +1,238 @@
+"""GPU collectives on one rank of a test job (tests/test_gpu.py).
+
+Inputs live on the GPU as CuPy arrays when TFRING_TEST_ARRAYS=cupy (and CuPy
+imports), else as tfring._core.CudaArray; results are checked against numpy
+float64 references computed from every rank's regenerated inputs, and a
+digest of all results lets the test check that ranks agree bit for bit.
+
+Modes:
+  full     every collective, dtypes x ops x counts, fused groups, scales
+  quick    a smaller set (backends other than the default)
+  special  NaN/Inf propagation, in-place out=, empty tensors
+  refuse   TFRING_GPU_BACKEND that cannot work: the GPU collective fails on
+           every rank with the same error and the job goes on (CPU tensors)
+  stream   CuPy: inputs written on a side stream are read after that work
+"""
+
+import os
+import sys
+
+import numpy as np
+
+from common import DTYPES, OPS, digest, make_input, reference, report, to_f64, tolerance
+
+import tfring.basics as basics
+from tfring import _core
+
+mode = sys.argv[1] if len(sys.argv) > 1 else "full"
+basics.init()
+rank, n = basics.rank(), basics.size()
+device = int(os.environ.get("TFRING_TEST_DEVICE", basics.local_rank() % _core.cuda_device_count()))
+
+cp = None
+if os.environ.get("TFRING_TEST_ARRAYS") == "cupy":
+    import cupy as cp  # noqa: F811
+
+    cp.cuda.Device(device).use()
+
+failures = []
+outs = []
+
+
+def to_gpu(x, dtype=None):
+    if cp is not None:
+        return cp.asarray(x)
+    return _core.CudaArray.from_numpy(np.ascontiguousarray(x), device, dtype)
+
+
+def to_host(y):
+    if cp is not None and not isinstance(y, _core.CudaArray):
+        return cp.asnumpy(y)
+    if isinstance(y, _core.CudaArray):
+        return y.to_numpy()
+    return cp.asnumpy(cp.asarray(y))
+
+
+def check(what, got, want, tol):
+    if got.shape != want.shape:
+        failures.append(f"{what}: shape {got.shape} != {want.shape}")
+        return
+    ok = np.array_equal(got, want) if tol == 0 else np.allclose(got, want, rtol=tol, atol=tol)
+    if not ok:
+        bad = np.argwhere(~np.isclose(got, want, rtol=tol, atol=tol)).ravel()[:5]
+        failures.append(f"{what}: mismatch at {bad.tolist()}: got {got[bad]} want {want[bad]}")
+
+
+def run_allreduce(dtypes, counts):
+    salt = 0
+    for dtype in dtypes:
+        for op in OPS:
+            for count in counts:
+                salt += 1
+                x, dt = make_input(dtype, count, rank, salt, op)
+                y = _core.allreduce(to_gpu(x, dt), op=op, name=f"ar.{dtype}.{op}.{count}", dtype=dt)
+                got = to_host(y)
+                want = reference([make_input(dtype, count, r, salt, op)[0] for r in range(n)],
+                                 dtype, op, n)
+                check(f"allreduce {dtype} {op} n={count}", to_f64(got, dtype), want,
+                      tolerance(dtype, n))
+                outs.append(got)
+
+
+def run_fused(count_each=37, tensors=6):
+    # Submitted together, these fuse into one GPU buffer (pack/unpack kernels).
+    xs = [np.arange(count_each, dtype=np.float32) * (rank + 1) + i for i in range(tensors)]
+    hs = [_core.allreduce_async(to_gpu(x), op="sum", name=f"fused.{i}", prescale=2.0,
+                                postscale=0.25) for i, x in enumerate(xs)]
+    for i, h in enumerate(hs):
+        got = to_host(h.wait())
+        want = sum((np.arange(count_each) * (r + 1) + i) for r in range(n)) * 0.5
+        check(f"fused allreduce {i}", got.astype(np.float64), want, 1e-6 * n)
+        outs.append(got)
+
+
+def run_large():
+    count = 3_000_017  # many pipeline chunks, odd split across ranks
+    x = (np.arange(count, dtype=np.float64) % 1000) * (rank + 1)
+    got = to_host(_core.allreduce(to_gpu(x), op="average", name="ar.large"))
+    want = (np.arange(count) % 1000) * sum(range(1, n + 1)) / n
+    check("allreduce large average", got, want, 1e-12)
+    outs.append(got)
+
+
+def run_allgather():
+    for dtype in ["float32", "int64", "bool", "bfloat16"]:
+        rows = rank + 1  # first dimension differs per rank
+        base = np.arange(rows * 3).reshape(rows, 3) + 100 * rank
+        x = (base % 2).astype(bool) if dtype == "bool" else base.astype(
+            "uint16" if dtype == "bfloat16" else dtype)
+        dt = "bfloat16" if dtype == "bfloat16" else None
+        got = to_host(_core.allgather(to_gpu(x, dt), name=f"ag.{dtype}", dtype=dt))
+        parts = []
+        for r in range(n):
+            b = np.arange((r + 1) * 3).reshape(r + 1, 3) + 100 * r
+            parts.append((b % 2).astype(bool) if dtype == "bool" else b.astype(x.dtype))
+        check(f"allgather {dtype}", got, np.concatenate(parts), 0)
+        outs.append(got)
+    # One rank with no rows.
+    rows = 0 if rank == 0 else 2
+    x = np.full((rows, 4), rank, np.float32)
+    got = to_host(_core.allgather(to_gpu(x), name="ag.empty"))
+    want = np.concatenate([np.full((0 if r == 0 else 2, 4), r, np.float32) for r in range(n)])
+    check("allgather with an empty rank", got, want, 0)
+
+
+def run_broadcast():
+    for root in range(n):
+        for dtype, count in [("float32", 1001), ("uint8", 5), ("int64", 0)]:
+            x = (np.arange(count) * (rank + 1)).astype(dtype)
+            got = to_host(_core.broadcast(to_gpu(x), root=root, name=f"bc.{root}.{dtype}"))
+            check(f"broadcast root {root} {dtype}", got,
+                  (np.arange(count) * (root + 1)).astype(dtype), 0)
+            outs.append(got)
+
+
+def run_reducescatter():
+    for dtype, op in [("float32", "sum"), ("int32", "max"), ("float64", "average")]:
+        for rows in [n * 2 + 1, 1, 5]:
+            x = ((np.arange(rows * 3).reshape(rows, 3) + 1) * (rank + 1)).astype(dtype)
+            got = to_host(_core.reducescatter(to_gpu(x), op=op, name=f"rs.{dtype}.{op}.{rows}",
+                                              prescale=1.0, postscale=1.0))
+            xs = [((np.arange(rows * 3).reshape(rows, 3) + 1) * (r + 1)).astype(np.float64)
+                  for r in range(n)]
+            full = {"sum": np.sum, "max": np.max}.get(op, np.sum)(xs, axis=0)
+            if op == "average":
+                full = full / n
+            lo = sum(_core.reducescatter_shape([rows, 3], r, n)[0] for r in range(rank))
+            hi = lo + _core.reducescatter_shape([rows, 3], rank, n)[0]
+            check(f"reducescatter {dtype} {op} rows={rows}", got.astype(np.float64), full[lo:hi],
+                  1e-6 * n)
+            outs.append(got)
+
+
+def run_special():
+    # NaN and Inf propagate through sum, min and max.
+    x = np.array([1.0, np.nan if rank == 0 else 2.0, np.inf if rank == n - 1 else 3.0, 4.0],
+                 np.float32)
+    for op in ["sum", "min", "max"]:
+        got = to_host(_core.allreduce(to_gpu(x), op=op, name=f"nan.{op}"))
+        if not (np.isnan(got[1]) and (got[2] == np.inf or op == "min")):
+            failures.append(f"NaN/Inf did not propagate through {op}: {got}")
+        outs.append(got)
+    for dtype in ["float16", "bfloat16"]:
+        bits = np.array([0x7E00 if dtype == "float16" else 0x7FC0, 0x3C00 if dtype == "float16"
+                         else 0x3F80], np.uint16)  # NaN, 1.0
+        x = bits.view(np.float16) if dtype == "float16" else bits
+        got = to_host(_core.allreduce(to_gpu(x, dtype if dtype == "bfloat16" else None),
+                                      op="sum", name=f"nan.{dtype}",
+                                      dtype="bfloat16" if dtype == "bfloat16" else None))
+        v = to_f64(got, dtype)
+        if not (np.isnan(v[0]) and v[1] == n):
+            failures.append(f"{dtype}: NaN + x should stay NaN and 1*n = {n}: {v}")
+    # In place: out= is the input.
+    buf = to_gpu(np.full(10, rank + 1, np.float32))
+    res = _core.allreduce(buf, op="sum", name="inplace", out=buf)
+    check("in-place allreduce", to_host(buf), np.full(10, n * (n + 1) / 2), 0)
+    if res is not buf:
+        failures.append("allreduce(out=x) should return x")
+    # Empty tensor.
+    got = to_host(_core.allreduce(to_gpu(np.zeros((0, 3), np.float32)), name="empty"))
+    check("empty allreduce", got, np.zeros((0, 3)), 0)
+
+
+def run_refuse():
+    x = to_gpu(np.ones(8, np.float32))
+    err = None
+    try:
+        _core.allreduce(x, name="refused")
+    except Exception as e:  # noqa: BLE001
+        err = f"{type(e).__name__}: {e}"
+    if err is None:
+        failures.append("the GPU allreduce should have failed")
+    y = _core.allreduce(np.full(4, rank + 1.0), name="cpu.after")
+    check("CPU allreduce after a refused GPU one", y, np.full(4, n * (n + 1) / 2), 0)
+    return err
+
+
+def run_stream():
+    # The input is produced by a long kernel on a side stream; tfring must
+    # read it only after that work (the array interface names the stream).
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        a = cp.zeros(1 << 22, cp.float32)
+        for _ in range(20):
+            a += 1.0
+        a *= rank + 1
+        got = _core.allreduce(a, op="sum", name="stream")
+    want = 20.0 * n * (n + 1) / 2
+    host = to_host(got)
+    if not np.all(host == want):
+        failures.append(f"stream ordering: got {host[:4]} ... want {want}")
+
+
+error = None
+if mode == "full":
+    run_allreduce(DTYPES, [0, 1, max(n - 1, 1), 2 * n + 1, 1000])
+    run_fused()
+    run_large()
+    run_allgather()
+    run_broadcast()
+    run_reducescatter()
+    run_special()
+elif mode == "quick":
+    run_allreduce(["float32", "bfloat16", "int32"], [1, 2 * n + 1, 1000])
+    run_fused()
+    run_large()
+    run_allgather()
+    run_broadcast()
+    run_reducescatter()
+elif mode == "special":
+    run_special()
+elif mode == "refuse":
+    error = run_refuse()
+elif mode == "stream":
+    run_stream()
+
+report({"failures": failures, "digest": digest(outs), "backend": _core.gpu_backend(),
+        "error": error, "device": device})
+basics.shutdown()
