@@ -266,7 +266,6 @@ def _allreduce_cases(tf, tfring, rank, size):
 
 
 def _grouped_cases(tf, tfring, rank, size):
-    import numpy as np
 
     dtypes = REDUCE_DTYPES
     shapes = [(2, 3), (7,), (), (1, 1, 4), (5,), (3,), (4, 2), (0,)]
@@ -414,8 +413,9 @@ def _grad_allreduce(mode):
                     xs[r][0, 0] = 1.0  # a tie on every rank
             for pre, post in ((1.0, 1.0), (0.5, 3.0)):
                 const = getattr(tfring, op.capitalize())
-                got = _gradient(tf, mode, lambda x, o=const: tfring.allreduce(
-                    x, op=o, prescale_factor=pre, postscale_factor=post),
+                got = _gradient(tf, mode, lambda x, o=const, pre=pre, post=post:
+                                tfring.allreduce(x, op=o, prescale_factor=pre,
+                                                 postscale_factor=post),
                     xs[rank], ws[rank])
                 if op in ("sum", "average"):
                     exp = w_sum * pre * post / (size if op == "average" else 1)
@@ -476,7 +476,7 @@ def _grad_broadcast(mode):
         ws = [np.random.default_rng(640 + r).normal(size=(4,)) for r in range(size)]
         x = _values("float64", (4,), rank, 641)
         for root in (0, size - 1):
-            got = _gradient(tf, mode, lambda t: tfring.broadcast(t, root),
+            got = _gradient(tf, mode, lambda t, root=root: tfring.broadcast(t, root),
                             x, ws[rank])
             exp = np.sum(ws, axis=0) if rank == root else np.zeros(4)
             _assert_close(f"broadcast root {root}", got, exp)
@@ -598,7 +598,6 @@ def check_broadcast_variables(tf, tfring, rank, size):
 def check_not_merged_or_folded(tf, tfring, rank, size):
     """Two identical allreduces stay two collectives and an allreduce of a
     constant is not folded away by grappler."""
-    import numpy as np
     from tensorflow.core.protobuf import config_pb2
 
     with tf.Graph().as_default():
@@ -623,7 +622,6 @@ def check_not_merged_or_folded(tf, tfring, rank, size):
 def check_function_ops_run_independently(tf, tfring, rank, size):
     """Inside tf.function, TF would chain stateful ops in program order; ours
     carry no control inputs, so all of them can be in flight together."""
-    import numpy as np
 
     @tf.function
     def many(x):
@@ -653,7 +651,7 @@ def check_function_names(tf, tfring, rank, size):
         d = tfring.allreduce(x, name="mine")
         return a + b + c + d
 
-    import tfring.ops as ops
+    from tfring import ops
 
     x = tf.constant([1.0])
     graph = step.get_concrete_function(x).graph
@@ -698,7 +696,7 @@ def check_version_mismatch(tf, tfring, rank, size):
     import importlib.util
     import tempfile
 
-    import tfring.ops as ops
+    from tfring import ops
 
     try:
         ops._check_version("2.0.0", tf.__version__)
@@ -747,7 +745,7 @@ def check_api_surface(tf, tfring, rank, size):
 
 def _all_checks():
     checks = {}
-    for op, builder in _CASE_BUILDERS.items():
+    for op in _CASE_BUILDERS:
         for mode in MODES:
             checks[f"{op}_{mode}"] = _numeric_check(op, mode)
     for op, make in _GRAD_CHECKS.items():

@@ -20,7 +20,7 @@ Min = 2
 Max = 3
 Product = 4
 
-from tfring.basics import (  # noqa: E402
+from tfring.basics import (
     cross_rank,
     cross_size,
     init,
@@ -49,8 +49,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_rank",
     "local_size", "cross_rank", "cross_size",
     "Sum", "Average", "Min", "Max", "Product",
-    *_LAZY,
-]
+] + list(_LAZY)
 
 
 def __getattr__(name):

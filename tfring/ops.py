@@ -31,9 +31,9 @@ from tfring import Average, Max, Min, Product, Sum, basics
 from tfring.compression import Compression
 
 __all__ = [
-    "allreduce", "grouped_allreduce", "allgather", "broadcast",
-    "broadcast_variables", "reducescatter",
-    "Sum", "Average", "Min", "Max", "Product", "Compression",
+    "Average", "Compression", "Max", "Min", "Product", "Sum", "allgather",
+    "allreduce", "broadcast", "broadcast_variables", "grouped_allreduce",
+    "reducescatter",
 ]
 
 _LIB_FILE = "_tfring_ops.so"
@@ -158,7 +158,8 @@ def _run_op(op_fn, op_type, name, **attrs):
             f"(tf.function(jit_compile=True)): the collectives run on "
             f"tfring's engine, outside XLA. Call them from a function "
             f"without jit_compile and jit-compile only the math around them.")
-    scope_name = _INVALID_SCOPE_CHARS.sub("_", name) if name else op_type
+    # The user's name, made a valid node name ("grad:0" -> "grad_0").
+    scope_name = _INVALID_SCOPE_CHARS.sub("_", name or "").lstrip("_-/") or op_type
     with tf.name_scope(scope_name) as scope:  # reserves a unique node name
         pass
     chain = _func_graph_chain(graph)
