@@ -37,7 +37,8 @@ CHECKS = (
     + ["grad_allreduce_session",
        "indexed_slices", "compression_fp16", "broadcast_variables",
        "not_merged_or_folded", "function_ops_run_independently",
-       "function_names", "xla_fails_at_trace_time", "mismatch_error",
+       "function_names", "out_of_order_single_thread",
+       "xla_fails_at_trace_time", "mismatch_error",
        "version_mismatch", "api_surface"]
 )
 
@@ -662,6 +663,38 @@ def check_function_names(tf, tfring, rank, size):
     _assert_close("step", step(x).numpy(), [4.0])
     assert all(n.startswith("step/") for n in names), names
     return names
+
+
+def check_out_of_order_single_thread(tf, tfring, rank, size):
+    """Ranks build the same collectives in opposite orders and run them on
+    one inter-op thread: blocking kernels would deadlock here; ours hand the
+    tensors to the engine and return, and the engine matches them by name."""
+    import numpy as np
+
+    names = [f"ooo_{i}" for i in range(6)]
+    order = names if rank % 2 == 0 else names[::-1]
+    base = np.array([1.0, 2.0], np.float32)
+    exp = {n: size * base * (i + 1) for i, n in enumerate(names)}
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1,
+                                      intra_op_parallelism_threads=1,
+                                      use_per_session_threads=True)
+    with tf.Graph().as_default():
+        x = tf.constant(base)
+        outs = {n: tfring.allreduce(x * float(names.index(n) + 1),
+                                    op=tfring.Sum, name=n) for n in order}
+        with tf.compat.v1.Session(config=config) as sess:
+            got = sess.run(outs)
+    for n in names:
+        _assert_close(f"session {n}", got[n], exp[n])
+
+    @tf.function
+    def run(x):
+        return {n: tfring.allreduce(x * float(names.index(n) + 1),
+                                    op=tfring.Sum, name=n) for n in order}
+
+    got = run(tf.constant(base))
+    for n in names:
+        _assert_close(f"function {n}", got[n].numpy(), exp[n])
 
 
 def check_xla_fails_at_trace_time(tf, tfring, rank, size):
