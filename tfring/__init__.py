@@ -5,10 +5,9 @@
     y = tfring.allreduce(x)                      # average over ranks
     tape = tfring.DistributedGradientTape(tape)  # in a TF2 training step
 
-The process basics (init, rank, size, ...) load only the native core. The
-TensorFlow parts (collectives, training helpers, compression) load on first
-use, so `import tfring` stays cheap for the launcher and for tools that do
-not use TensorFlow.
+Every name loads its module on first use: the process basics (init, rank,
+size, ...) the native core, the collectives and training helpers
+TensorFlow. So `import tfring` (and the launcher, tfring.run) needs neither.
 """
 
 import importlib
@@ -20,20 +19,17 @@ Min = 2
 Max = 3
 Product = 4
 
-from tfring.basics import (
-    cross_rank,
-    cross_size,
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    rank,
-    shutdown,
-    size,
-)
-
 # Public name -> the module defining it (imported on first access).
 _LAZY = {
+    "init": "tfring.basics",
+    "shutdown": "tfring.basics",
+    "is_initialized": "tfring.basics",
+    "size": "tfring.basics",
+    "rank": "tfring.basics",
+    "local_rank": "tfring.basics",
+    "local_size": "tfring.basics",
+    "cross_rank": "tfring.basics",
+    "cross_size": "tfring.basics",
     "allreduce": "tfring.ops",
     "grouped_allreduce": "tfring.ops",
     "allgather": "tfring.ops",
@@ -45,11 +41,7 @@ _LAZY = {
     "DistributedOptimizer": "tfring.optimizers",
 }
 
-__all__ = [
-    "init", "shutdown", "is_initialized", "size", "rank", "local_rank",
-    "local_size", "cross_rank", "cross_size",
-    "Sum", "Average", "Min", "Max", "Product",
-] + list(_LAZY)
+__all__ = ["Sum", "Average", "Min", "Max", "Product"] + list(_LAZY)
 
 
 def __getattr__(name):
