@@ -39,6 +39,9 @@ _LAZY = {
     "Compression": "tfring.compression",
     "DistributedGradientTape": "tfring.optimizers",
     "DistributedOptimizer": "tfring.optimizers",
+    # The function shadows its module once loaded; an explicit
+    # `import tfring.rewrite` before first use leaves the module here instead.
+    "rewrite": "tfring.rewrite",
 }
 
 __all__ = ["Sum", "Average", "Min", "Max", "Product"] + list(_LAZY)
