@@ -14,7 +14,7 @@ GpuConfig GpuConfig::fromEnv() {
   std::transform(c.backend.begin(), c.backend.end(), c.backend.begin(),
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   c.chunk_bytes = env::parseBytes(env::getString("TFRING_GPU_CHUNK_SIZE", ""), c.chunk_bytes);
-  if (c.chunk_bytes < 256) c.chunk_bytes = 256;
+  if (c.chunk_bytes != 0 && c.chunk_bytes < 256) c.chunk_bytes = 256;
   c.ipc = env::getInt("TFRING_GPU_IPC", 1) != 0;
   c.ipc_user_buffers = env::getInt("TFRING_GPU_IPC_USER_BUFFERS", 1) != 0;
   c.autotune = env::getInt("TFRING_GPU_AUTOTUNE", 1) != 0;

@@ -29,6 +29,7 @@ struct CommContext {
   int device = 0;
   cudaStream_t stream = nullptr;
   GpuConfig cfg;
+  bool one_gpu = false;  // every rank of the job uses the same GPU
 };
 
 class GpuComm {

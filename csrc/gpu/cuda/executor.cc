@@ -275,6 +275,8 @@ Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor
   ctx.device = device;
   ctx.stream = stream;
   ctx.cfg = cfg;
+  ctx.one_gpu = true;
+  for (auto& f : facts) ctx.one_gpu = ctx.one_gpu && f.host == facts[0].host && f.gpu == facts[0].gpu;
   auto build = [&](Backend b) -> std::unique_ptr<GpuComm> {
     switch (b) {
       case Backend::kLocal: return makeLocalComm(ctx);

@@ -255,7 +255,9 @@ class IpcRingComm : public GpuComm {
     r.left_rank = left_rank_;
     r.right_rank = right_rank_;
     r.esize = esize;
-    r.chunk_bytes = static_cast<size_t>(c_.cfg.chunk_bytes);
+    r.chunk_bytes = c_.cfg.chunk_bytes > 0 ? static_cast<size_t>(c_.cfg.chunk_bytes)
+                    : c_.one_gpu            ? (size_t(1) << 40)
+                                            : (size_t(4) << 20);
     r.num_events = kEvents;
     r.self = &self_->counters;
     r.left = &left_->counters;
