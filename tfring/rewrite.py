@@ -422,7 +422,8 @@ def _broadcast_initializers(graph, root_rank, report):
 # ---------------------------------------------------- gradient reduction ----
 
 def reduce_gradients(grads, op=Average, compression=Compression.none,
-                     fusion_threshold=None, sparse_as_dense=False):
+                     fusion_threshold=None, sparse_as_dense=False,
+                     prescale_factor=1.0, postscale_factor=1.0):
     """Allreduces a list of gradients (None entries stay None), fused into
     RingGroupedAllreduce ops of at most `fusion_threshold` bytes. The list
     is bucketed from its end, since backprop produces the gradients of the
@@ -430,26 +431,26 @@ def reduce_gradients(grads, op=Average, compression=Compression.none,
     tfring.allreduce) unless sparse_as_dense."""
     grads = list(grads)
     out = [None] * len(grads)
-    dense, sparse = [], []
+    dense = []
+    scales = {"prescale_factor": prescale_factor,
+              "postscale_factor": postscale_factor}
     for i, g in enumerate(grads):
         if g is None:
             continue
-        if isinstance(g, tf.IndexedSlices):
-            if sparse_as_dense:
-                dense.append((i, tf.convert_to_tensor(g)))
-            else:
-                sparse.append((i, g))
+        if isinstance(g, tf.IndexedSlices) and not sparse_as_dense:
+            out[i] = _ops.allreduce(g, op, compression=compression, **scales)
         else:
             dense.append((i, tf.convert_to_tensor(g)))
-    for i, g in sparse:
-        out[i] = _ops.allreduce(g, op, compression=compression)
     dense.reverse()
     limit = _fusion_bytes(fusion_threshold)
-    position = {id(t): i for i, t in dense}
+    start = 0
     for run in _buckets([t for _, t in dense], limit):
-        reduced = _ops.grouped_allreduce(run, op, compression=compression)
-        for t, r in zip(run, reduced):
-            out[position[id(t)]] = r
+        indices = [i for i, _ in dense[start:start + len(run)]]
+        start += len(run)
+        reduced = _ops.grouped_allreduce(run, op, compression=compression,
+                                         **scales)
+        for i, r in zip(indices, reduced):
+            out[i] = r
     return out
 
 

@@ -1,0 +1,134 @@
+"""tfring.keras on 2 ranks (Keras 3): RingAllreduceCallback alone, with a
+ModelCheckpoint, validation data, a model restored from a checkpoint on
+rank 0 only, and a tf.data input with steps_per_epoch; the Horovod-style
+DistributedOptimizer + BroadcastGlobalVariablesCallback +
+MetricAverageCallback + LearningRateWarmupCallback; saving a model compiled
+with DistributedOptimizer.
+
+Equivalence: 2 ranks with half of each batch end where 1 process on the
+full batch does, within 1e-5 (absolute, float32 weights, a few SGD-momentum
+steps), and all ranks end with bitwise identical weights.
+
+One job (tests/workers/keras_fit.py) runs every check; TF import is slow.
+"""
+
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RANK_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": "1",
+            "TF_NUM_INTEROP_THREADS": "2", "CUDA_VISIBLE_DEVICES": "",
+            "TFRING_TIMEOUT": "60", "KERAS_BACKEND": "tensorflow"}
+JOB_TIMEOUT = 240
+
+
+def _available():
+    if importlib.util.find_spec("tensorflow") is None or \
+            importlib.util.find_spec("keras") is None:
+        return False
+    spec = importlib.util.find_spec("tfring")
+    return spec is not None and os.path.exists(
+        os.path.join(os.path.dirname(spec.origin), "_tfring_ops.so"))
+
+
+pytestmark = pytest.mark.skipif(
+    not _available(),
+    reason="TensorFlow, Keras or tfring's op library (_tfring_ops.so) missing")
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    sys.path.insert(0, HERE)
+    from multiproc import run_ranks
+
+    shared = tmp_path_factory.mktemp("keras_fit")
+    results = run_ranks(2, "keras_fit.py", [str(shared)], env=RANK_ENV,
+                        timeout=JOB_TIMEOUT)
+    return results, shared
+
+
+def outcome(job, check):
+    results, _ = job
+    outs = []
+    for r in results:
+        assert r.result is not None, (
+            f"rank {r.rank} exited {r.returncode} without results\n"
+            f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-5000:]}")
+        out = r.result[check]
+        assert out["ok"], f"rank {r.rank}: {out.get('error')}"
+        outs.append(out)
+    return outs
+
+
+def assert_equivalent(outs, tol=1e-5):
+    assert outs[0]["max_diff"] <= tol, (
+        f"2 ranks x half batch differ from 1 process x full batch by "
+        f"{outs[0]['max_diff']:.3g} (tolerance {tol})")
+    assert len({o["digest"] for o in outs}) == 1, "ranks ended with different weights"
+
+
+def test_fit_matches_one_process_and_ranks_agree(job):
+    assert_equivalent(outcome(job, "fit"))
+
+
+def test_fit_metrics_are_averaged_over_ranks(job):
+    outs = outcome(job, "fit")
+    h0, h1 = outs[0]["history"], outs[1]["history"]
+    assert h0 == h1
+    assert {"loss", "mae", "val_loss", "val_mae"} <= set(h0)
+    for key, values in h0.items():
+        for epoch, value in enumerate(values):
+            local = [o["local"][epoch][key] for o in outs]
+            assert local[0] != local[1], "ranks saw the same local metric"
+            assert value == pytest.approx(np.mean(local), rel=1e-6)
+
+
+def test_only_rank0_prints_and_writes_checkpoints(job):
+    outs = outcome(job, "fit")
+    assert outs[0]["checkpoint_written"]
+    assert not outs[1]["checkpoint_written"]
+    results, shared = job
+    assert (shared / "rank0" / "ckpt.weights.h5").exists()
+    assert not (shared / "rank1" / "ckpt.weights.h5").exists()
+    assert "Epoch 1/2" in results[0].stdout
+    assert "Epoch" not in results[1].stdout and "loss:" not in results[1].stdout
+
+
+def test_restored_model_state_is_broadcast(job):
+    outs = outcome(job, "restored")
+    assert_equivalent(outs)
+    # The iteration count restored on rank 0 reached rank 1: 2 epochs of 4
+    # steps before, 4 steps now.
+    assert [o["iterations"] for o in outs] == [12, 12]
+
+
+def test_steps_per_epoch(job):
+    assert_equivalent(outcome(job, "steps_per_epoch"))
+
+
+def test_horovod_style_pieces(job):
+    outs = outcome(job, "horovod_style")
+    assert_equivalent(outs)
+    # Warm-up (Goyal et al.): from initial_lr / size, linear per batch, to
+    # initial_lr after warmup_epochs=2, then constant.
+    steps, lrs = outs[0]["steps"], outs[0]["lrs"]
+    assert lrs == outs[1]["lrs"]
+    want = [0.1 / 2 * ((e + b / steps) * (2 - 1) / 2 + 1) if e < 2 else 0.1
+            for e in range(3) for b in range(steps)]
+    assert lrs == pytest.approx(want, rel=1e-6)
+    # MetricAverageCallback averaged the epoch metrics.
+    h = outs[0]["history"]
+    assert h["loss"] == outs[1]["history"]["loss"]
+    local = [o["local"][0]["loss"] for o in outs]
+    assert h["loss"][0] == pytest.approx(np.mean(local), rel=1e-6)
+    assert h["learning_rate"][-1] == pytest.approx(0.1)
+
+
+def test_saved_distributed_optimizer_loads_plain(job):
+    for out in outcome(job, "save_load_distributed_optimizer"):
+        assert out["plain"], out["class"]
+        assert out["class"].endswith(".Adam")

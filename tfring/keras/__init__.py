@@ -1,0 +1,76 @@
+"""tfring for Keras 3 (the Keras TensorFlow 2.21 ships).
+
+The one-line way:
+
+    model.fit(x, y, callbacks=[tfring.keras.callbacks.RingAllreduceCallback()])
+
+Horovod-style, one piece at a time:
+
+    import tfring.keras as tk
+    tk.init()
+    opt = tk.DistributedOptimizer(keras.optimizers.SGD(0.01 * tk.size()))
+    model.compile(optimizer=opt, loss=...)
+    model.fit(x, y, callbacks=[
+        tk.callbacks.BroadcastGlobalVariablesCallback(0),
+        tk.callbacks.MetricAverageCallback(),
+        tk.callbacks.LearningRateWarmupCallback(0.01 * tk.size(), 5),
+    ], verbose=1 if tk.rank() == 0 else 0)
+"""
+
+from tfring import (  # noqa: F401 - re-exported
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    cross_rank,
+    cross_size,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
+from tfring import basics as _basics
+from tfring.compression import Compression  # noqa: F401
+from tfring.keras import callbacks  # noqa: F401
+from tfring.keras._state import average_logs, broadcast_model
+from tfring.keras.callbacks import (  # noqa: F401
+    BroadcastGlobalVariablesCallback,
+    LearningRateWarmupCallback,
+    MetricAverageCallback,
+    RingAllreduceCallback,
+)
+from tfring.keras.optimizer import DistributedOptimizer  # noqa: F401
+from tfring.rewrite import broadcast_values
+
+
+def broadcast_variables(variables, root_rank=0):
+    """Assigns root_rank's values to these Keras (or TF) variables, eagerly."""
+    broadcast_values(variables, root_rank, name="tfring.keras.variables")
+
+
+def broadcast_global_variables(model, root_rank=0):
+    """Assigns root_rank's weights and optimizer state to `model` on every
+    rank (what BroadcastGlobalVariablesCallback does at train begin)."""
+    broadcast_model(model, root_rank)
+
+
+def average_metrics(logs):
+    """Averages a dict of numbers over ranks in place; returns it."""
+    return average_logs(logs)
+
+
+def shard(*arrays, rank=None, size=None):  # noqa: F811 - keyword names
+    """This rank's rows of each array: rows rank, rank + size, ... (equal
+    counts on every rank; the last len % size rows are dropped so every rank
+    runs the same number of steps)."""
+    rank = _basics.rank() if rank is None else rank
+    size = _basics.size() if size is None else size
+    out = []
+    for a in arrays:
+        n = (len(a) // size) * size
+        out.append(a[rank:n:size])
+    return out[0] if len(out) == 1 else tuple(out)
