@@ -20,6 +20,9 @@ std::string unavailableReason();
 // Name, UUID and compute capability of a device, for reports.
 std::string describeDevice(int device);
 
+// The calling thread's current device (0 without CUDA).
+int currentDevice();
+
 // The device holding `p`; throws kInvalidArgument naming `what` if `p` is
 // not device (or managed) memory.
 int pointerDevice(const void* p, const std::string& what);

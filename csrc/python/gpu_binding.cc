@@ -208,6 +208,8 @@ int deviceOfView(const CudaView& v, const char* what) {
   // Without CUDA (or a GPU) leave the verdict to the engine, whose error
   // says why GPU tensors cannot be used here.
   if (!gpu::builtWithCuda() || gpu::deviceCount() == 0) return 0;
+  // Empty arrays may have no memory at all (CuPy: pointer 0).
+  if (v.count() == 0) return gpu::currentDevice();
   try {
     return gpu::pointerDevice(v.ptr, what);
   } catch (const Error& e) {
@@ -361,7 +363,7 @@ KernelArg kernelArg(const py::object& obj, const py::object& dtype, const char* 
   KernelArg a;
   a.v = viewOf(obj, what);
   a.dt = resolveCudaDtype(a.v, dtype);
-  a.device = gpu::pointerDevice(a.v.ptr, what);
+  a.device = a.v.count() == 0 ? gpu::currentDevice() : gpu::pointerDevice(a.v.ptr, what);
   return a;
 }
 

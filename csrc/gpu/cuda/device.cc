@@ -46,6 +46,15 @@ std::string describeDevice(int device) {
                 prop.totalGlobalMem >> 20, " MiB)");
 }
 
+int currentDevice() {
+  int d = 0;
+  if (cudaGetDevice(&d) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return d;
+}
+
 int pointerDevice(const void* p, const std::string& what) {
   cudaPointerAttributes attr;
   cudaError_t e = cudaPointerGetAttributes(&attr, p);

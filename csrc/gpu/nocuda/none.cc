@@ -34,6 +34,7 @@ std::string activeBackend() { return ""; }
 int deviceCount() { return 0; }
 std::string unavailableReason() { return "this tfring build has no CUDA support"; }
 std::string describeDevice(int) { noCuda(); }
+int currentDevice() { return 0; }
 int pointerDevice(const void*, const std::string&) { noCuda(); }
 void* deviceAlloc(int, size_t) { noCuda(); }
 void deviceFree(int, void*) noexcept {}
