@@ -137,7 +137,9 @@ class RewriteReport:
 
     @property
     def count(self):
-        return len(self.gradients)
+        """Gradients rerouted (a sparse gradient's values and indices count
+        once)."""
+        return sum(g.kind != "sparse_indices" for g in self.gradients)
 
     @property
     def dense_count(self):
