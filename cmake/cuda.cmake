@@ -37,11 +37,12 @@ if(NOT TFRING_HAVE_CUDA)
   return()
 endif()
 
-if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-  set(CMAKE_CUDA_ARCHITECTURES ${TFRING_CUDA_ARCHITECTURES})
-endif()
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
+# nvcc before 11.8 does not know sm_90: keep the default list buildable.
+if(CMAKE_CUDA_COMPILER_VERSION VERSION_LESS 11.8 AND TFRING_CUDA_ARCHITECTURES STREQUAL "80-real;90")
+  set(TFRING_CUDA_ARCHITECTURES "70-real;80")
+endif()
 message(STATUS "tfring: CUDA ${CUDAToolkit_VERSION} kernels for ${TFRING_CUDA_ARCHITECTURES} "
                "(${CMAKE_CUDA_COMPILER})")
 
