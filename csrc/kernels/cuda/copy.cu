@@ -1,10 +1,10 @@
-// Batched copies: up to kMaxBatchCopies (dst, src, bytes) triples in one
-// launch, so packing 300 small gradients into the fusion buffer costs a
-// handful of launches instead of 300 cudaMemcpyAsync calls.
+// Batched copies: up to 1024 (dst, src, bytes) triples in one launch (64
+// before CUDA 12.1), so packing 300 small gradients into the fusion buffer
+// costs one launch instead of 300 cudaMemcpyAsync calls.
 //
 // The copies are cut into 64 KiB tiles, one block per tile; the descriptor
-// table travels as a kernel parameter and each block finds its copy with a
-// short scan of the cumulative tile counts. Tiles whose source and
+// table travels as a kernel parameter and each block finds its copy by a
+// binary search of the cumulative tile counts. Tiles whose source and
 // destination are 16-byte aligned move uint4s; others fall back to words or
 // bytes.
 #include <vector>
@@ -20,18 +20,40 @@ namespace {
 
 constexpr size_t kTile = 64 << 10;
 
+// Up to N copies per launch, as a kernel parameter. CUDA 12.1+ allows 32 KB
+// of parameters (Volta and newer), so many small tensors go in one launch;
+// small batches use the small table so the launch stays cheap.
+template <int N>
 struct BatchParams {
-  CopyDesc c[kMaxBatchCopies];
-  uint32_t tile_start[kMaxBatchCopies + 1];  // cumulative; tile_start[n] = total
+  CopyDesc c[N];
+  uint32_t tile_start[N + 1];  // cumulative; tile_start[n] = total
   int n;
 };
+constexpr int kSmallBatch = 64;
+// Keeps the table in parameter space instead of copying it per thread.
+#if CUDART_VERSION >= 11070
+#define TFRING_GRID_CONSTANT __grid_constant__
+#else
+#define TFRING_GRID_CONSTANT
+#endif
+#if CUDART_VERSION >= 12010
+constexpr int kLargeBatch = 1024;
+#else
+constexpr int kLargeBatch = 64;
+#endif
 
-__global__ void __launch_bounds__(kThreads) batchedCopyKernel(const BatchParams p) {
+template <int N>
+__global__ void __launch_bounds__(kThreads) batchedCopyKernel(const TFRING_GRID_CONSTANT BatchParams<N> p) {
   const uint32_t tile = blockIdx.x;
-  int i = 0;
-  while (i + 1 < p.n && p.tile_start[i + 1] <= tile) ++i;
-  const CopyDesc& c = p.c[i];
-  const size_t begin = static_cast<size_t>(tile - p.tile_start[i]) * kTile;
+  // Binary search: the last copy whose first tile is <= this one.
+  int lo = 0, hi = p.n - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) / 2;
+    if (p.tile_start[mid] <= tile) lo = mid;
+    else hi = mid - 1;
+  }
+  const CopyDesc& c = p.c[lo];
+  const size_t begin = static_cast<size_t>(tile - p.tile_start[lo]) * kTile;
   const size_t end = begin + kTile < c.bytes ? begin + kTile : c.bytes;
   char* d = static_cast<char*>(c.dst);
   const char* s = static_cast<const char*>(c.src);
@@ -41,6 +63,7 @@ __global__ void __launch_bounds__(kThreads) batchedCopyKernel(const BatchParams 
     const uint4* sv = reinterpret_cast<const uint4*>(s + begin);
     uint4* dv = reinterpret_cast<uint4*>(d + begin);
     const size_t nv = (vend - begin) / 16;
+#pragma unroll 4
     for (size_t k = threadIdx.x; k < nv; k += blockDim.x) dv[k] = sv[k];
     for (size_t k = vend + threadIdx.x; k < end; k += blockDim.x) d[k] = s[k];
   } else if (both % 4 == 0) {
@@ -55,33 +78,45 @@ __global__ void __launch_bounds__(kThreads) batchedCopyKernel(const BatchParams 
   }
 }
 
+// Launches copies[i..) in one kernel with a table of N; returns where it
+// stopped.
+template <int N>
+size_t launchBatch(const CopyDesc* copies, size_t i, size_t n, Stream stream) {
+  BatchParams<N> p;
+  p.n = 0;
+  uint32_t tiles = 0;
+  for (; i < n && p.n < N; ++i) {
+    if (copies[i].bytes == 0) continue;
+    size_t t = (copies[i].bytes + kTile - 1) / kTile;
+    if (static_cast<uint64_t>(tiles) + t > 0x7fffffffull) {  // grid limit: next launch
+      if (p.n == 0)
+        fail(Code::kInvalidArgument, "batched copy of ", copies[i].bytes, " bytes is too large");
+      break;
+    }
+    p.c[p.n] = copies[i];
+    p.tile_start[p.n] = tiles;
+    tiles += static_cast<uint32_t>(t);
+    ++p.n;
+  }
+  if (p.n == 0) return i;
+  p.tile_start[p.n] = tiles;
+  batchedCopyKernel<N><<<tiles, kThreads, 0, stream>>>(p);
+  checkLaunch("batched copy");
+  return i;
+}
+
 }  // namespace
 }  // namespace detail
 
 void batchedCopy(const CopyDesc* copies, size_t n, Stream stream) {
-  using detail::BatchParams;
-  using detail::kTile;
   size_t i = 0;
   while (i < n) {
-    BatchParams p{};
-    p.n = 0;
-    uint32_t tiles = 0;
-    for (; i < n && p.n < kMaxBatchCopies; ++i) {
-      if (copies[i].bytes == 0) continue;
-      size_t t = (copies[i].bytes + kTile - 1) / kTile;
-      if (static_cast<uint64_t>(tiles) + t > 0x7fffffffull) break;  // grid limit; next launch
-      p.c[p.n] = copies[i];
-      p.tile_start[p.n] = tiles;
-      tiles += static_cast<uint32_t>(t);
-      ++p.n;
-    }
-    if (p.n == 0) {
-      if (i < n) fail(Code::kInvalidArgument, "batched copy of ", copies[i].bytes, " bytes is too large");
-      continue;
-    }
-    p.tile_start[p.n] = tiles;
-    detail::batchedCopyKernel<<<tiles, detail::kThreads, 0, stream>>>(p);
-    detail::checkLaunch("batched copy");
+    size_t left = 0;
+    for (size_t j = i; j < n && left <= static_cast<size_t>(detail::kSmallBatch); ++j)
+      left += copies[j].bytes != 0;
+    i = left <= static_cast<size_t>(detail::kSmallBatch)
+            ? detail::launchBatch<detail::kSmallBatch>(copies, i, n, stream)
+            : detail::launchBatch<detail::kLargeBatch>(copies, i, n, stream);
   }
 }
 

@@ -59,7 +59,7 @@ inline void decompressFp16(float* dst, const uint16_t* src, size_t count, Stream
   cast(dst, DataType::kFloat32, src, DataType::kFloat16, count, stream);
 }
 
-// Many copies in as few launches as possible (one per kMaxBatchCopies):
+// Many copies in as few launches as possible (up to 1024 per launch):
 // packs tensors into a fusion buffer or unpacks them. Copies must not
 // overlap each other. 16-byte aligned copies run vectorized.
 struct CopyDesc {
@@ -67,7 +67,6 @@ struct CopyDesc {
   const void* src;
   size_t bytes;
 };
-constexpr int kMaxBatchCopies = 64;
 void batchedCopy(const CopyDesc* copies, size_t n, Stream stream);
 
 }  // namespace cuda
