@@ -96,6 +96,7 @@ void Engine::loop() {
   for (;;) {
     std::vector<std::shared_ptr<Entry>> fresh;
     std::deque<Response> todo;
+    bool aborted = false;
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait_for(lk, std::chrono::milliseconds(100), [&] {
@@ -104,8 +105,16 @@ void Engine::loop() {
       });
       fresh.swap(incoming_);
       todo.swap(responses_);
-      if (AbortState::get().aborted()) break;
+      aborted = AbortState::get().aborted();
       if (stopping_ && fresh.empty() && todo.empty()) break;
+    }
+    if (aborted) {
+      // Errors the coordinator already sent are more precise than the
+      // abort: deliver them before failing everything else.
+      for (auto& resp : todo)
+        for (auto& g : resp.groups)
+          if (g.kind == Group::kError) runGroup(g);
+      break;
     }
     try {
       if (!fresh.empty()) sendRequests(fresh);
