@@ -39,6 +39,7 @@
 #include "gpu/nccl_loader.h"
 #include "gpu/pull_ring.h"
 #include "python/bindings.h"
+#include "python/completion.h"
 #include "python/errors.h"
 #include "python/gpu_binding.h"
 #include "runtime/runtime.h"
@@ -219,11 +220,7 @@ int deviceOfView(const CudaView& v, const char* what) {
 
 // ----------------------------------------------------------- GpuHandle ----
 
-struct GpuState {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  Status status;
+struct GpuState : Completion {
   // Engine-allocated output (allgather, reducescatter): device memory.
   std::vector<int64_t> out_shape;
   void* out_ptr = nullptr;
@@ -235,29 +232,10 @@ class GpuHandle {
  public:
   GpuHandle(std::shared_ptr<GpuState> st, py::object input, py::object output, DataType dt)
       : st_(std::move(st)), input_(std::move(input)), output_(std::move(output)), dt_(dt) {}
-  ~GpuHandle() {
-    py::gil_scoped_release nogil;
-    std::unique_lock<std::mutex> lk(st_->mu);
-    st_->cv.wait(lk, [&] { return st_->done; });
-  }
-  bool poll() {
-    std::lock_guard<std::mutex> lk(st_->mu);
-    return st_->done;
-  }
+  ~GpuHandle() { st_->waitQuietly(); }
+  bool poll() { return st_->poll(); }
   py::object wait(double timeout) {
-    {
-      py::gil_scoped_release nogil;
-      std::unique_lock<std::mutex> lk(st_->mu);
-      auto pred = [&] { return st_->done; };
-      if (timeout < 0) {
-        st_->cv.wait(lk, pred);
-      } else if (!st_->cv.wait_for(lk, std::chrono::duration<double>(timeout), pred)) {
-        lk.unlock();
-        py::gil_scoped_acquire gil;
-        throwStatus(Status(Code::kTimeout, strCat("collective did not finish within ", timeout, " s")));
-      }
-    }
-    if (!st_->status.ok()) throwStatus(st_->status);
+    st_->wait(timeout);
     if (st_->out_ptr) {
       auto arr = std::make_shared<CudaArray>(st_->out_shape, dt_, st_->device, st_->out_ptr);
       st_->out_ptr = nullptr;
@@ -338,12 +316,7 @@ py::object submitCuda(CollectiveType type, const py::object& input, const std::s
   Status s;
   {
     py::gil_scoped_release nogil;
-    s = runtime::enqueue(std::move(req), [st](const Status& status) {
-      std::lock_guard<std::mutex> lk(st->mu);
-      st->status = status;
-      st->done = true;
-      st->cv.notify_all();
-    });
+    s = runtime::enqueue(std::move(req), [st](const Status& status) { st->finish(status); });
   }
   if (!s.ok()) throwStatus(s);
   return py::cast(std::unique_ptr<GpuHandle>(new GpuHandle(st, input, output, dt)));

@@ -15,6 +15,7 @@
 #include <mutex>
 
 #include "python/bindings.h"
+#include "python/completion.h"
 #include "python/errors.h"
 #include "python/gpu_binding.h"
 #include "rendezvous/store.h"
@@ -27,11 +28,7 @@ namespace python {
 
 namespace {
 
-struct State {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  Status status;
+struct State : Completion {
   std::vector<int64_t> out_shape;
   std::unique_ptr<std::vector<char>> out_buf;  // engine-allocated output
 };
@@ -41,30 +38,10 @@ class Handle {
   Handle(std::shared_ptr<State> st, py::object input, py::object output, py::dtype dtype)
       : st_(std::move(st)), input_(std::move(input)), output_(std::move(output)),
         dtype_(std::move(dtype)) {}
-  ~Handle() {
-    // The engine may still be reading our input: wait it out.
-    py::gil_scoped_release nogil;
-    std::unique_lock<std::mutex> lk(st_->mu);
-    st_->cv.wait(lk, [&] { return st_->done; });
-  }
-  bool poll() {
-    std::lock_guard<std::mutex> lk(st_->mu);
-    return st_->done;
-  }
+  ~Handle() { st_->waitQuietly(); }
+  bool poll() { return st_->poll(); }
   py::object wait(double timeout) {
-    {
-      py::gil_scoped_release nogil;
-      std::unique_lock<std::mutex> lk(st_->mu);
-      auto pred = [&] { return st_->done; };
-      if (timeout < 0) {
-        st_->cv.wait(lk, pred);
-      } else if (!st_->cv.wait_for(lk, std::chrono::duration<double>(timeout), pred)) {
-        lk.unlock();
-        py::gil_scoped_acquire gil;
-        throwStatus(Status(Code::kTimeout, strCat("collective did not finish within ", timeout, " s")));
-      }
-    }
-    if (!st_->status.ok()) throwStatus(st_->status);
+    st_->wait(timeout);
     if (st_->out_buf) {
       auto* vec = st_->out_buf.release();
       py::capsule owner(vec, [](void* p) { delete static_cast<std::vector<char>*>(p); });
@@ -155,12 +132,7 @@ std::unique_ptr<Handle> submit(CollectiveType type, py::array input, const std::
   Status s;
   {
     py::gil_scoped_release nogil;
-    s = runtime::enqueue(std::move(req), [st](const Status& status) {
-      std::lock_guard<std::mutex> lk(st->mu);
-      st->status = status;
-      st->done = true;
-      st->cv.notify_all();
-    });
+    s = runtime::enqueue(std::move(req), [st](const Status& status) { st->finish(status); });
   }
   if (!s.ok()) throwStatus(s);
   return std::unique_ptr<Handle>(new Handle(st, in, output, in.dtype()));

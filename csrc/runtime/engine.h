@@ -34,6 +34,10 @@ struct Entry {
   std::shared_ptr<void> gpu_ready;  // GPU tensors: the input's ready event
 };
 
+// Allocates a request's output through its allocator once the shape is
+// known (allgather, reducescatter); a no-op when the caller supplied one.
+void allocateOutput(Entry& e, const std::vector<int64_t>& shape);
+
 class Engine {
  public:
   Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, const Config& cfg);

@@ -23,6 +23,8 @@ double finalScale(const Meta& m, int size) {
 
 ReduceOp kernelOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
 
+}  // namespace
+
 void allocateOutput(Entry& e, const std::vector<int64_t>& shape) {
   if (e.req.output) return;
   if (!e.req.allocate)
@@ -35,8 +37,6 @@ void allocateOutput(Entry& e, const std::vector<int64_t>& shape) {
   if (!p && n > 0) fail(Code::kInternal, "allocator returned no memory for '", e.meta.name, "'");
   e.req.output = p;
 }
-
-}  // namespace
 
 void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
   const Meta& m0 = es[0]->meta;

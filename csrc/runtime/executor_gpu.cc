@@ -11,19 +11,6 @@ namespace runtime {
 
 namespace {
 
-void allocateGpuOutput(Entry& e, const std::vector<int64_t>& shape) {
-  if (e.req.output) return;
-  if (!e.req.allocate)
-    fail(Code::kInternal, "tensor '", e.meta.name, "' has neither an output nor an allocator");
-  void* p = nullptr;
-  Status s = e.req.allocate(shape, &p);
-  if (!s.ok()) throw Error(s);
-  int64_t n = 1;
-  for (auto d : shape) n *= d;
-  if (!p && n > 0) fail(Code::kInternal, "allocator returned no memory for '", e.meta.name, "'");
-  e.req.output = p;
-}
-
 gpu::Buffer bufferOf(const Entry& e) {
   gpu::Buffer b;
   b.input = e.req.input;
@@ -71,7 +58,7 @@ Status Engine::execGpu(const Group& g, const std::vector<std::shared_ptr<Entry>>
       }
       std::vector<int64_t> out_shape = m.shape;
       out_shape[0] = total_rows;
-      allocateGpuOutput(e, out_shape);
+      allocateOutput(e, out_shape);
       gpu_->allgather(bufferOf(e), rank_bytes);
       break;
     }
@@ -86,7 +73,7 @@ Status Engine::execGpu(const Group& g, const std::vector<std::shared_ptr<Entry>>
       std::vector<size_t> counts(N);
       for (int r = 0; r < N; ++r)
         counts[r] = static_cast<size_t>(reducescatterShape(m.shape, r, N)[0] * row);
-      allocateGpuOutput(e, reducescatterShape(m.shape, me, N));
+      allocateOutput(e, reducescatterShape(m.shape, me, N));
       gpu_->reducescatter(bufferOf(e), m.dtype, counts, m.op, m.prescale, m.postscale);
       break;
     }
