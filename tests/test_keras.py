@@ -3,7 +3,7 @@ ModelCheckpoint, validation data, a model restored from a checkpoint on
 rank 0 only, and a tf.data input with steps_per_epoch; the Horovod-style
 DistributedOptimizer + BroadcastGlobalVariablesCallback +
 MetricAverageCallback + LearningRateWarmupCallback; saving a model compiled
-with DistributedOptimizer.
+with DistributedOptimizer; the callback bound to tf_keras (if installed).
 
 Equivalence: 2 ranks with half of each batch end where 1 process on the
 full batch does, within 1e-5 (absolute, float32 weights, a few SGD-momentum
@@ -132,3 +132,10 @@ def test_saved_distributed_optimizer_loads_plain(job):
     for out in outcome(job, "save_load_distributed_optimizer"):
         assert out["plain"], out["class"]
         assert out["class"].endswith(".Adam")
+
+
+def test_tf_keras_callback(job):
+    outs = outcome(job, "tf_keras")
+    if "skipped" in outs[0]:
+        pytest.skip(outs[0]["skipped"])
+    assert_equivalent(outs)

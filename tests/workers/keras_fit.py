@@ -224,5 +224,35 @@ def _():
             "digest": digest(weights(model))}
 
 
+@check("tf_keras")
+def _():
+    # The same callback bound to tf_keras (Keras 2), when it is installed.
+    try:
+        import tf_keras
+    except ImportError:
+        return {"skipped": "tf_keras is not installed"}
+    import tfring.keras.legacy as tkl
+
+    def model_of(seed):
+        tf_keras.utils.set_random_seed(seed)
+        m = tf_keras.Sequential([
+            tf_keras.layers.Dense(16, activation="tanh", input_shape=(FEATURES,)),
+            tf_keras.layers.Dense(1)])
+        m.compile(optimizer=tf_keras.optimizers.SGD(0.05, momentum=0.9),
+                  loss="mse")
+        return m
+
+    model = model_of(31 + RANK)
+    model.fit(halves(X), halves(Y), batch_size=BATCH // SIZE, epochs=2,
+              shuffle=False, verbose=0,
+              callbacks=[tkl.callbacks.RingAllreduceCallback()])
+    out = {"digest": digest(weights(model))}
+    if RANK == 0:
+        ref = model_of(31)
+        ref.fit(X, Y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+        out["max_diff"] = max_diff(weights(model), weights(ref))
+    return out
+
+
 report(results)
 sys.stdout.flush()

@@ -17,6 +17,13 @@ Horovod-style, one piece at a time:
     ], verbose=1 if tk.rank() == 0 else 0)
 """
 
+import keras as _keras
+
+if _keras.backend.backend() != "tensorflow":
+    raise ImportError(
+        f"tfring.keras needs Keras' TensorFlow backend; KERAS_BACKEND is "
+        f"{_keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow.")
+
 from tfring import (  # noqa: F401 - re-exported
     Average,
     Max,

@@ -11,6 +11,7 @@ job each.
 """
 
 import keras
+import numpy as np
 
 from tfring import Average, basics
 from tfring.compression import Compression
@@ -39,7 +40,7 @@ def _print0(msg):
         print(msg, flush=True)
 
 
-class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+class _BroadcastGlobalVariables:
     """At the start of the first fit, assigns root_rank's model weights and
     optimizer state to every rank, so all ranks start equal (after random
     initialization or after root_rank alone restored a checkpoint)."""
@@ -66,7 +67,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             self._broadcast()
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
+class _MetricAverage:
     """Averages the epoch-end metrics (loss, metrics, val_*) over ranks, in
     place, so callbacks after it (History, ModelCheckpoint(save_best_only),
     EarlyStopping, ReduceLROnPlateau) decide the same on every rank."""
@@ -75,7 +76,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
         average_logs(logs)
 
 
-class LearningRateWarmupCallback(keras.callbacks.Callback):
+class _LearningRateWarmup:
     """Linear learning-rate warm-up for large-batch training (Goyal et al.
     2017, "Accurate, Large Minibatch SGD"): with the learning rate scaled
     linearly by the number of ranks (initial_lr = base_lr * size), training
@@ -131,10 +132,10 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
                         f"rate warmup to {self.initial_lr:g}.")
         if logs is not None:
             logs["learning_rate"] = float(
-                keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+                np.array(self.model.optimizer.learning_rate))
 
 
-class RingAllreduceCallback(keras.callbacks.Callback):
+class _RingAllreduce:
     """Adding this to model.fit(callbacks=[...]) makes the fit data-parallel:
 
     * the optimizer's public apply methods allreduce (average) the
@@ -232,3 +233,24 @@ class RingAllreduceCallback(keras.callbacks.Callback):
 
 def _skip_save(*args, **kwargs):
     """model.save / save_weights on ranks other than 0 during fit."""
+
+
+# The logic above is Keras-agnostic; these bind it to Keras 3's Callback
+# (tfring.keras.legacy binds the same to tf_keras).
+
+
+class BroadcastGlobalVariablesCallback(_BroadcastGlobalVariables,
+                                       keras.callbacks.Callback):
+    __doc__ = _BroadcastGlobalVariables.__doc__
+
+
+class MetricAverageCallback(_MetricAverage, keras.callbacks.Callback):
+    __doc__ = _MetricAverage.__doc__
+
+
+class LearningRateWarmupCallback(_LearningRateWarmup, keras.callbacks.Callback):
+    __doc__ = _LearningRateWarmup.__doc__
+
+
+class RingAllreduceCallback(_RingAllreduce, keras.callbacks.Callback):
+    __doc__ = _RingAllreduce.__doc__
