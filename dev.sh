@@ -3,7 +3,7 @@
 #
 #   ./dev.sh setup          create .venv and build/install tfring into it
 #   ./dev.sh test [ARGS]    setup, then python -m pytest -q tests/ ARGS
-#   ./dev.sh demo           setup, then tfring-run -np 2 python examples/numpy_sgd.py
+#   ./dev.sh demo           setup, then tfring-run -np 2 python examples/keras_digits.py
 #
 # Setup is incremental: the first run creates .venv (python3.11, else
 # python3), installs the build tools and `pip install -e ".[test]"`; later
@@ -143,7 +143,7 @@ case "$cmd" in
   demo)
     setup
     activate
-    demo=examples/numpy_sgd.py
+    demo=examples/keras_digits.py
     [[ -f "$demo" ]] || die "$demo is missing"
     exec tfring-run -np 2 python "$demo" "$@"
     ;;
