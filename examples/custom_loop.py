@@ -18,7 +18,6 @@ import numpy as np
 import tensorflow as tf
 
 import tfring
-import tfring.rewrite  # binds tfring.rewrite on any tfring version
 from tfring import _core
 
 

@@ -23,7 +23,6 @@ import numpy as np
 import tensorflow as tf
 
 import tfring
-import tfring.rewrite  # binds tfring.rewrite on any tfring version
 
 v1 = tf.compat.v1
 

@@ -119,7 +119,6 @@ def main():
 
     if args.backend == "tfring":
         import tfring
-        import tfring.rewrite  # binds tfring.rewrite
 
         compression = (tfring.Compression.fp16 if args.fp16_allreduce
                        else tfring.Compression.none)
