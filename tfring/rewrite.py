@@ -197,6 +197,20 @@ def _is_ours(op):
     return op.name.startswith(SCOPE + "/")
 
 
+_RING_OPS = ("RingAllreduce", "RingGroupedAllreduce", "RingAllgather")
+
+
+def _already_reduced(tensor):
+    """Made by an earlier rewrite, or by a tfring collective already (e.g.
+    tfring.DistributedOptimizer): possibly through the scaling or cast that
+    follows an allgather or compression."""
+    op = tensor.op
+    if _is_ours(op) or op.type in _RING_OPS:
+        return True
+    return op.type in ("Mul", "Cast", "Identity") and any(
+        x.op.type in _RING_OPS for x in op.inputs)
+
+
 def _input_indices(op, arg_names):
     """Indices into op.inputs of the named (single-tensor) input args."""
     args = op.op_def.input_arg
@@ -310,7 +324,7 @@ def _rewrite_graph(graph, cfg):
     for sink, indices, sparse in _find_sinks(graph):
         for index in indices:
             for t, direct in _boundary(sink, index):
-                if _is_ours(t.op):
+                if _already_reduced(t):
                     continue
                 if not _gradient_like(t) or (not direct and not is_gradient(t)):
                     continue
@@ -332,7 +346,7 @@ def _rewrite_graph(graph, cfg):
     report.already_rewritten = len({
         t.name for sink, indices, _ in _find_sinks(graph)
         for index in indices for t, _ in _boundary(sink, index)
-        if _is_ours(t.op) and not t.dtype.is_integer})
+        if _already_reduced(t) and not t.dtype.is_integer})
 
     with graph.as_default(), graph.name_scope(SCOPE + "/"), \
             tf.control_dependencies(None):
