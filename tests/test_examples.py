@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
 JOB_TIMEOUT = 240
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
-       "TFRING_TIMEOUT": "60", "KERAS_BACKEND": "tensorflow",
+       "TFRING_TIMEOUT": "180", "KERAS_BACKEND": "tensorflow",
        "PYTHONUNBUFFERED": "1"}
 
 

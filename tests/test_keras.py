@@ -22,7 +22,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 RANK_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": "1",
             "TF_NUM_INTEROP_THREADS": "2", "CUDA_VISIBLE_DEVICES": "",
-            "TFRING_TIMEOUT": "60", "KERAS_BACKEND": "tensorflow"}
+            "TFRING_TIMEOUT": "180", "KERAS_BACKEND": "tensorflow"}
 JOB_TIMEOUT = 240
 
 
