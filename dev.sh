@@ -133,7 +133,7 @@ case "$cmd" in
     activate
     default_test_timeout
     rc=0
-    "$PY" -m pytest -q tests/ "$@" || rc=$?
+    "$PY" -m pytest -q --durations=15 tests/ "$@" || rc=$?
     if [[ $rc -eq 5 ]]; then
       log "pytest collected no tests"
       rc=0
