@@ -123,7 +123,7 @@ def _same_weights_as_other_launchers(res):
     assert digest == _two_rank_digest[0], "other launchers gave other weights"
 
 
-def _check_failure(out, launcher_pattern=None):
+def _check_failure(out, launcher_pattern=None, exit_is_reported_code=False):
     """Rank 1 exited 3 before step 1 while rank 0 waited for it in an
     allreduce. The job exits non-zero and a message names rank 1.
 
@@ -131,7 +131,8 @@ def _check_failure(out, launcher_pattern=None):
     rank 0 (code 1) when tfring's error ("... can never complete: rank 1 has
     already shut down") ended it before rank 1's interpreter had finished
     exiting. Either way rank 1 is named. ``launcher_pattern`` matches the
-    launcher's own report, with groups (rank, exit code)."""
+    launcher's own report, with groups (rank, exit code);
+    ``exit_is_reported_code``: the job exits with that code."""
     assert out.returncode != 0, _show(out)
     assert "rank 1: failing on purpose" in out.all, _show(out)
     assert "LAUNCH_RESULT" not in out.all, _show(out)
@@ -144,7 +145,9 @@ def _check_failure(out, launcher_pattern=None):
     assert m, _show(out)
     rank, code = int(m.group(1)), int(m.group(2))
     assert (rank, code) in {(1, 3), (0, 1)}, _show(out)
-    assert out.returncode == code, _show(out)
+    assert out.returncode in (1, 3), _show(out)
+    if exit_is_reported_code:
+        assert out.returncode == code, _show(out)
     if rank == 0:
         assert tfring_error, _show(out)
 
@@ -179,7 +182,7 @@ def test_tfring_run_failing_rank(tmp_path):
     out = _run(_tfring_run(2, [SCRIPT, "--fail-rank", "1"]), _env(), tmp_path)
     # tfring-run ends with the code of the first rank to fail and names it.
     _check_failure(out, r"tfring-run: rank (\d+) \(pid \d+\) exited with code (\d+); "
-                        r"terminating the other ranks")
+                        r"terminating the other ranks", exit_is_reported_code=True)
 
 
 def test_readme_quick_start_is_the_example():
@@ -220,7 +223,8 @@ def test_openmpi_mpirun_failing_rank(tmp_path):
                mpirun_env(_env()), tmp_path)
     # prterun names the first rank to exit non-zero as [job@1,RANK]. (With
     # mpi4py loaded, Open MPI 5's MPI_Finalize holds rank 1 until rank 0
-    # finalizes too, so this one is often rank 0.)
+    # finalizes too, so this one is often rank 0.) prterun's own exit
+    # status may come from either rank.
     _check_failure(out, r"exited with non-zero status.*?Process name: +\[[^\]]*@\d+,(\d+)\]"
                         r"\s+Exit code: +(\d+)")
 
