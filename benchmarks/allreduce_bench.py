@@ -25,75 +25,25 @@ is tfring's busbw divided by MPI's (above 1: tfring is faster).
 import argparse
 import json
 import os
-import platform
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-
-DEFAULT_SIZES = [4 << (2 * i) << 10 for i in range(9)]  # 4 KiB, 16 KiB, ..., 256 MiB
-LOOP_TARGET_S = 0.02
-
-
-# ---------------------------------------------------------------- helpers --
-
-
-def parse_size(text):
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    num = text[:-1] if text[-1:] in "KMG" else text
-    size = int(float(num) * mult)
-    if size <= 0 or size % 4:
-        raise argparse.ArgumentTypeError(
-            f"size {text!r} must be a positive multiple of 4 bytes"
-        )
-    return size
-
-
-def human_size(n):
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
-
-
-def bandwidths(size, t, nranks):
-    algbw = size / t / 1e9
-    return algbw, algbw * 2 * (nranks - 1) / nranks
-
-
-def in_mpi_job():
-    return any(
-        k in os.environ for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
-    )
-
+from _common import (
+    DEFAULT_SIZES,
+    MpiSync,
+    bandwidths,
+    child_env,
+    human_size,
+    in_mpi_job,
+    mpi_module,
+    parse_ints,
+    parse_sizes,
+    run_ranks,
+    time_collective,
+    write_json,
+)
 
 # ----------------------------------------------------------------- worker --
-
-
-def _time_collective(comm, op, size, warmup, reps, max_iters):
-    """Median over ``reps`` barrier-started loops of seconds per op, max over ranks."""
-    from mpi4py import MPI
-
-    for _ in range(warmup):
-        op()
-    comm.Barrier()
-    t0 = time.perf_counter()
-    op()
-    one = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-    iters = max(1, min(max_iters, int(LOOP_TARGET_S / max(one, 1e-9))))
-    per_op = []
-    for _ in range(reps):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            op()
-        per_op.append((time.perf_counter() - t0) / iters)
-    return comm.allreduce(statistics.median(per_op), op=MPI.MAX), iters
 
 
 def worker(args):
@@ -101,6 +51,7 @@ def worker(args):
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
+    sync = MpiSync(comm)
     rank, nranks = comm.Get_rank(), comm.Get_size()
 
     # tfring is optional per run: if it cannot start on some rank, every rank
@@ -132,10 +83,9 @@ def worker(args):
             out = core.allreduce(arr, op="sum", name=name)
             ok = bool(out.shape == arr.shape and np.all(out == expected))
             ok = comm.allreduce(ok, op=MPI.LAND)
-            t, iters = _time_collective(
-                comm,
+            t, iters = time_collective(
+                sync,
                 lambda arr=arr, name=name: core.allreduce(arr, op="sum", name=name),
-                size,
                 args.warmup,
                 args.reps,
                 args.iters,
@@ -147,10 +97,9 @@ def worker(args):
             buf = np.full(n, rank + 1, dtype=np.float32)
             comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
             ok = comm.allreduce(bool(np.all(buf == expected)), op=MPI.LAND)
-            t, iters = _time_collective(
-                comm,
+            t, iters = time_collective(
+                sync,
                 lambda buf=buf: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
-                size,
                 args.warmup,
                 args.reps,
                 args.iters,
@@ -189,7 +138,7 @@ def worker(args):
         else:
             print(format_table(report))
             if args.json:
-                write_json(args.json, [report])
+                write_json(args.json, [report], "allreduce")
     return 0
 
 
@@ -234,38 +183,11 @@ def format_table(report):
     return "\n".join(lines)
 
 
-def write_json(path, reports):
-    doc = {
-        "benchmark": "allreduce",
-        "dtype": "float32",
-        "host": platform.node(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "definitions": {
-            "algbw": "size / time",
-            "busbw": "algbw * 2(N-1)/N",
-            "time": "median over reps of per-op loop time, max over ranks",
-        },
-        "runs": reports,
-    }
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=2)
-
-
 # ----------------------------------------------------------------- driver --
 
 
-def _mpi_module():
-    try:
-        from tfring.run import mpi
-    except ImportError:
-        sys.path.insert(0, REPO)
-        from tfring.run import mpi
-    return mpi
-
-
 def driver(args):
-    mpi = _mpi_module()
+    mpi = mpi_module()
     mpirun = mpi.find_mpirun()
     if mpirun is None:
         print(
@@ -274,10 +196,7 @@ def driver(args):
             file=sys.stderr,
         )
         return 2
-    env = mpi.mpirun_env()
-    env["PYTHONPATH"] = REPO + (
-        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
-    )
+    env = mpi.mpirun_env(child_env())
     reports = []
     rc = 0
     for nranks in args.np:
@@ -302,36 +221,17 @@ def driver(args):
                 if getattr(args, flag):
                     worker_args.append("--" + flag.replace("_", "-"))
             cmd = mpi.mpirun_command(nranks, worker_args, mpirun=mpirun)
-            try:
-                proc = subprocess.run(
-                    cmd,
-                    check=False,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    timeout=args.timeout,
-                )
-            except subprocess.TimeoutExpired:
-                print(
-                    f"allreduce_bench: np={nranks} ran past --timeout {args.timeout:g} s",
-                    file=sys.stderr,
-                )
-                rc = 1
+            code, report = run_ranks(
+                cmd, env, result, args.timeout, f"allreduce_bench: np={nranks}"
+            )
+            if report is None:
+                rc = rc or code
                 continue
-            if proc.returncode != 0 or not os.path.exists(result):
-                print(
-                    f"allreduce_bench: np={nranks} failed (mpirun exit code "
-                    f"{proc.returncode})",
-                    file=sys.stderr,
-                )
-                rc = rc or proc.returncode or 1
-                continue
-            with open(result) as f:
-                report = json.load(f)
         reports.append(report)
         print(format_table(report), flush=True)
         print(flush=True)
     if args.json and reports:
-        write_json(args.json, reports)
+        write_json(args.json, reports, "allreduce")
         print(f"wrote {args.json}")
     return rc
 
@@ -340,13 +240,13 @@ def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--np",
-        type=lambda s: [int(x) for x in s.split(",")],
+        type=parse_ints,
         default=[2, 4],
         help="comma-separated world sizes (default 2,4)",
     )
     p.add_argument(
         "--sizes",
-        type=lambda s: [parse_size(x) for x in s.split(",")],
+        type=parse_sizes,
         default=DEFAULT_SIZES,
         help="comma-separated buffer sizes, e.g. 4K,1M,64M "
         "(default: powers of 4 from 4 KiB to 256 MiB)",

