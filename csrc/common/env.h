@@ -26,8 +26,8 @@ struct Config {
   double timeout_s = 300.0;               // TFRING_TIMEOUT
   double stall_warning_s = 60.0;          // TFRING_STALL_CHECK_TIME
   double heartbeat_timeout_s = 10.0;      // TFRING_HEARTBEAT_TIMEOUT
-  int64_t chunk_bytes = 1ll << 20;        // TFRING_CHUNK_SIZE (pipeline unit)
-  int64_t shm_buffer_bytes = 8ll << 20;   // TFRING_SHM_BUFFER (per link)
+  int64_t chunk_bytes = 512ll << 10;      // TFRING_CHUNK_SIZE (pipeline unit)
+  int64_t shm_buffer_bytes = 4ll << 20;   // TFRING_SHM_BUFFER (per link)
   std::string transport = "auto";         // TFRING_TRANSPORT: auto|shm|tcp
   std::string timeline;                   // TFRING_TIMELINE: path or empty
   std::string iface_addr;                 // TFRING_IFACE_ADDR: address to bind
