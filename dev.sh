@@ -11,8 +11,8 @@
 # default build/) unless setup.py or pyproject.toml changed.
 #
 # Environment: TFRING_VENV (default .venv), TFRING_BUILD_DIR (default build),
-# TFRING_BUILD_TYPE (Release), TFRING_BUILD_JOBS, TFRING_WITH_TF / _CUDA
-# (AUTO|ON|OFF), PYTHON (the interpreter that creates the venv).
+# TFRING_BUILD_TYPE (Release), TFRING_BUILD_JOBS, TFRING_WITH_TF / _CUDA,
+# TFRING_TF_GPU (AUTO|ON|OFF), PYTHON (the interpreter that creates the venv).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")"

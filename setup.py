@@ -42,7 +42,7 @@ class CMakeBuild(build_ext):
             args.append(f"-Dpybind11_DIR={pybind11.get_cmake_dir()}")
         except ImportError:
             pass
-        for opt in ("TFRING_WITH_CUDA", "TFRING_WITH_TF"):
+        for opt in ("TFRING_WITH_CUDA", "TFRING_WITH_TF", "TFRING_TF_GPU"):
             if os.environ.get(opt):
                 args.append(f"-D{opt}={os.environ[opt]}")
         tf_path = _tensorflow_path()

@@ -15,7 +15,23 @@
 # (_tfring_ops.so.tfversion); tfring/ops.py compares it with tf.__version__
 # before loading, since a library built against another TensorFlow fails
 # with undefined symbols or worse.
+#
+# TFRING_TF_GPU: DEVICE_GPU kernels for the ops (same kernel classes as the
+# CPU ones, see csrc/tf/adapter.h). They hand TF's stream and device
+# pointers to tfring_core, so they need a TensorFlow built with CUDA and a
+# tfring_core built with CUDA (cmake/cuda.cmake), of the same CUDA major
+# version as TensorFlow: the core links its CUDA runtime statically, and one
+# of another major version would need a newer driver than TensorFlow does
+# (CUDA 13 needs r580+). The op library itself needs no nvcc and no CUDA
+# headers (only TF's stream_executor interface: no GOOGLE_CUDA), so the GPU
+# code is always compiled; the option decides whether the GPU kernels are
+# registered. AUTO registers them when all of the above holds; ON also when
+# only the CUDA major versions differ (with a warning), and fails when
+# anything else is missing; OFF never. The outcome and its reason are
+# written to _tfring_ops.so.gpu next to the library.
 set(TFRING_HAVE_TF OFF)
+set(TFRING_TF_GPU AUTO CACHE STRING
+    "Register the ops' GPU kernels: AUTO (when TF and tfring_core have CUDA of one major version), ON, OFF")
 set(TFRING_TF_PYTHONPATH "" CACHE STRING
     "Where TensorFlow is importable from when Python_EXECUTABLE cannot see it")
 
@@ -54,6 +70,8 @@ print("version=" + tf.__version__)
 print("cflags=" + ";".join(tf.sysconfig.get_compile_flags()))
 print("lflags=" + ";".join(tf.sysconfig.get_link_flags()))
 print("libdir=" + tf.sysconfig.get_lib())
+info = tf.sysconfig.get_build_info()
+print("cuda=" + (info.get("cuda_version", "") if info.get("is_cuda_build") else ""))
 ]=])
 execute_process(
   COMMAND ${_tf_env} ${Python_EXECUTABLE} -c "${_tf_query}"
@@ -71,6 +89,8 @@ string(REGEX MATCH "lflags=([^\n]*)" _ "${_tf_out}")
 set(_tf_lflags "${CMAKE_MATCH_1}")
 string(REGEX MATCH "libdir=([^\n]*)" _ "${_tf_out}")
 set(_tf_libdir "${CMAKE_MATCH_1}")
+string(REGEX MATCH "cuda=([^\n]*)" _ "${_tf_out}")
+set(_tf_cuda "${CMAKE_MATCH_1}")
 
 # Sort TF's compile flags into include dirs, definitions and the standard.
 set(_tf_includes)
@@ -144,3 +164,53 @@ add_custom_command(TARGET _tfring_ops POST_BUILD
 set(TFRING_HAVE_TF ON)
 message(STATUS "TensorFlow op library: building against TensorFlow "
   "${TFRING_TF_VERSION} (${_tf_libdir})")
+
+# ------------------------------------------------------- GPU kernels ----
+string(TOUPPER "${TFRING_TF_GPU}" _tf_gpu_mode)
+string(REGEX MATCH "^[0-9]+" _tf_cuda_major "${_tf_cuda}")
+string(REGEX MATCH "^[0-9]+" _core_cuda_major "${CUDAToolkit_VERSION}")
+set(_tf_gpu OFF)
+if(_tf_gpu_mode STREQUAL "OFF")
+  set(_tf_gpu_why "TFRING_TF_GPU=OFF")
+elseif(_tf_cuda STREQUAL "")
+  set(_tf_gpu_why "TensorFlow ${TFRING_TF_VERSION} is not built with CUDA")
+elseif(NOT TFRING_HAVE_CUDA)
+  set(_tf_gpu_why "tfring_core is built without CUDA (no nvcc found, or \
+TFRING_WITH_CUDA=OFF); TensorFlow ${TFRING_TF_VERSION} is built with CUDA \
+${_tf_cuda}: set CMAKE_CUDA_COMPILER to a CUDA ${_tf_cuda_major} nvcc")
+elseif(NOT _core_cuda_major STREQUAL _tf_cuda_major)
+  if(_tf_gpu_mode STREQUAL "ON")
+    message(WARNING "TFRING_TF_GPU=ON: registering the GPU kernels although \
+tfring_core is built with CUDA ${CUDAToolkit_VERSION} and TensorFlow \
+${TFRING_TF_VERSION} with CUDA ${_tf_cuda}; GPU ops will need a driver for \
+CUDA ${_core_cuda_major}")
+    set(_tf_gpu ON)
+    set(_tf_gpu_why "TensorFlow CUDA ${_tf_cuda}, tfring_core CUDA \
+${CUDAToolkit_VERSION}, forced by TFRING_TF_GPU=ON")
+  else()
+    set(_tf_gpu_why "tfring_core is built with CUDA ${CUDAToolkit_VERSION} \
+(${CMAKE_CUDA_COMPILER}) but TensorFlow ${TFRING_TF_VERSION} with CUDA \
+${_tf_cuda}: set CMAKE_CUDA_COMPILER to a CUDA ${_tf_cuda_major} nvcc (the \
+nvidia-cuda-nvcc-cu${_tf_cuda_major} wheel has ptxas, not nvcc), or \
+TFRING_TF_GPU=ON to register them anyway")
+  endif()
+else()
+  set(_tf_gpu ON)
+  set(_tf_gpu_why "TensorFlow CUDA ${_tf_cuda}, tfring_core CUDA ${CUDAToolkit_VERSION}")
+endif()
+if(NOT _tf_gpu AND _tf_gpu_mode STREQUAL "ON")
+  message(FATAL_ERROR "TFRING_TF_GPU=ON but ${_tf_gpu_why}")
+endif()
+if(_tf_gpu)
+  target_compile_definitions(_tfring_ops PRIVATE TFRING_TF_GPU=1)
+  message(STATUS "TensorFlow op library: GPU kernels on (${_tf_gpu_why})")
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/_tfring_ops.so.gpu "on: ${_tf_gpu_why}\n")
+else()
+  message(STATUS "TensorFlow op library: GPU kernels off (${_tf_gpu_why})")
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/_tfring_ops.so.gpu "off: ${_tf_gpu_why}\n")
+endif()
+add_custom_command(TARGET _tfring_ops POST_BUILD
+  COMMAND ${CMAKE_COMMAND} -E copy_if_different
+          ${CMAKE_CURRENT_BINARY_DIR}/_tfring_ops.so.gpu
+          ${TFRING_OUTPUT_DIR}/_tfring_ops.so.gpu
+  VERBATIM)

@@ -6,10 +6,16 @@
 #include <mutex>
 #include <utility>
 
+#include "tensorflow/core/framework/device_base.h"
+#include "xla/stream_executor/event.h"
+#include "xla/stream_executor/stream.h"
+#include "xla/stream_executor/stream_executor.h"
+
 namespace tfring {
 namespace tf {
 
 namespace tfw = ::tensorflow;
+namespace se = ::stream_executor;
 using AsyncOpKernelDone = tfw::AsyncOpKernel::DoneCallback;
 
 bool toRingDataType(tfw::DataType in, DataType* out) {
@@ -55,8 +61,33 @@ std::vector<int64_t> dimsOf(const tfw::TensorShape& shape) {
   return dims;
 }
 
+namespace {
+
+// TF's stream for the op in ctx (its GPU device context); null on host.
+se::Stream* opStream(tfw::OpKernelContext* ctx) {
+  tfw::DeviceContext* dc = ctx->op_device_context();
+  return dc ? dc->stream() : nullptr;
+}
+
+// Blocks the calling thread until `stream` has run what was queued on it so
+// far: an event recorded now and waited for, so work TF queues later is not
+// waited for; the whole stream where the platform has no such event.
+absl::Status waitForQueuedWork(se::Stream* stream) {
+  auto event = stream->parent()->CreateEvent();
+  if (event.ok()) {
+    absl::Status s = stream->RecordEvent(event->get());
+    if (s.ok()) s = (*event)->Synchronize();
+    if (!absl::IsUnimplemented(s)) return s;
+  }
+  return stream->BlockHostUntilDone();
+}
+
+}  // namespace
+
 RingOpKernel::RingOpKernel(tfw::OpKernelConstruction* c, CollectiveType type)
-    : AsyncOpKernel(c), type_(type) {
+    : AsyncOpKernel(c),
+      type_(type),
+      on_gpu_(c->device_type() == tfw::DeviceType(tfw::DEVICE_GPU)) {
   OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
   if (tensor_name_.empty()) tensor_name_ = name();
 }
@@ -75,7 +106,22 @@ bool RingOpKernel::prepare(tfw::OpKernelContext* ctx, runtime::Request* req,
   }
   req->shape = dimsOf(input.shape());
   req->input = dataOf(input);
-  req->device = deviceOrdinal(ctx);
+  if (on_gpu_) {
+    se::Stream* stream = opStream(ctx);
+    if (!stream) {
+      ctx->SetStatus(absl::InternalError(tfring::strCat(
+          "tfring: ", collectiveName(type_), " of tensor '", req->name,
+          "' runs on ", ctx->device()->name(),
+          " but TensorFlow gave the op no GPU stream")));
+      return false;
+    }
+    // The engine reads the input after the work already queued on TF's
+    // stream (it records an event there in enqueue) and calls done once the
+    // output is complete on the device, which is all TF's later ops on that
+    // stream need: nothing here waits for the GPU.
+    req->device = stream->parent()->device_ordinal();
+    req->stream = stream->platform_specific_handle().stream;
+  }
   return true;
 }
 
@@ -140,12 +186,22 @@ void RingOpKernel::submit(tfw::OpKernelContext* ctx,
   countdown->finish(Status::OK());
 }
 
-runtime::Allocator RingOpKernel::outputAllocator(tfw::OpKernelContext* ctx) {
-  return [ctx](const std::vector<int64_t>& dims, void** data) -> Status {
+runtime::Allocator RingOpKernel::outputAllocator(
+    tfw::OpKernelContext* ctx) const {
+  const bool on_gpu = on_gpu_;
+  return [ctx, on_gpu](const std::vector<int64_t>& dims,
+                       void** data) -> Status {
     tfw::TensorShape shape;
     absl::Status s = tfw::TensorShape::BuildTensorShape(dims, &shape);
     tfw::Tensor* out = nullptr;
     if (s.ok()) s = ctx->allocate_output(0, shape, &out);
+    // TF's GPU allocator hands out memory as soon as its last user has
+    // queued its kernels on TF's stream, which may not have run yet; the
+    // engine writes from its own stream, so it waits for them first. This
+    // blocks the engine thread (allgather and reducescatter only), never
+    // TF's.
+    if (s.ok() && on_gpu && out->NumElements() > 0)
+      s = waitForQueuedWork(opStream(ctx));
     if (!s.ok()) return fromTfStatus(s);
     *data = dataOf(*out);
     return Status::OK();

@@ -2,6 +2,13 @@
 // the base class every collective kernel derives from. Nothing here blocks:
 // kernels hand their tensors to the engine (runtime::enqueue) and return; the
 // engine calls back from its own thread, and only then do we call TF's done.
+//
+// One kernel class per op serves host and GPU tensors: registered for
+// DEVICE_GPU (kernels.cc, when built with TFRING_TF_GPU), it hands the engine
+// device pointers, the CUDA ordinal and TF's stream for the op, and the
+// engine's stream contract (gpu/executor.h) does the ordering, so no TF
+// thread waits on the GPU. Only TF's platform-neutral stream_executor
+// interface is used: no CUDA headers, no GOOGLE_CUDA.
 #pragma once
 
 #include <string>
@@ -38,9 +45,10 @@ class RingOpKernel : public ::tensorflow::AsyncOpKernel {
 
  protected:
   // Fills the fields every request shares from input `index`: name, type,
-  // dtype, shape, input pointer and device. Sets an error on ctx and returns
-  // false for a dtype the core cannot handle. `name_suffix` tells apart the
-  // requests of one op with several inputs.
+  // dtype, shape, input pointer, and for a GPU kernel the device and TF's
+  // stream. Sets an error on ctx and returns false for a dtype the core
+  // cannot handle (or a GPU kernel without a stream). `name_suffix` tells
+  // apart the requests of one op with several inputs.
   bool prepare(::tensorflow::OpKernelContext* ctx, runtime::Request* req,
                int index = 0, const std::string& name_suffix = "");
 
@@ -52,12 +60,11 @@ class RingOpKernel : public ::tensorflow::AsyncOpKernel {
                      std::vector<runtime::Request> reqs, DoneCallback done);
 
   // An allocator for requests whose output shape only the engine knows
-  // (allgather, reducescatter): allocates output 0 of ctx.
-  static runtime::Allocator outputAllocator(::tensorflow::OpKernelContext* ctx);
-
-  // -1 for host memory. GPU kernels (a later issue) will return the CUDA
-  // device ordinal of ctx's device here.
-  static int deviceOrdinal(::tensorflow::OpKernelContext* ctx) { return -1; }
+  // (allgather, reducescatter): allocates output 0 of ctx. Called on the
+  // engine thread; on GPU it returns once the work TF queued on the op's
+  // stream before the allocation is done, since TF's allocator reuses
+  // memory whose last reader is only queued there.
+  runtime::Allocator outputAllocator(::tensorflow::OpKernelContext* ctx) const;
 
   static void* dataOf(const ::tensorflow::Tensor& t) {
     return const_cast<char*>(t.tensor_data().data());
@@ -68,6 +75,7 @@ class RingOpKernel : public ::tensorflow::AsyncOpKernel {
  private:
   CollectiveType type_;
   std::string tensor_name_;
+  bool on_gpu_ = false;  // the DEVICE_GPU registration
 };
 
 }  // namespace tf

@@ -1,7 +1,8 @@
-// CPU kernels of the four collective ops. Each is an AsyncOpKernel: it builds
-// a runtime::Request pointing at TF's buffers and returns; the engine runs
-// the collective on its own thread and calls `done`. No TF thread ever waits
-// on the network.
+// Kernels of the four collective ops, for host and GPU tensors alike. Each is
+// an AsyncOpKernel: it builds a runtime::Request pointing at TF's buffers
+// and returns; the engine runs the collective on its own thread and calls
+// `done`. No TF thread ever waits on the network (nor, on GPU, on the
+// device).
 //
 // Output buffers: allreduce and broadcast know their output shape (the
 // input's), so they allocate it here, reusing the input buffer when TF says
@@ -169,18 +170,27 @@ class RingReducescatterOp : public RingOpKernel {
   double prescale_ = 1.0, postscale_ = 1.0;
 };
 
-// CPU only for now; the kernels are device-agnostic apart from
-// deviceOrdinal(), so the GPU registrations will reuse them.
-REGISTER_KERNEL_BUILDER(Name("RingAllreduce").Device(tfw::DEVICE_CPU),
-                        RingAllreduceOp);
-REGISTER_KERNEL_BUILDER(Name("RingGroupedAllreduce").Device(tfw::DEVICE_CPU),
-                        RingGroupedAllreduceOp);
-REGISTER_KERNEL_BUILDER(Name("RingAllgather").Device(tfw::DEVICE_CPU),
-                        RingAllgatherOp);
-REGISTER_KERNEL_BUILDER(Name("RingBroadcast").Device(tfw::DEVICE_CPU),
-                        RingBroadcastOp);
-REGISTER_KERNEL_BUILDER(Name("RingReducescatter").Device(tfw::DEVICE_CPU),
-                        RingReducescatterOp);
+// One class per op for both devices (RingOpKernel tells them apart). The
+// GPU kernels take device memory for every input and output (the attributes
+// stay on the host) and are registered only in builds whose tfring_core can
+// run GPU collectives for this TensorFlow (cmake/tensorflow.cmake,
+// TFRING_TF_GPU); otherwise TF places the ops on the CPU.
+#define TFRING_REGISTER_KERNELS(device)                                      \
+  REGISTER_KERNEL_BUILDER(Name("RingAllreduce").Device(device),              \
+                          RingAllreduceOp);                                  \
+  REGISTER_KERNEL_BUILDER(Name("RingGroupedAllreduce").Device(device),       \
+                          RingGroupedAllreduceOp);                           \
+  REGISTER_KERNEL_BUILDER(Name("RingAllgather").Device(device),              \
+                          RingAllgatherOp);                                  \
+  REGISTER_KERNEL_BUILDER(Name("RingBroadcast").Device(device),              \
+                          RingBroadcastOp);                                  \
+  REGISTER_KERNEL_BUILDER(Name("RingReducescatter").Device(device),          \
+                          RingReducescatterOp)
+
+TFRING_REGISTER_KERNELS(tfw::DEVICE_CPU);
+#if TFRING_TF_GPU
+TFRING_REGISTER_KERNELS(tfw::DEVICE_GPU);
+#endif
 
 }  // namespace tf
 }  // namespace tfring
