@@ -2,12 +2,13 @@
 short settings, and reports weights identical on every rank where it
 checks them."""
 
-import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
+
+from tf_util import have_modules, have_ops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -17,18 +18,8 @@ ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
        "PYTHONUNBUFFERED": "1"}
 
 
-def _have(*modules):
-    return all(importlib.util.find_spec(m) is not None for m in modules)
-
-
-def _have_ops():
-    spec = importlib.util.find_spec("tfring")
-    return spec is not None and os.path.exists(
-        os.path.join(os.path.dirname(spec.origin), "_tfring_ops.so"))
-
-
 pytestmark = pytest.mark.skipif(
-    not (_have("tensorflow", "keras") and _have_ops()),
+    not (have_modules("tensorflow", "keras") and have_ops()),
     reason="TensorFlow, Keras or tfring's op library (_tfring_ops.so) missing")
 
 CASES = {
@@ -48,7 +39,7 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_example_runs_on_two_ranks(name, tmp_path):
     args, expected = CASES[name]
-    if name == "keras_digits" and not _have("sklearn"):
+    if name == "keras_digits" and not have_modules("sklearn"):
         pytest.skip("scikit-learn is not installed")
     # Run outside the checkout: `python -m` puts the working directory first
     # on sys.path, where the source tfring (without its built libraries)

@@ -12,31 +12,19 @@ steps), and all ranks end with bitwise identical weights.
 One job (tests/workers/keras_fit.py) runs every check; TF import is slow.
 """
 
-import importlib.util
 import os
 import sys
 
 import numpy as np
 import pytest
 
+from tf_util import JOB_TIMEOUT, RANK_ENV, tf_available
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-RANK_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": "1",
-            "TF_NUM_INTEROP_THREADS": "2", "CUDA_VISIBLE_DEVICES": "",
-            "TFRING_TIMEOUT": "180", "KERAS_BACKEND": "tensorflow"}
-JOB_TIMEOUT = 240
-
-
-def _available():
-    if importlib.util.find_spec("tensorflow") is None or \
-            importlib.util.find_spec("keras") is None:
-        return False
-    spec = importlib.util.find_spec("tfring")
-    return spec is not None and os.path.exists(
-        os.path.join(os.path.dirname(spec.origin), "_tfring_ops.so"))
 
 
 pytestmark = pytest.mark.skipif(
-    not _available(),
+    not tf_available("keras"),
     reason="TensorFlow, Keras or tfring's op library (_tfring_ops.so) missing")
 
 

@@ -24,6 +24,8 @@ import subprocess
 import sys
 
 import pytest
+
+from tf_util import tf_available
 from mpi_util import have_mpi4py, have_mpirun, mpirun_command, mpirun_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,16 +38,8 @@ LAUNCHER_VARS = ("TFRING_", "OMPI_", "PMI_", "PMIX_", "SLURM_", "MV2_", "PRTE_",
                  "MPI4PY_", "HYDRA_", "MPIEXEC_", "I_MPI_")
 
 
-def _tf_available():
-    if importlib.util.find_spec("tensorflow") is None:
-        return False
-    spec = importlib.util.find_spec("tfring")
-    return spec is not None and os.path.exists(
-        os.path.join(os.path.dirname(spec.origin), "_tfring_ops.so"))
-
-
 needs_tf = pytest.mark.skipif(
-    not _tf_available(),
+    not tf_available(),
     reason="TensorFlow or tfring's op library (_tfring_ops.so) missing")
 
 
