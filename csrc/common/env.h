@@ -22,7 +22,7 @@ int64_t parseBytes(const std::string& s, int64_t dflt);
 // cannot change behaviour half-way through.
 struct Config {
   int64_t fusion_threshold = 64ll << 20;  // TFRING_FUSION_THRESHOLD
-  double cycle_time_ms = 1.0;             // TFRING_CYCLE_TIME
+  double cycle_time_ms = 2.0;             // TFRING_CYCLE_TIME
   double timeout_s = 300.0;               // TFRING_TIMEOUT
   double stall_warning_s = 60.0;          // TFRING_STALL_CHECK_TIME
   double heartbeat_timeout_s = 10.0;      // TFRING_HEARTBEAT_TIMEOUT
