@@ -80,13 +80,10 @@ Coordinator::~Coordinator() {
 void Coordinator::start() { thread_ = std::thread([this] { loop(); }); }
 
 void Coordinator::join(double timeout_s) {
+  // The loop ends by itself once every rank has said goodbye and closed
+  // its connection (or after an abort); past the deadline we stop it.
   Deadline d = Deadline::in(timeout_s);
-  while (thread_.joinable()) {
-    bool all = true;
-    for (int r = 0; r < size_; ++r) all = all && (bye_[r] || gone_[r]);
-    if (all || aborted_ || d.expired()) break;
-    usleep(2000);
-  }
+  while (thread_.joinable() && !finished_.load() && !d.expired()) usleep(2000);
   stop_ = true;
   if (thread_.joinable()) thread_.join();
 }
@@ -114,6 +111,10 @@ void Coordinator::abortAll(int culprit, const std::string& msg) {
 }
 
 void Coordinator::loop() {
+  struct Finish {
+    std::atomic<bool>& f;
+    ~Finish() { f = true; }
+  } finish{finished_};
   std::vector<struct pollfd> pfds(size_);
   double next_stall_check = nowSeconds() + 0.5;
   while (!stop_ && !aborted_) {

@@ -76,6 +76,7 @@ class Coordinator {
   int size_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> finished_{false};
   std::vector<bool> bye_, gone_;
   std::vector<uint64_t> done_;  // responses completed, per rank
   uint64_t next_seq_ = 1;
