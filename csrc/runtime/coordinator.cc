@@ -17,6 +17,9 @@ namespace runtime {
 
 namespace {
 
+// How long an aborted coordinator keeps draining connections (see loop()).
+constexpr double kDrainSeconds = 10.0;
+
 std::string rankList(const std::vector<int>& ranks) {
   std::string s;
   for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
@@ -117,7 +120,14 @@ void Coordinator::loop() {
   } finish{finished_};
   std::vector<struct pollfd> pfds(size_);
   double next_stall_check = nowSeconds() + 0.5;
-  while (!stop_ && !aborted_) {
+  // After an abort the coordinator stays to drain: it keeps reading (and
+  // dropping) what ranks still send until they close their connections, so
+  // that this process exiting never resets a connection whose Abort the
+  // peer has not read yet (a reset discards unread data).
+  double drain_until = 0;
+  while (!stop_) {
+    if (aborted_ && drain_until == 0) drain_until = nowSeconds() + kDrainSeconds;
+    if (aborted_ && nowSeconds() >= drain_until) break;
     int n = 0;
     std::vector<int> who;
     for (int r = 0; r < size_; ++r) {
@@ -143,13 +153,17 @@ void Coordinator::loop() {
         }
         continue;
       }
+      if (aborted_) {
+        if (!msg.empty() && msg[0] == kMsgBye) bye_[r] = true;
+        continue;
+      }
       try {
         onMessage(r, msg);
       } catch (const Error& e) {
         abortAll(r, strCat("bad control message from ", desc_[r], ": ", e.what()));
       }
     }
-    if (aborted_) break;
+    if (aborted_) continue;
     if (nowSeconds() >= next_stall_check) {
       checkStalls();
       next_stall_check = nowSeconds() + 0.5;
