@@ -39,26 +39,32 @@ void reduceAttrs(tfw::OpKernelConstruction* c, ReduceOp* op, double* prescale,
 
 }  // namespace
 
-class RingAllreduceOp : public RingOpKernel {
+// Allreduce kernels, single and grouped, share how one input becomes a
+// request: reduce attributes read once, output forwarded from the input
+// when TF allows it (the collective then runs in place), else allocated.
+class ReduceKernel : public RingOpKernel {
  public:
-  explicit RingAllreduceOp(tfw::OpKernelConstruction* c)
+  explicit ReduceKernel(tfw::OpKernelConstruction* c)
       : RingOpKernel(c, CollectiveType::kAllreduce) {
     reduceAttrs(c, &op_, &prescale_, &postscale_);
   }
 
-  void ComputeAsync(tfw::OpKernelContext* ctx, DoneCallback done) override {
-    runtime::Request req;
-    if (!prepare(ctx, &req)) return done();
+ protected:
+  // Request for input/output `i`; false (with ctx's status set) on error.
+  bool prepareReduce(tfw::OpKernelContext* ctx, int i, const std::string& suffix,
+                     runtime::Request* req) {
+    if (!prepare(ctx, req, i, suffix)) return false;
     tfw::Tensor* out = nullptr;
-    OP_REQUIRES_OK_ASYNC(ctx,
-                         ctx->forward_input_or_allocate_output(
-                             {0}, 0, ctx->input(0).shape(), &out),
-                         done);
-    req.output = dataOf(*out);
-    req.op = op_;
-    req.prescale = prescale_;
-    req.postscale = postscale_;
-    submit(ctx, {std::move(req)}, std::move(done));
+    auto st = ctx->forward_input_or_allocate_output({i}, i, ctx->input(i).shape(), &out);
+    if (!st.ok()) {
+      ctx->SetStatus(st);
+      return false;
+    }
+    req->output = dataOf(*out);
+    req->op = op_;
+    req->prescale = prescale_;
+    req->postscale = postscale_;
+    return true;
   }
 
  private:
@@ -66,37 +72,30 @@ class RingAllreduceOp : public RingOpKernel {
   double prescale_ = 1.0, postscale_ = 1.0;
 };
 
+class RingAllreduceOp : public ReduceKernel {
+ public:
+  using ReduceKernel::ReduceKernel;
+
+  void ComputeAsync(tfw::OpKernelContext* ctx, DoneCallback done) override {
+    runtime::Request req;
+    if (!prepareReduce(ctx, 0, "", &req)) return done();
+    submit(ctx, {std::move(req)}, std::move(done));
+  }
+};
+
 // One op, many tensors (any mix of dtypes): every tensor is enqueued before
 // the engine's next cycle, so they are fused, and the op finishes when the
 // last one does. Request i is named "<tensor name>.i".
-class RingGroupedAllreduceOp : public RingOpKernel {
+class RingGroupedAllreduceOp : public ReduceKernel {
  public:
-  explicit RingGroupedAllreduceOp(tfw::OpKernelConstruction* c)
-      : RingOpKernel(c, CollectiveType::kAllreduce) {
-    reduceAttrs(c, &op_, &prescale_, &postscale_);
-  }
+  using ReduceKernel::ReduceKernel;
 
   void ComputeAsync(tfw::OpKernelContext* ctx, DoneCallback done) override {
     std::vector<runtime::Request> reqs(ctx->num_inputs());
-    for (int i = 0; i < ctx->num_inputs(); ++i) {
-      runtime::Request& req = reqs[i];
-      if (!prepare(ctx, &req, i, "." + std::to_string(i))) return done();
-      tfw::Tensor* out = nullptr;
-      OP_REQUIRES_OK_ASYNC(ctx,
-                           ctx->forward_input_or_allocate_output(
-                               {i}, i, ctx->input(i).shape(), &out),
-                           done);
-      req.output = dataOf(*out);
-      req.op = op_;
-      req.prescale = prescale_;
-      req.postscale = postscale_;
-    }
+    for (int i = 0; i < ctx->num_inputs(); ++i)
+      if (!prepareReduce(ctx, i, "." + std::to_string(i), &reqs[i])) return done();
     submit(ctx, std::move(reqs), std::move(done));
   }
-
- private:
-  ReduceOp op_ = ReduceOp::kSum;
-  double prescale_ = 1.0, postscale_ = 1.0;
 };
 
 class RingAllgatherOp : public RingOpKernel {
