@@ -9,10 +9,10 @@ whose ranks run every check (this file is also the worker script: run with
 --worker); the tests below report the checks one by one.
 """
 
+import functools
 import importlib.util
 import os
 import sys
-import traceback
 
 import pytest
 
@@ -817,16 +817,11 @@ def _worker():
     checks = _all_checks()
     missing = [c for c in CHECKS if c not in checks]
     assert not missing, missing
-    results = {}
-    for name in CHECKS:
-        try:
-            value = checks[name](tf, tfring, rank, size)
-            results[name] = {"error": None, "value": value}
-        except Exception:  # noqa: BLE001 - reported per check
-            results[name] = {"error": traceback.format_exc(), "value": None}
     sys.path.insert(0, os.path.join(HERE, "workers"))
-    from common import report
+    from common import report, run_checks
 
+    results = run_checks({name: functools.partial(checks[name], tf, tfring, rank, size)
+                          for name in CHECKS})
     report(results)
     tfring.shutdown()
 

@@ -9,9 +9,9 @@ One job of 2 ranks runs every check (this file is the worker script too);
 the reference training runs inside each rank on the full batch.
 """
 
+import functools
 import os
 import sys
-import traceback
 
 import pytest
 
@@ -271,16 +271,11 @@ def _worker():
 
     tfring.init()
     rank, size = tfring.rank(), tfring.size()
-    results = {}
-    for name in CHECKS:
-        try:
-            value = globals()[f"check_{name}"](tf, tfring, rank, size)
-            results[name] = {"error": None, "value": value}
-        except Exception:  # noqa: BLE001 - reported per check
-            results[name] = {"error": traceback.format_exc(), "value": None}
     sys.path.insert(0, os.path.join(HERE, "workers"))
-    from common import report
+    from common import report, run_checks
 
+    results = run_checks({name: functools.partial(globals()[f"check_{name}"], tf, tfring,
+                                                  rank, size) for name in CHECKS})
     report(results)
     tfring.shutdown()
 

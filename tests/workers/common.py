@@ -3,6 +3,8 @@
 import hashlib
 import json
 import os
+import sys
+import traceback
 
 import numpy as np
 
@@ -14,6 +16,38 @@ def report(obj):
         path = os.path.join(os.environ["TFRING_RESULT_DIR"], f"{rank}.json")
     with open(path, "w") as f:
         json.dump(obj, f)
+
+
+def run_checks(checks):
+    """Runs named checks ({name: callable}); each result is {"error", "value"},
+    a failure recorded with its traceback instead of stopping the rest."""
+    results = {}
+    for name, fn in checks.items():
+        try:
+            results[name] = {"error": None, "value": fn()}
+        except Exception:  # noqa: BLE001 - reported per check
+            results[name] = {"error": traceback.format_exc(), "value": None}
+    return results
+
+
+def checker(results, announce=False):
+    """`@check(name)` runs the decorated function at once and stores its dict
+    (with "ok") in results[name]; a failure stores "ok": False and the
+    traceback, and prints it, instead of stopping the worker."""
+    def check(name):
+        def deco(fn):
+            if announce:
+                print(f"=== {name}", flush=True)
+            try:
+                out = fn() or {}
+                out.setdefault("ok", True)
+            except Exception:  # noqa: BLE001 - reported to the test
+                out = {"ok": False, "error": traceback.format_exc()}
+                print(f"check {name} failed:\n{out['error']}", file=sys.stderr)
+            results[name] = out
+            return fn
+        return deco
+    return check
 
 
 def digest(arrays):

@@ -11,7 +11,6 @@ argv[1] is a directory shared by the ranks. Results go back as
 
 import os
 import sys
-import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -19,7 +18,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras
 import numpy as np
 import tensorflow as tf
-from common import digest, report
+from common import checker, digest, report
 
 import tfring.keras as tk
 from tfring import _core
@@ -35,20 +34,7 @@ os.makedirs(MINE, exist_ok=True)
 N, FEATURES, BATCH = 64, 6, 16     # BATCH: the global batch
 TOL = 1e-5                         # float32, a few SGD steps
 results = {}
-
-
-def check(name):
-    def deco(fn):
-        print(f"=== {name}", flush=True)
-        try:
-            out = fn() or {}
-            out.setdefault("ok", True)
-        except Exception:  # noqa: BLE001 - reported to the test
-            out = {"ok": False, "error": traceback.format_exc()}
-            print(f"check {name} failed:\n{out['error']}", file=sys.stderr)
-        results[name] = out
-        return fn
-    return deco
+check = checker(results, announce=True)
 
 
 def barrier(tag):

@@ -12,13 +12,12 @@ also shows that rank 0's initial values were broadcast. Results go back as
 
 import os
 import sys
-import traceback
 
 import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf
-from common import digest, report
+from common import checker, digest, report
 
 import tfring
 import tfring.rewrite  # binds tfring.rewrite if tfring does not expose it lazily
@@ -49,17 +48,7 @@ def shard(arrays, rank, size):
     return [a[rank * n:(rank + 1) * n] for a in arrays]
 
 
-def check(name):
-    def deco(fn):
-        try:
-            out = fn() or {}
-            out.setdefault("ok", True)
-        except Exception:  # noqa: BLE001 - reported to the test
-            out = {"ok": False, "error": traceback.format_exc()}
-            print(f"check {name} failed:\n{out['error']}", file=sys.stderr)
-        results[name] = out
-        return fn
-    return deco
+check = checker(results)
 
 
 def max_diff(a, b):
