@@ -113,6 +113,22 @@ class RingSync:
         return float(self._core.allreduce(a, op="max", name="bench.all")[0]) == 0.0
 
 
+def add_sweep_args(p, np_default, reps_default, unit):
+    """The options every sweep takes: --np, --sizes, --iters, --reps,
+    --warmup and --json (`unit` names what one timed call is)."""
+    p.add_argument("--np", type=parse_ints, default=np_default,
+                   help="comma-separated world sizes (default "
+                   + ",".join(map(str, np_default)) + ")")
+    p.add_argument("--sizes", type=parse_sizes, default=DEFAULT_SIZES,
+                   help="comma-separated buffer sizes, e.g. 4K,1M,64M "
+                   "(default: powers of 4 from 4 KiB to 256 MiB)")
+    p.add_argument("--iters", type=int, default=200,
+                   help=f"most {unit} in one timed loop (fewer for large sizes)")
+    p.add_argument("--reps", type=int, default=reps_default, help="timed loops per size")
+    p.add_argument("--warmup", type=int, default=2, help=f"untimed {unit} per size")
+    p.add_argument("--json", default=None, help="also write the results to this file")
+
+
 def time_collectives(sync, ops, warmup, reps, max_iters):
     """Seconds per call of each of ``ops`` ({name: callable}): the median over
     ``reps`` barrier-started loops of loop time / loop length, max over ranks.

@@ -29,15 +29,13 @@ import sys
 import tempfile
 
 from _common import (
-    DEFAULT_SIZES,
     MpiSync,
+    add_sweep_args,
     bandwidths,
     child_env,
     human_size,
     in_mpi_job,
     mpi_module,
-    parse_ints,
-    parse_sizes,
     run_ranks,
     time_collectives,
     write_json,
@@ -230,28 +228,7 @@ def driver(args):
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--np",
-        type=parse_ints,
-        default=[2, 4],
-        help="comma-separated world sizes (default 2,4)",
-    )
-    p.add_argument(
-        "--sizes",
-        type=parse_sizes,
-        default=DEFAULT_SIZES,
-        help="comma-separated buffer sizes, e.g. 4K,1M,64M "
-        "(default: powers of 4 from 4 KiB to 256 MiB)",
-    )
-    p.add_argument(
-        "--iters",
-        type=int,
-        default=200,
-        help="most allreduces in one timed loop (fewer for large sizes)",
-    )
-    p.add_argument("--reps", type=int, default=5, help="timed loops per size")
-    p.add_argument("--warmup", type=int, default=2, help="untimed allreduces per size")
-    p.add_argument("--json", default=None, help="also write the results to this file")
+    add_sweep_args(p, [2, 4], 5, "allreduces")
     p.add_argument(
         "--timeout", type=float, default=1800, help="seconds allowed for one world size"
     )

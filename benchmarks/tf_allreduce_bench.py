@@ -55,9 +55,9 @@ from types import SimpleNamespace
 
 from _common import (
     BANDWIDTH_DEFINITIONS,
-    DEFAULT_SIZES,
     MpiSync,
     RingSync,
+    add_sweep_args,
     bandwidths,
     child_env,
     human_size,
@@ -65,7 +65,6 @@ from _common import (
     mpi_module,
     parse_ints,
     parse_size,
-    parse_sizes,
     run_ranks,
     time_collectives,
     write_json,
@@ -524,29 +523,7 @@ def driver(args):
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--np",
-        type=parse_ints,
-        default=[2],
-        help="comma-separated world sizes (default 2)",
-    )
-    p.add_argument(
-        "--sizes",
-        type=parse_sizes,
-        default=DEFAULT_SIZES,
-        help="comma-separated buffer sizes, e.g. 4K,1M,64M "
-        "(default: powers of 4 from 4 KiB to 256 MiB)",
-    )
-    p.add_argument(
-        "--iters",
-        type=int,
-        default=200,
-        help="most calls in one timed loop (fewer for large sizes)",
-    )
-    p.add_argument("--reps", type=int, default=7, help="timed loops per size and path")
-    p.add_argument(
-        "--warmup", type=int, default=2, help="untimed calls per size and path"
-    )
+    add_sweep_args(p, [2], 7, "calls per path")
     p.add_argument(
         "--mwms-iters",
         type=int,
@@ -559,7 +536,6 @@ def build_parser():
         default=64 << 20,
         help="largest size MWMS is measured at (default 64M)",
     )
-    p.add_argument("--json", default=None, help="also write the results to this file")
     p.add_argument(
         "--timeout",
         type=float,
