@@ -168,7 +168,7 @@ void Coordinator::loop() {
       checkStalls();
       next_stall_check = nowSeconds() + 0.5;
     }
-    maybeEmit(false);
+    maybeEmit();
   }
 }
 
@@ -328,15 +328,15 @@ void Coordinator::checkStalls() {
   for (auto& n : expired) pending_.erase(n);
 }
 
-void Coordinator::maybeEmit(bool force) {
+void Coordinator::maybeEmit() {
   if (ready_.empty() && errors_.empty() && new_ids_.empty()) return;
   // Responses every live rank has finished; ranks that left don't count.
   uint64_t min_done = next_seq_ - 1;
   for (int r = 0; r < size_; ++r)
     if (!bye_[r] && !gone_[r]) min_done = std::min(min_done, done_[r]);
   bool busy = (next_seq_ - 1) - min_done >= 2;
-  if (!force && busy && errors_.empty()) return;
-  if (!force && errors_.empty() && !ready_.empty()) {
+  if (busy && errors_.empty()) return;
+  if (errors_.empty() && !ready_.empty()) {
     // Hold briefly for fusion only while more tensors are on their way.
     int64_t bytes = 0;
     for (auto& r : ready_) bytes += r.meta.numElements() * dtypeSize(r.meta.dtype);

@@ -65,7 +65,7 @@ class Coordinator {
   void onMeta(int rank, Meta meta);
   void validate(const std::string& name, Pending& p);
   void checkStalls();
-  void maybeEmit(bool force);
+  void maybeEmit();
   void sendAll(const std::vector<uint8_t>& payload, int except = -1);
   void abortAll(int culprit, const std::string& msg);
   void errorGroup(const std::vector<std::string>& names, const std::string& msg);
