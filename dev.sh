@@ -2,7 +2,8 @@
 # tfring developer entry point.
 #
 #   ./dev.sh setup          create .venv and build/install tfring into it
-#   ./dev.sh test [ARGS]    setup, then python -m pytest -q tests/ ARGS
+#   ./dev.sh test [ARGS]    setup, then python -m pytest -q tests/ ARGS; without
+#                           ARGS also the GPU tests on the CUDA emulation build
 #   ./dev.sh demo           setup, then tfring-run -np 2 python examples/keras_digits.py
 #
 # Setup is incremental: the first run creates .venv (python3.11, else
@@ -138,6 +139,15 @@ case "$cmd" in
       log "pytest collected no tests"
       rc=0
     fi
+    # The GPU tests once more, on the CUDA emulation build (no GPU needed):
+    # the product's GPU kernels, rings and stream ordering on host threads.
+    if [[ $# -eq 0 && "${TFRING_SKIP_GPU_EMU:-0}" != 1 ]]; then
+      log "GPU tests on the CUDA emulation build (tests/gpu_emu.sh)"
+      emu_rc=0
+      PYTHON="$PY" bash tests/gpu_emu.sh || emu_rc=$?
+      [[ $emu_rc -eq 5 ]] && emu_rc=0
+      [[ $rc -eq 0 ]] && rc=$emu_rc
+    fi
     exit $rc
     ;;
   demo)
@@ -148,11 +158,11 @@ case "$cmd" in
     exec tfring-run -np 2 python "$demo" "$@"
     ;;
   help|-h|--help)
-    sed -n '2,7s/^# \{0,1\}//p' "$0"
+    sed -n '2,8s/^# \{0,1\}//p' "$0"
     ;;
   *)
     log "unknown command: $cmd"
-    sed -n '2,7s/^# \{0,1\}//p' "$0" >&2
+    sed -n '2,8s/^# \{0,1\}//p' "$0" >&2
     exit 2
     ;;
 esac

@@ -266,6 +266,9 @@ def main():
 
     if not _core.cuda_available():
         sys.exit(f"no usable GPU: {_core.cuda_unavailable_reason()}")
+    if _core.cuda_emulated():
+        sys.exit("this tfring is the CUDA emulation build (tests/gpu_emu.sh): its timings "
+                 "measure host threads, not a GPU; build with nvcc (benchmarks/gpu_run.sh)")
     skip = set(filter(None, args.skip.split(",")))
     report = {}
     copy_bw = None

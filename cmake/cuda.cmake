@@ -19,6 +19,32 @@ set(TFRING_CUDA_ARCHITECTURES "80-real;90" CACHE STRING
     "CUDA architectures for the kernels (CMake CUDA_ARCHITECTURES syntax)")
 
 string(TOUPPER "${TFRING_WITH_CUDA}" _cuda_mode)
+
+# TFRING_WITH_CUDA=EMU: the CUDA emulation build, for tests on machines
+# without a GPU. The unchanged kernel sources and GPU runtime are compiled
+# with the host compiler against csrc/gpu/emu/include and linked to a fake
+# CUDA runtime (csrc/gpu/emu/runtime.cc) whose streams are host threads and
+# whose device memory and IPC handles are shared-memory mappings. It needs
+# no CUDA toolkit. Never a product build: it reports itself through
+# _core.cuda_emulated(), and GPU benchmarks refuse to run on it.
+if(_cuda_mode STREQUAL "EMU")
+  set(TFRING_HAVE_CUDA ON)
+  set(TFRING_CUDA_EMULATION ON)
+  message(STATUS "tfring: CUDA emulation build (GPU work runs on host threads; tests only)")
+  file(GLOB _emu_kernel_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/kernels/cuda/*.cu)
+  set_source_files_properties(${_emu_kernel_srcs} PROPERTIES
+    LANGUAGE CXX COMPILE_OPTIONS "-xc++;-Wno-unknown-pragmas")
+  file(GLOB _emu_gpu_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/cuda/*.cc)
+  target_sources(tfring_core PRIVATE ${_emu_gpu_srcs} ${_emu_kernel_srcs}
+                 ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/emu/runtime.cc)
+  target_include_directories(tfring_core BEFORE PRIVATE
+                             ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/emu/include)
+  target_compile_definitions(tfring_core PRIVATE TFRING_HAVE_CUDA=1 TFRING_CUDA_EMULATION=1)
+  find_package(Threads REQUIRED)
+  target_link_libraries(tfring_core PRIVATE Threads::Threads)
+  return()
+endif()
+
 if(NOT _cuda_mode STREQUAL "OFF")
   include(CheckLanguage)
   check_language(CUDA)

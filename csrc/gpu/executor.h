@@ -33,6 +33,9 @@ struct Topology;
 namespace gpu {
 
 bool builtWithCuda();
+// True in the CUDA emulation build (TFRING_WITH_CUDA=EMU, csrc/gpu/emu):
+// "GPU" work runs on host threads, for tests; no timing means anything.
+bool cudaEmulated();
 
 // Called by Engine::enqueue on the submitting thread for a tensor on GPU
 // `device`: checks that CUDA can serve it (clear error otherwise) and, when

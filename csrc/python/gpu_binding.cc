@@ -16,6 +16,7 @@
 //
 //   cuda_available() -> bool          built with CUDA and a GPU is usable
 //   cuda_built() -> bool
+//   cuda_emulated() -> bool           the test-only CUDA emulation build
 //   cuda_device_count() -> int
 //   cuda_unavailable_reason() -> str
 //   cuda_describe(device) -> str
@@ -264,6 +265,17 @@ py::object submitCuda(CollectiveType type, const py::object& input, const std::s
   if (type != CollectiveType::kAllgather && type != CollectiveType::kBroadcast &&
       dt == DataType::kBool)
     throw py::type_error(strCat(collectiveName(type), " does not support bool tensors"));
+  // out= is checked before any pointer is looked at, like the input.
+  const bool takes_out = type == CollectiveType::kAllreduce || type == CollectiveType::kBroadcast;
+  CudaView o;
+  if (takes_out && !out.is_none()) {
+    if (!isCudaArray(out))
+      throw py::value_error("out= must be a CUDA array (it holds the result of a GPU input)");
+    o = viewOf(out, "out");
+    if (o.readonly || o.count() != in.count() || o.itemsize != in.itemsize ||
+        (dtype_override.is_none() && o.typestr.substr(1) != in.typestr.substr(1)))
+      throw py::value_error("out= must be a writable C-contiguous CUDA array like the input");
+  }
   const int device = deviceOfView(in, "input");
   const bool usable = gpu::builtWithCuda() && gpu::deviceCount() > 0;
   auto st = std::make_shared<GpuState>();
@@ -281,14 +293,8 @@ py::object submitCuda(CollectiveType type, const py::object& input, const std::s
   req.device = device;
   req.stream = in.stream;
   py::object output = py::none();
-  if (type == CollectiveType::kAllreduce || type == CollectiveType::kBroadcast) {
+  if (takes_out) {
     if (!out.is_none()) {
-      if (!isCudaArray(out))
-        throw py::value_error("out= must be a CUDA array (it holds the result of a GPU input)");
-      CudaView o = viewOf(out, "out");
-      if (o.readonly || o.count() != in.count() || o.itemsize != in.itemsize ||
-          (dtype_override.is_none() && o.typestr.substr(1) != in.typestr.substr(1)))
-        throw py::value_error("out= must be a writable C-contiguous CUDA array like the input");
       if (usable && deviceOfView(o, "out") != device)
         throw py::value_error("out= must be on the same GPU as the input");
       req.output = o.ptr;
@@ -417,6 +423,8 @@ void bindGpu(py::module_& m) {
       .def("poll", &GpuHandle::poll, "True once the collective has finished.");
 
   m.def("cuda_built", &gpu::builtWithCuda, "Whether this build has CUDA support.");
+  m.def("cuda_emulated", &gpu::cudaEmulated,
+        "True in the CUDA emulation build (tests only: GPU work runs on host threads).");
   m.def("cuda_available", [] { return gpu::builtWithCuda() && gpu::deviceCount() > 0; },
         "Whether GPU tensors can be used: built with CUDA and a GPU is usable.");
   m.def("cuda_device_count", &gpu::deviceCount);

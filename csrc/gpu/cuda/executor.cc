@@ -203,6 +203,14 @@ std::vector<RankGpu> gatherFacts(const HostLink& host, const RankGpu& mine) {
 
 bool builtWithCuda() { return true; }
 
+bool cudaEmulated() {
+#ifdef TFRING_CUDA_EMULATION
+  return true;
+#else
+  return false;
+#endif
+}
+
 Status acceptTensor(const std::string& name, int device, void* stream,
                     std::shared_ptr<void>* ready) {
   const int n = deviceCount();

@@ -17,6 +17,7 @@ namespace {
 }  // namespace
 
 bool builtWithCuda() { return false; }
+bool cudaEmulated() { return false; }
 
 Status acceptTensor(const std::string& name, int device, void*, std::shared_ptr<void>*) {
   return Status(Code::kUnavailable,

@@ -100,7 +100,7 @@ void launchCast(void* dst, const void* src, size_t n, Stream st) {
     }
   }
   size_t scalar = n - nvec * V;
-  castKernel<Out, In><<<blocksFor(nvec > scalar ? nvec : scalar), kThreads, 0, st>>>(
+  TFRING_LAUNCH(blocksFor(nvec > scalar ? nvec : scalar), kThreads, st, castKernel<Out, In>)(
       static_cast<Out*>(dst), static_cast<const In*>(src), n, head, nvec);
   checkLaunch("cast");
 }

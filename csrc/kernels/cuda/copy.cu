@@ -100,7 +100,7 @@ size_t launchBatch(const CopyDesc* copies, size_t i, size_t n, Stream stream) {
   }
   if (p.n == 0) return i;
   p.tile_start[p.n] = tiles;
-  batchedCopyKernel<N><<<tiles, kThreads, 0, stream>>>(p);
+  TFRING_LAUNCH(tiles, kThreads, stream, batchedCopyKernel<N>)(p);
   checkLaunch("batched copy");
   return i;
 }

@@ -202,6 +202,17 @@ inline unsigned blocksFor(size_t work_items) {
   return static_cast<unsigned>(b);
 }
 
+// kernel<<<grid, block, 0, stream>>>(args...) is written
+// TFRING_LAUNCH(grid, block, stream, kernel)(args...): under nvcc it is that
+// launch; the CUDA emulation build (csrc/gpu/emu) queues the grid on the
+// stream's host thread instead.
+#ifdef TFRING_CUDA_EMULATION
+#define TFRING_LAUNCH(grid, block, stream, ...) \
+  ::tfring_emu::launcher(grid, block, stream, __VA_ARGS__)
+#else
+#define TFRING_LAUNCH(grid, block, stream, ...) __VA_ARGS__<<<grid, block, 0, stream>>>
+#endif
+
 inline void checkLaunch(const char* what) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)

@@ -115,7 +115,7 @@ void launchBinary(void* dst, const void* a, const void* b, size_t n, double fact
   splitAligned<S>(n, ptrs, 3, &head, &nvec);
   size_t work = nvec > (n - nvec * Pack16<S>::kN) ? nvec : (n - nvec * Pack16<S>::kN);
   using F = typename Factor<S>::type;
-  binaryKernel<S, Op><<<blocksFor(work), kThreads, 0, st>>>(
+  TFRING_LAUNCH(blocksFor(work), kThreads, st, binaryKernel<S, Op>)(
       static_cast<S*>(dst), static_cast<const S*>(a), static_cast<const S*>(b), n, head, nvec,
       factor != 1.0, static_cast<F>(factor));
   checkLaunch("reduce");
@@ -141,7 +141,7 @@ void launchScale(void* dst, const void* src, size_t n, double factor, Stream st)
   splitAligned<S>(n, ptrs, 2, &head, &nvec);
   size_t work = nvec > (n - nvec * Pack16<S>::kN) ? nvec : (n - nvec * Pack16<S>::kN);
   using F = typename Factor<S>::type;
-  scaleKernel<S><<<blocksFor(work), kThreads, 0, st>>>(
+  TFRING_LAUNCH(blocksFor(work), kThreads, st, scaleKernel<S>)(
       static_cast<S*>(dst), static_cast<const S*>(src), n, head, nvec, static_cast<F>(factor));
   checkLaunch("scale");
 }
