@@ -23,7 +23,7 @@ string(TOUPPER "${TFRING_WITH_CUDA}" _cuda_mode)
 # TFRING_WITH_CUDA=EMU: the CUDA emulation build, for tests on machines
 # without a GPU. The unchanged kernel sources and GPU runtime are compiled
 # with the host compiler against csrc/gpu/emu/include and linked to a fake
-# CUDA runtime (csrc/gpu/emu/runtime.cc) whose streams are host threads and
+# CUDA runtime (csrc/gpu/emu/*.cc) whose streams are host threads and
 # whose device memory and IPC handles are shared-memory mappings. It needs
 # no CUDA toolkit. Never a product build: it reports itself through
 # _core.cuda_emulated(), and GPU benchmarks refuse to run on it.
@@ -35,8 +35,8 @@ if(_cuda_mode STREQUAL "EMU")
   set_source_files_properties(${_emu_kernel_srcs} PROPERTIES
     LANGUAGE CXX COMPILE_OPTIONS "-xc++;-Wno-unknown-pragmas")
   file(GLOB _emu_gpu_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/cuda/*.cc)
-  target_sources(tfring_core PRIVATE ${_emu_gpu_srcs} ${_emu_kernel_srcs}
-                 ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/emu/runtime.cc)
+  file(GLOB _emu_runtime_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/emu/*.cc)
+  target_sources(tfring_core PRIVATE ${_emu_gpu_srcs} ${_emu_kernel_srcs} ${_emu_runtime_srcs})
   target_include_directories(tfring_core BEFORE PRIVATE
                              ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/emu/include)
   target_compile_definitions(tfring_core PRIVATE TFRING_HAVE_CUDA=1 TFRING_CUDA_EMULATION=1)
