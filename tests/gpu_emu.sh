@@ -9,7 +9,8 @@
 #
 #   bash tests/gpu_emu.sh [pytest args...]
 #
-# Environment: PYTHON (default python3; needs cmake, pybind11, numpy and
+# Environment: TFRING_EMU_DEVICES (default 2 emulated GPUs), PYTHON (default
+# python3; needs cmake, pybind11, numpy and
 # pytest), TFRING_EMU_BUILD (default build-emu), TFRING_EMU_DELAY_US
 # (default 100: each queued GPU operation first sleeps up to that long, so
 # missing stream synchronization shows up as wrong results).
@@ -37,6 +38,8 @@ for f in "$ROOT"/tfring/*.py "$ROOT"/tfring/*/; do
 done
 export PYTHONPATH="$PKG"
 export TFRING_EMU_DELAY_US=${TFRING_EMU_DELAY_US:-100}
+# Two emulated GPUs: the tests that need a GPU per rank run too.
+export TFRING_EMU_DEVICES=${TFRING_EMU_DEVICES:-2}
 (cd /tmp && "$PY" -c "
 from tfring import _core
 assert _core.cuda_emulated() and _core.cuda_available(), _core.cuda_unavailable_reason()

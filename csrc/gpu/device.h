@@ -34,6 +34,10 @@ void copyToDevice(void* dst, const void* src, size_t bytes, int device);
 // Blocks until `stream` (a cudaStream_t; null: the legacy default stream)
 // is idle.
 void synchronize(int device, void* stream);
+// A non-blocking stream on `device`, for callers without a CUDA library of
+// their own (tests, benchmarks); destroy it with streamDestroy.
+void* streamCreate(int device);
+void streamDestroy(int device, void* stream) noexcept;
 
 // Kernels (kernels/cuda/kernels.h), launched on `stream`.
 void launchReduce(int device, void* dst, const void* a, const void* b, size_t count,

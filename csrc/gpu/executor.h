@@ -37,6 +37,10 @@ bool builtWithCuda();
 // "GPU" work runs on host threads, for tests; no timing means anything.
 bool cudaEmulated();
 
+// The GPU this process's collectives use, once its first GPU tensor was
+// accepted; -1 before.
+int boundDevice();
+
 // Called by Engine::enqueue on the submitting thread for a tensor on GPU
 // `device`: checks that CUDA can serve it (clear error otherwise) and, when
 // `stream` is set, records the event the engine will wait on.

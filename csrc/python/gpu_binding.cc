@@ -210,8 +210,12 @@ int deviceOfView(const CudaView& v, const char* what) {
   // Without CUDA (or a GPU) leave the verdict to the engine, whose error
   // says why GPU tensors cannot be used here.
   if (!gpu::builtWithCuda() || gpu::deviceCount() == 0) return 0;
-  // Empty arrays may have no memory at all (CuPy: pointer 0).
-  if (v.count() == 0) return gpu::currentDevice();
+  // Empty arrays may have no memory at all (CuPy: pointer 0): they belong
+  // to the process's GPU if it has one yet, else to the current device.
+  if (v.count() == 0) {
+    const int bound = gpu::boundDevice();
+    return bound >= 0 ? bound : gpu::currentDevice();
+  }
   try {
     return gpu::pointerDevice(v.ptr, what);
   } catch (const Error& e) {
@@ -565,6 +569,18 @@ void bindGpu(py::module_& m) {
       },
       py::arg("pairs"), py::arg("stream") = py::none(),
       "Copies each (dst, src) pair's bytes in as few launches as possible (fusion pack/unpack).");
+  m.def(
+      "cuda_stream_create",
+      [](int device) { return reinterpret_cast<uintptr_t>(gpu::streamCreate(device)); },
+      py::arg("device") = 0,
+      "A new non-blocking CUDA stream on `device`, as an int (for stream= arguments and the "
+      "array interface's 'stream'); free it with cuda_stream_destroy.");
+  m.def(
+      "cuda_stream_destroy",
+      [](uintptr_t stream, int device) {
+        gpu::streamDestroy(device, reinterpret_cast<void*>(stream));
+      },
+      py::arg("stream"), py::arg("device") = 0);
   m.def(
       "cuda_synchronize", [](int device, py::object stream) { gpu::synchronize(device, streamOf(stream)); },
       py::arg("device") = 0, py::arg("stream") = py::none());

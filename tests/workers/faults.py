@@ -62,6 +62,20 @@ elif scenario in ("die_idle", "die_busy"):
         for i in range(100000):
             _core.allreduce(x, name=f"busy.{i}")
     attempt(loop)
+elif scenario == "gpu_die_busy":
+    # The same on GPU tensors: the survivors are inside the GPU ring (waiting
+    # on the dead rank's counters or events) when it dies.
+    victim = int(os.environ["VICTIM"])
+    device = int(os.environ.get("TFRING_TEST_DEVICE", "0"))
+    g = _core.CudaArray.from_numpy(np.ones(1 << 20, np.float32), device)
+    _core.allreduce(g, name="gpu.warmup")
+    if rank == victim:
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+
+    def gpu_loop():
+        for i in range(100000):
+            _core.allreduce(g, name=f"gpu.busy.{i}", out=g)
+    attempt(gpu_loop)
 elif scenario == "after_error":
     # A mismatch fails one tensor, not the job: later collectives still work.
     attempt(lambda: _core.allreduce(np.ones(4 + rank, np.float32), name="grad/bad"))

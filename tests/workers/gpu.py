@@ -11,7 +11,7 @@ Modes:
   special  NaN/Inf propagation, in-place out=, empty tensors
   refuse   TFRING_GPU_BACKEND that cannot work: the GPU collective fails on
            every rank with the same error and the job goes on (CPU tensors)
-  stream   CuPy: inputs written on a side stream are read after that work
+  stream   inputs written on a side stream are read after that work
 """
 
 import os
@@ -194,19 +194,41 @@ def run_refuse():
 
 
 def run_stream():
-    # The input is produced by a long kernel on a side stream; tfring must
+    # The input is produced by many kernels on a side stream; tfring must
     # read it only after that work (the array interface names the stream).
-    s = cp.cuda.Stream(non_blocking=True)
-    with s:
-        a = cp.zeros(1 << 22, cp.float32)
+    count = 1 << 20
+    stream = _core.cuda_stream_create(device)
+    try:
+        a = _core.CudaArray.from_numpy(np.zeros(count, np.float32), device)
+        one = _core.CudaArray.from_numpy(np.ones(count, np.float32), device)
         for _ in range(20):
-            a += 1.0
-        a *= rank + 1
-        got = _core.allreduce(a, op="sum", name="stream")
+            _core.cuda_reduce(a, a, one, "sum", stream=stream)
+        _core.cuda_scale(a, a, rank + 1.0, stream=stream)
+        view = ProducedOn(a, stream)
+        got = _core.allreduce(view, op="sum", name="stream")
+        # In place too: out= is the input, still pending on the stream.
+        for _ in range(3):
+            _core.cuda_reduce(a, a, one, "sum", stream=stream)
+        _core.allreduce(view, op="sum", name="stream.inplace", out=view)
+        inplace = a.to_numpy()
+    finally:
+        _core.cuda_synchronize(device, stream)
+        _core.cuda_stream_destroy(stream, device)
     want = 20.0 * n * (n + 1) / 2
     host = to_host(got)
     if not np.all(host == want):
         failures.append(f"stream ordering: got {host[:4]} ... want {want}")
+    want2 = sum(20.0 * (r + 1) + 3 for r in range(n))
+    if not np.all(inplace == want2):
+        failures.append(f"stream ordering, in place: got {inplace[:4]} ... want {want2}")
+
+
+class ProducedOn:
+    """A device array whose producer stream is `stream` (interface v3)."""
+
+    def __init__(self, base, stream):
+        self.base = base
+        self.__cuda_array_interface__ = dict(base.__cuda_array_interface__, stream=stream)
 
 
 error = None

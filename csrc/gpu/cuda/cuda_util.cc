@@ -112,6 +112,30 @@ void waitStream(cudaStream_t stream, const Deadline& deadline, const std::string
   cudaEventDestroy(ev);
 }
 
+bool drainStream(cudaStream_t stream, double seconds) {
+  cudaEvent_t ev;
+  if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  bool done = false;
+  if (cudaEventRecord(ev, stream) == cudaSuccess) {
+    const double until = nowSeconds() + seconds;
+    for (;;) {
+      cudaError_t e = cudaEventQuery(ev);
+      if (e == cudaSuccess) {
+        done = true;
+        break;
+      }
+      if (e != cudaErrorNotReady || nowSeconds() > until) break;
+      usleep(1000);
+    }
+  }
+  cudaGetLastError();
+  cudaEventDestroy(ev);
+  return done;
+}
+
 std::string deviceUuid(int device) {
   cudaDeviceProp prop;
   TFRING_CUDA_CHECK(cudaGetDeviceProperties(&prop, device), "GPU ", device);

@@ -85,6 +85,10 @@ class PinnedBuffer {
 void waitStream(cudaStream_t stream, const Deadline& deadline, const std::string& what,
                 const std::function<void()>& poll = nullptr);
 
+// Waits up to `seconds` for the work queued on `stream` to finish, whatever
+// the job's state (for teardown); false if it did not.
+bool drainStream(cudaStream_t stream, double seconds);
+
 // "GPU-xxxxxxxx-xxxx-..." identity of a device, unique per physical GPU.
 std::string deviceUuid(int device);
 

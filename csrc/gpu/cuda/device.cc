@@ -103,6 +103,22 @@ void synchronize(int device, void* stream) {
   TFRING_CUDA_CHECK(cudaStreamSynchronize(asStream(stream)));
 }
 
+void* streamCreate(int device) {
+  DeviceGuard g(device);
+  cudaStream_t s = nullptr;
+  TFRING_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "GPU ", device);
+  return s;
+}
+
+void streamDestroy(int device, void* stream) noexcept {
+  if (!stream) return;
+  try {
+    DeviceGuard g(device);
+    cudaStreamDestroy(asStream(stream));
+  } catch (const Error&) {
+  }
+}
+
 void launchReduce(int device, void* dst, const void* a, const void* b, size_t count,
                   DataType dtype, ReduceOp op, double factor, void* stream) {
   DeviceGuard g(device);

@@ -44,6 +44,19 @@ class CudaExecutor : public Executor {
     int prev = -1;
     cudaGetDevice(&prev);
     cudaSetDevice(device_);
+    // Work still queued on the stream reads peers' memory through the
+    // comm's IPC mappings and writes our buffers. After a peer failure it
+    // can be stuck behind a wait on the dead peer's event: freeing then
+    // hangs (cudaFree synchronizes the device) and unmapping under it
+    // faults. Give it a moment to drain; if it does not, leave the stream,
+    // mappings and buffers to process exit.
+    if (stream_ && !drainStream(stream_, 5.0)) {
+      TFRING_LOG(kWarning, "GPU work of a failed collective is still queued on GPU ", device_,
+                 "; its buffers and IPC mappings are left in place");
+      (void)comm_.release();
+      (void)fusion_.release();
+      stream_ = nullptr;
+    }
     comm_.reset();
     fusion_.reset();
     if (stream_) cudaStreamDestroy(stream_);
@@ -210,6 +223,8 @@ bool cudaEmulated() {
   return false;
 #endif
 }
+
+int boundDevice() { return g_device.load(); }
 
 Status acceptTensor(const std::string& name, int device, void* stream,
                     std::shared_ptr<void>* ready) {

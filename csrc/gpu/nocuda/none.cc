@@ -18,6 +18,7 @@ namespace {
 
 bool builtWithCuda() { return false; }
 bool cudaEmulated() { return false; }
+int boundDevice() { return -1; }
 
 Status acceptTensor(const std::string& name, int device, void*, std::shared_ptr<void>*) {
   return Status(Code::kUnavailable,
@@ -42,6 +43,8 @@ void deviceFree(int, void*) noexcept {}
 void copyToHost(void*, const void*, size_t, int) { noCuda(); }
 void copyToDevice(void*, const void*, size_t, int) { noCuda(); }
 void synchronize(int, void*) { noCuda(); }
+void* streamCreate(int) { noCuda(); }
+void streamDestroy(int, void*) noexcept {}
 void launchReduce(int, void*, const void*, const void*, size_t, DataType, ReduceOp, double,
                   void*) {
   noCuda();
