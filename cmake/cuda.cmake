@@ -42,6 +42,19 @@ if(_cuda_mode STREQUAL "EMU")
   target_compile_definitions(tfring_core PRIVATE TFRING_HAVE_CUDA=1 TFRING_CUDA_EMULATION=1)
   find_package(Threads REQUIRED)
   target_link_libraries(tfring_core PRIVATE Threads::Threads)
+  # A fake NCCL (csrc/gpu/emu/nccl/nccl.cc) for the product's NCCL backend:
+  # <build>/nccl/libnccl.so.2, outside the package so that only
+  # TFRING_NCCL_LIB finds it (tests/gpu_emu.sh sets it). It links
+  # libtfring_core.so, whose already-loaded instance (same soname) it then
+  # shares: the emulated streams the product made are the ones it queues on.
+  add_library(tfring_emu_nccl SHARED ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/emu/nccl/nccl.cc)
+  target_include_directories(tfring_emu_nccl PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/emu/include)
+  target_link_libraries(tfring_emu_nccl PRIVATE tfring_core Threads::Threads rt)
+  target_link_options(tfring_emu_nccl PRIVATE -Wl,--no-undefined)
+  set_target_properties(tfring_emu_nccl PROPERTIES
+    OUTPUT_NAME nccl SOVERSION 2
+    LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/nccl
+    BUILD_RPATH "${TFRING_OUTPUT_DIR}")
   return()
 endif()
 

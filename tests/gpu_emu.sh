@@ -4,8 +4,9 @@
 # (CUDA-IPC ring, host-staged ring, executor, stream handling) compiled with
 # the host compiler and linked to a fake CUDA runtime whose streams are host
 # threads and whose device memory and IPC handles are shared-memory mappings
-# (csrc/gpu/emu/README.md). It proves the GPU code paths' logic and
-# synchronization, not their speed.
+# (csrc/gpu/emu/README.md), and the NCCL backend against a fake NCCL whose
+# collectives run on those stream threads. It proves the GPU code paths'
+# logic and synchronization, not their speed.
 #
 #   bash tests/gpu_emu.sh [pytest args...]
 #
@@ -40,6 +41,11 @@ export PYTHONPATH="$PKG"
 export TFRING_EMU_DELAY_US=${TFRING_EMU_DELAY_US:-100}
 # Two emulated GPUs: the tests that need a GPU per rank run too.
 export TFRING_EMU_DEVICES=${TFRING_EMU_DEVICES:-2}
+# The emulation's fake NCCL (csrc/gpu/emu/nccl), so the NCCL backend runs
+# too; it is found through TFRING_NCCL_LIB only. Left alone when set.
+if [[ -z "${TFRING_NCCL_LIB+set}" ]]; then
+  export TFRING_NCCL_LIB="$BUILD/nccl/libnccl.so.2"
+fi
 (cd /tmp && "$PY" -c "
 from tfring import _core
 assert _core.cuda_emulated() and _core.cuda_available(), _core.cuda_unavailable_reason()

@@ -508,19 +508,47 @@ def test_gpu_dead_peer_fails_every_rank_fast(victim, ipc):
 
 
 @requires_gpu
-def test_gpu_collectives_a_gpu_per_rank():
-    # Ranks on different GPUs of one host without NCCL: the CUDA-IPC ring
-    # across devices (peer access), chosen by auto.
+@pytest.mark.parametrize("victim", [0, 1])
+def test_nccl_dead_peer_fails_every_rank_fast(victim):
+    # The same over NCCL, a GPU per rank: the survivor is inside an NCCL
+    # collective when its peer is killed.
     if _core.cuda_device_count() < 2:
         pytest.skip("needs two GPUs")
-    if _core.nccl_info()["loaded"]:
-        pytest.skip("NCCL is loaded: auto would time it against the ring")
-    e = {"TFRING_GPU_CHUNK_SIZE": "64K", "TFRING_GPU_BACKEND": "auto"}
+    if not _core.nccl_info()["loaded"]:
+        pytest.skip("NCCL not found")
+    env = {"VICTIM": victim, "TFRING_TIMEOUT": "60", "TFRING_GPU_BACKEND": "nccl",
+           "TFRING_GPU_CHUNK_SIZE": "64K"}
+    res = run_ranks(2, "faults.py", ["gpu_die_busy"], timeout=90, env=env,
+                    per_rank_env=lambda r: {"TFRING_TEST_DEVICE": r})
+    for r in res:
+        if r.rank == victim:
+            assert r.returncode != 0
+            continue
+        assert r.returncode == 0, r.stderr[-3000:]
+        out = r.result
+        assert out["error"] == "PeerFailureError", out
+        assert f"rank {victim}" in out["message"], out["message"]
+        assert out["elapsed"] < 15, out
+
+
+@requires_gpu
+@pytest.mark.parametrize("backend", ["ring", "auto"])
+def test_gpu_collectives_a_gpu_per_rank(backend):
+    # Ranks on different GPUs of one host: the CUDA-IPC ring across devices
+    # (peer access); auto takes NCCL or the ring, whichever it timed faster,
+    # or the ring when NCCL does not load.
+    if _core.cuda_device_count() < 2:
+        pytest.skip("needs two GPUs")
+    e = {"TFRING_GPU_CHUNK_SIZE": "64K", "TFRING_GPU_BACKEND": backend}
     res = check_ok(run_ranks(2, "gpu.py", ["quick"], env=e, timeout=300))
     for r, out in enumerate(res):
         assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"][:20])
     assert [r["device"] for r in res] == [0, 1]
-    assert {r["backend"] for r in res} == {"ring-ipc"}
+    backends = {r["backend"] for r in res}
+    if backend == "ring" or not _core.nccl_info()["loaded"]:
+        assert backends == {"ring-ipc"}
+    else:
+        assert backends in ({"ring-ipc"}, {"nccl"}), backends
     assert len({r["digest"] for r in res}) == 1
 
 
