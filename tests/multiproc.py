@@ -82,3 +82,18 @@ def check_ok(results):
             f"rank {r.rank} exited {r.returncode}\nstdout:\n{r.stdout[-3000:]}\n"
             f"stderr:\n{r.stderr[-3000:]}")
     return [r.result for r in results]
+
+
+def check_peer_failure(results, victim, within):
+    """The victim died; every other rank exited normally after raising
+    PeerFailureError naming it, `within` seconds into the scenario: death is
+    detected, not waited out until TFRING_TIMEOUT."""
+    for r in results:
+        if r.rank == victim:
+            assert r.returncode != 0, f"rank {victim} was to die"
+            continue
+        assert r.returncode == 0, r.stderr[-3000:]
+        out = r.result
+        assert out["error"] == "PeerFailureError", out
+        assert f"rank {victim}" in out["message"], out["message"]
+        assert out["elapsed"] < within, out

@@ -3,7 +3,7 @@ every rank that takes part, never a hang."""
 
 import pytest
 
-from multiproc import check_ok, run_ranks
+from multiproc import check_ok, check_peer_failure, run_ranks
 
 
 def _errors(n, scenario, env=None, timeout=60):
@@ -57,13 +57,4 @@ def test_duplicate_name_in_flight():
 def test_dead_peer_fails_every_rank_fast(scenario, victim, transport):
     res = run_ranks(3, "faults.py", [scenario], timeout=60,
                     env={"VICTIM": victim, "TFRING_TIMEOUT": "60", "TFRING_TRANSPORT": transport})
-    for r in res:
-        if r.rank == victim:
-            assert r.returncode != 0
-            continue
-        assert r.returncode == 0, r.stderr[-2000:]
-        out = r.result
-        assert out["error"] == "PeerFailureError", out
-        assert f"rank {victim}" in out["message"], out["message"]
-        # Well before TFRING_TIMEOUT: death is detected, not waited out.
-        assert out["elapsed"] < 10, out
+    check_peer_failure(res, victim, within=10)

@@ -28,19 +28,6 @@ void atomicMax(std::atomic<uint64_t>& a, uint64_t v) {
   }
 }
 
-// True once `pid` is gone (or a zombie: it will never record again).
-bool pidDead(int32_t pid) {
-  if (pid <= 0 || pid == getpid()) return false;
-  char path[64], buf[512];
-  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-  FILE* f = fopen(path, "r");
-  if (!f) return true;
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  const char* p = strrchr(buf, ')');
-  return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
-}
 
 // Polls `done` the way a GPU-side wait would spin: briefly hot, then with
 // short sleeps. `give_up` is consulted now and then; it ends the wait early.
@@ -105,7 +92,7 @@ bool waitEvent(const EventP& ev, uint64_t target) {
   return pollUntil([&] { return st->completed.load(std::memory_order_acquire) >= target; },
                    [&] {
                      const int32_t pid = st->recorder.load();
-                     if (!shared || !pidDead(pid)) return false;
+                     if (!shared || !processGone(pid)) return false;
                      if (st->completed.load(std::memory_order_acquire) >= target) return false;
                      fprintf(stderr,
                              "tfring CUDA emulation: process %d died with an event record "
@@ -206,6 +193,19 @@ void syncDevice(Runtime* R, int dev) {
 }  // namespace tfring_emu
 
 using namespace tfring_emu::detail;
+
+bool tfring_emu::processGone(int32_t pid) {
+  if (pid <= 0 || pid == getpid()) return false;
+  char path[64], buf[512];
+  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  FILE* f = fopen(path, "r");
+  if (!f) return true;
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char* p = strrchr(buf, ')');
+  return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
 
 cudaError_t tfring_emu::enqueue(cudaStream_t stream, std::function<void()> work) {
   RUNTIME(R);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "vector_types.h"
 
@@ -188,6 +189,9 @@ cudaError_t enqueue(cudaStream_t stream, std::function<void()> work);
 // Records a (non-success) error as the calling thread's last error, as a
 // failed launch does; cudaSuccess leaves the last error alone.
 void setLastError(cudaError_t error);
+// True once process `pid` is gone or a zombie (never this process): it will
+// never record an event or reach a barrier again. The fake NCCL uses it too.
+bool processGone(int32_t pid);
 }  // namespace tfring_emu
 #endif
 

@@ -11,7 +11,8 @@
 // Faithful where the product depends on it:
 //   - ncclCommInitRank blocks until every rank joined (120 s, then
 //     ncclSystemError) and fails with ncclInvalidUsage when two ranks are on
-//     one GPU (same uuid), as NCCL does;
+//     one GPU (same uuid on the same host, TFRING_HOSTNAME simulating
+//     hosts), as NCCL does;
 //   - collectives are stream-ordered: the call queues the work on `stream`
 //     and returns. On the stream's thread every rank copies its input into
 //     its slot of a shared segment, waits at a barrier, computes its result
@@ -106,19 +107,6 @@ void setError(const char* fmt, ...) {
   g_err = buf;
 }
 
-// True once `pid` is gone or a zombie (as the emulated runtime's IPC events).
-bool pidDead(int32_t pid) {
-  if (pid <= 0 || pid == getpid()) return false;
-  char path[64], buf[512];
-  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-  FILE* f = fopen(path, "r");
-  if (!f) return true;
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  const char* p = strrchr(buf, ')');
-  return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
-}
 
 // ---- the shared segment ------------------------------------------------------
 
@@ -130,10 +118,24 @@ struct Header {
   std::atomic<int32_t> failed;       // 0, or 1 + the rank that gave up (death, abort)
   int32_t pid[kMaxRanks];
   char uuid[kMaxRanks][16];
+  uint64_t host[kMaxRanks];  // hash of the rank's host identity
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared atomics must be lock-free");
 constexpr size_t kHead = 4096;
 static_assert(sizeof(Header) <= kHead, "header too big");
+
+// The host a rank is on, as NCCL tells hosts apart (its hostHash): tests
+// simulate several hosts on one machine with TFRING_HOSTNAME, as tfring's
+// own host grouping does, so the fake honours it too.
+uint64_t hostHash() {
+  char name[256] = {0};
+  const char* env = getenv("TFRING_HOSTNAME");
+  if (env && *env) snprintf(name, sizeof(name), "%s", env);
+  else gethostname(name, sizeof(name) - 1);
+  uint64_t x = 1469598103934665603ull;  // FNV-1a
+  for (const char* c = name; *c; ++c) x = (x ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+  return x;
+}
 
 struct State {
   int nranks = 0, rank = 0, device = 0;
@@ -190,7 +192,7 @@ struct State {
         return false;
       }
       for (int r = 0; r < nranks; ++r)
-        if (pidDead(h->pid[r])) {
+        if (tfring_emu::processGone(h->pid[r])) {
           if (h->gen.load(std::memory_order_acquire) != g) return true;
           char why[96];
           snprintf(why, sizeof(why), "peer process %d is gone", h->pid[r]);
@@ -458,6 +460,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int 
   Header* h = st->h = reinterpret_cast<Header*>(p);
   h->pid[rank] = getpid();
   memcpy(h->uuid[rank], prop.uuid.bytes, 16);
+  h->host[rank] = hostHash();
   // The last to join unlinks the name: everyone has it mapped by then.
   if (h->joined.fetch_add(1, std::memory_order_acq_rel) == nranks - 1) shm_unlink(name.c_str());
   const double deadline = now() + kJoinTimeout;
@@ -471,7 +474,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int 
     usleep(1000);
   }
   for (int r = 0; r < nranks; ++r)
-    if (r != rank && memcmp(h->uuid[r], h->uuid[rank], 16) == 0) {
+    if (r != rank && h->host[r] == h->host[rank] && memcmp(h->uuid[r], h->uuid[rank], 16) == 0) {
       setError("Duplicate GPU detected : rank %d and rank %d both on CUDA device %d",
                std::min(r, rank), std::max(r, rank), st->device);
       return ncclInvalidUsage;
