@@ -1,0 +1,115 @@
+"""Collectives the rewrites are built from, also used by tfring.keras:
+reduce_gradients (fused allreduce of a gradient list, sparse gradients
+allgathered), broadcast_values (root_rank's values into variables, eagerly),
+average_scalars, and the fusion bucketing they share with the graph rewrite."""
+
+import numpy as np
+import tensorflow as tf
+
+from tfring import Average, _core, basics
+from tfring import ops as _ops
+from tfring.compression import Compression
+
+
+def _fusion_bytes(fusion_threshold):
+    """Bucket size for fused gradient ops: the argument, else the engine's
+    fusion threshold (TFRING_FUSION_THRESHOLD, default 64 MiB)."""
+    if fusion_threshold is not None:
+        return int(fusion_threshold)
+    if _core.is_initialized():
+        return int(_core.config()["fusion_threshold"])
+    return 64 << 20
+
+
+def _nbytes(tensor):
+    shape = tensor.shape
+    if shape.rank is None or not shape.is_fully_defined():
+        return None
+    return int(np.prod(shape.as_list(), dtype=np.int64)) * tensor.dtype.size
+
+
+def _buckets(tensors, limit):
+    """Splits `tensors` (in order) into consecutive runs of at most `limit`
+    bytes (a larger tensor forms its own run; unknown sizes count 0)."""
+    runs, run, run_bytes = [], [], 0
+    for t in tensors:
+        n = _nbytes(t) or 0
+        if run and run_bytes + n > limit:
+            runs.append(run)
+            run, run_bytes = [], 0
+        run.append(t)
+        run_bytes += n
+    if run:
+        runs.append(run)
+    return runs
+
+
+def reduce_gradients(grads, op=Average, compression=Compression.none,
+                     fusion_threshold=None, sparse_as_dense=False,
+                     prescale_factor=1.0, postscale_factor=1.0):
+    """Allreduces a list of gradients (None entries stay None), fused into
+    RingGroupedAllreduce ops of at most `fusion_threshold` bytes. The list
+    is bucketed from its end, since backprop produces the gradients of the
+    last layers first. tf.IndexedSlices are allgathered (see
+    tfring.allreduce) unless sparse_as_dense."""
+    grads = list(grads)
+    out = [None] * len(grads)
+    dense = []
+    scales = {"prescale_factor": prescale_factor,
+              "postscale_factor": postscale_factor}
+    for i, g in enumerate(grads):
+        if g is None:
+            continue
+        if isinstance(g, tf.IndexedSlices) and not sparse_as_dense:
+            out[i] = _ops.allreduce(g, op, compression=compression, **scales)
+        else:
+            dense.append((i, tf.convert_to_tensor(g)))
+    dense.reverse()
+    limit = _fusion_bytes(fusion_threshold)
+    start = 0
+    for run in _buckets([t for _, t in dense], limit):
+        indices = [i for i, _ in dense[start:start + len(run)]]
+        start += len(run)
+        reduced = _ops.grouped_allreduce(run, op, compression=compression,
+                                         **scales)
+        for i, r in zip(indices, reduced):
+            out[i] = r
+    return out
+
+
+def _numpy_of(value):
+    if hasattr(value, "numpy"):
+        return np.asarray(value.numpy())
+    return np.asarray(value)
+
+
+def broadcast_values(variables, root_rank=0, name="tfring.broadcast_values"):
+    """Assigns root_rank's value to each variable (tf.Variable or Keras
+    variable), eagerly and whatever the dtype: values travel as bytes,
+    all in flight together. Every rank must pass variables of the same
+    shapes and dtypes in the same order."""
+    variables = list(variables)
+    if not variables or basics.size() == 1:
+        return
+    pending = []
+    for i, v in enumerate(variables):
+        value = np.array(_numpy_of(v), order="C")  # keeps 0-d shapes
+        raw = value.reshape(-1).view(np.uint8)
+        handle = _core.broadcast_async(raw, name=f"{name}.{i}",
+                                       root=int(root_rank))
+        pending.append((v, value, handle))
+    for v, value, handle in pending:
+        raw = handle.wait()
+        if basics.rank() != root_rank:
+            v.assign(np.asarray(raw).view(value.dtype).reshape(value.shape))
+
+
+def average_scalars(values, name="tfring.average_scalars"):
+    """Averages a dict of Python numbers over ranks (same keys on every
+    rank); returns a new dict of floats."""
+    keys = sorted(values)
+    if not keys or basics.size() == 1:
+        return {k: float(values[k]) for k in keys}
+    arr = np.array([float(values[k]) for k in keys], np.float64)
+    avg = _core.allreduce(arr, op="average", name=name)
+    return dict(zip(keys, (float(x) for x in avg)))
