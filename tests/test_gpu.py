@@ -516,15 +516,17 @@ def test_nccl_dead_peer_fails_every_rank_fast(victim):
 
 
 @requires_gpu
-@pytest.mark.parametrize("backend", ["ring", "auto"])
-def test_gpu_collectives_a_gpu_per_rank(backend):
+@pytest.mark.parametrize("backend,mode", [("ring", "full"), ("auto", "quick")])
+def test_gpu_collectives_a_gpu_per_rank(backend, mode):
     # Ranks on different GPUs of one host: the CUDA-IPC ring across devices
     # (peer access); auto takes NCCL or the ring, whichever it timed faster,
-    # or the ring when NCCL does not load.
+    # or the ring when NCCL does not load. "full" starts with an empty
+    # tensor, which has no pointer to tell its GPU: the array's own device
+    # must be used, not the current one (GPU 0 on every rank).
     if _core.cuda_device_count() < 2:
         pytest.skip("needs two GPUs")
     e = {"TFRING_GPU_CHUNK_SIZE": "64K", "TFRING_GPU_BACKEND": backend}
-    res = check_ok(run_ranks(2, "gpu.py", ["quick"], env=e, timeout=300))
+    res = check_ok(run_ranks(2, "gpu.py", [mode], env=e, timeout=300))
     for r, out in enumerate(res):
         assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"][:20])
     assert [r["device"] for r in res] == [0, 1]

@@ -206,13 +206,33 @@ DataType resolveCudaDtype(const CudaView& v, const py::object& dtype) {
   return dt;
 }
 
-int deviceOfView(const CudaView& v, const char* what) {
+// The device an array object names itself, for arrays without memory:
+// tfring's CudaArray, CuPy (device.id), PyTorch (device.index); -1 if none.
+int declaredDevice(const py::object& obj) {
+  try {
+    if (py::isinstance<CudaArray>(obj)) return obj.cast<const CudaArray&>().device();
+    if (!py::hasattr(obj, "device")) return -1;
+    py::object d = obj.attr("device");
+    for (const char* attr : {"id", "index"})
+      if (py::hasattr(d, attr)) {
+        py::object i = d.attr(attr);
+        if (py::isinstance<py::int_>(i)) return i.cast<int>();
+      }
+  } catch (const py::error_already_set&) {
+  }
+  return -1;
+}
+
+int deviceOfView(const CudaView& v, const py::object& obj, const char* what) {
   // Without CUDA (or a GPU) leave the verdict to the engine, whose error
   // says why GPU tensors cannot be used here.
   if (!gpu::builtWithCuda() || gpu::deviceCount() == 0) return 0;
-  // Empty arrays may have no memory at all (CuPy: pointer 0): they belong
-  // to the process's GPU if it has one yet, else to the current device.
+  // Empty arrays may have no memory at all (CuPy, PyTorch: pointer 0): they
+  // are on the device the array names, else on the process's GPU if it has
+  // one yet, else on the current device.
   if (v.count() == 0) {
+    const int declared = declaredDevice(obj);
+    if (declared >= 0) return declared;
     const int bound = gpu::boundDevice();
     return bound >= 0 ? bound : gpu::currentDevice();
   }
@@ -280,7 +300,7 @@ py::object submitCuda(CollectiveType type, const py::object& input, const std::s
         (dtype_override.is_none() && o.typestr.substr(1) != in.typestr.substr(1)))
       throw py::value_error("out= must be a writable C-contiguous CUDA array like the input");
   }
-  const int device = deviceOfView(in, "input");
+  const int device = deviceOfView(in, input, "input");
   const bool usable = gpu::builtWithCuda() && gpu::deviceCount() > 0;
   auto st = std::make_shared<GpuState>();
   st->device = device;
@@ -299,7 +319,7 @@ py::object submitCuda(CollectiveType type, const py::object& input, const std::s
   py::object output = py::none();
   if (takes_out) {
     if (!out.is_none()) {
-      if (usable && deviceOfView(o, "out") != device)
+      if (usable && deviceOfView(o, out, "out") != device)
         throw py::value_error("out= must be on the same GPU as the input");
       req.output = o.ptr;
       output = out;
