@@ -10,11 +10,12 @@
 #
 #   bash tests/gpu_emu.sh [pytest args...]
 #
-# Environment: TFRING_EMU_DEVICES (default 2 emulated GPUs), PYTHON (default
-# python3; needs cmake, pybind11, numpy and
-# pytest), TFRING_EMU_BUILD (default build-emu), TFRING_EMU_DELAY_US
-# (default 100: each queued GPU operation first sleeps up to that long, so
-# missing stream synchronization shows up as wrong results).
+# Environment: PYTHON (default python3; needs cmake, pybind11, numpy and
+# pytest), TFRING_EMU_BUILD (default build-emu), TFRING_EMU_DEVICES (default
+# 2 emulated GPUs), TFRING_EMU_DELAY_US (default 100: each queued GPU
+# operation first sleeps up to that long, so missing stream synchronization
+# shows up as wrong results), TFRING_NCCL_LIB (default: the emulation's fake
+# NCCL).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
@@ -23,12 +24,12 @@ BUILD=${TFRING_EMU_BUILD:-$ROOT/build-emu}
 PKG=$BUILD/pkg
 log() { printf 'gpu_emu: %s\n' "$*" >&2; }
 
+# Ninja when available, chosen once: a configured build keeps its generator.
 GEN=()
-command -v ninja >/dev/null && GEN=(-G Ninja)
-[[ -f "$BUILD/CMakeCache.txt" ]] || GEN_ARGS=("${GEN[@]}")
+[[ ! -f "$BUILD/CMakeCache.txt" ]] && command -v ninja >/dev/null && GEN=(-G Ninja)
 PYBIND=$("$PY" -c "import pybind11; print(pybind11.get_cmake_dir())")
 log "building the CUDA emulation build in $BUILD"
-cmake -S "$ROOT" -B "$BUILD" ${GEN_ARGS[@]+"${GEN_ARGS[@]}"} -DCMAKE_BUILD_TYPE=Release \
+cmake -S "$ROOT" -B "$BUILD" ${GEN[@]+"${GEN[@]}"} -DCMAKE_BUILD_TYPE=Release \
   -DTFRING_WITH_CUDA=EMU -DTFRING_WITH_TF=OFF -DTFRING_OUTPUT_DIR="$PKG/tfring" \
   -Dpybind11_DIR="$PYBIND" -DPython_EXECUTABLE="$(command -v "$PY")" >/dev/null
 cmake --build "$BUILD" -j "$(nproc)"

@@ -439,12 +439,18 @@ def test_cuda_kernels_unaligned_views():
                                       np.arange(0, n - off, dtype=np.float32) * 0.5)
 
 
-def _gpu_job(n, mode, env=None, timeout=300):
-    e = {"TFRING_TEST_DEVICE": "0", "TFRING_GPU_CHUNK_SIZE": "64K"}
+def _gpu_job(n, mode, env=None, timeout=300, gpu_per_rank=False, per_rank_env=None):
+    """Runs tests/workers/gpu.py on n ranks, all on GPU 0 or (gpu_per_rank)
+    each on GPU local_rank % count; checks every rank's results and that all
+    ranks agree bit for bit."""
+    e = {"TFRING_GPU_CHUNK_SIZE": "64K"}
+    if not gpu_per_rank:
+        e["TFRING_TEST_DEVICE"] = "0"
     if _cupy() is not None:
         e["TFRING_TEST_ARRAYS"] = "cupy"
     e.update(env or {})
-    res = check_ok(run_ranks(n, "gpu.py", [mode], env=e, timeout=timeout))
+    res = check_ok(run_ranks(n, "gpu.py", [mode], env=e, timeout=timeout,
+                             per_rank_env=per_rank_env))
     for r, out in enumerate(res):
         assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"][:20])
     assert len({out["digest"] for out in res}) == 1, "ranks ended with different results"
@@ -525,17 +531,13 @@ def test_gpu_collectives_a_gpu_per_rank(backend, mode):
     # must be used, not the current one (GPU 0 on every rank).
     if _core.cuda_device_count() < 2:
         pytest.skip("needs two GPUs")
-    e = {"TFRING_GPU_CHUNK_SIZE": "64K", "TFRING_GPU_BACKEND": backend}
-    res = check_ok(run_ranks(2, "gpu.py", [mode], env=e, timeout=300))
-    for r, out in enumerate(res):
-        assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"][:20])
+    res = _gpu_job(2, mode, {"TFRING_GPU_BACKEND": backend}, gpu_per_rank=True)
     assert [r["device"] for r in res] == [0, 1]
     backends = {r["backend"] for r in res}
     if backend == "ring" or not _core.nccl_info()["loaded"]:
         assert backends == {"ring-ipc"}
     else:
         assert backends in ({"ring-ipc"}, {"nccl"}), backends
-    assert len({r["digest"] for r in res}) == 1
 
 
 @requires_gpu
@@ -548,14 +550,10 @@ def test_gpu_collectives_across_hosts(backend, want):
         pytest.skip("needs two GPUs")
     if want is None:
         want = "nccl" if _core.nccl_info()["loaded"] else "ring-host"
-    e = {"TFRING_GPU_CHUNK_SIZE": "64K", "TFRING_GPU_BACKEND": backend}
-    res = check_ok(run_ranks(4, "gpu.py", ["quick"], env=e, timeout=300,
-                             per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r // 2}"}))
-    for r, out in enumerate(res):
-        assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"][:20])
+    res = _gpu_job(4, "quick", {"TFRING_GPU_BACKEND": backend}, gpu_per_rank=True,
+                   per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r // 2}"})
     assert [r["device"] for r in res] == [0, 1, 0, 1]
     assert {r["backend"] for r in res} == {want}
-    assert len({r["digest"] for r in res}) == 1
 
 
 @requires_gpu
@@ -579,10 +577,5 @@ def test_nccl_with_a_gpu_per_rank():
         pytest.skip("needs two GPUs")
     if not _core.nccl_info()["loaded"]:
         pytest.skip("NCCL not found")
-    env = {"TFRING_GPU_BACKEND": "nccl"}
-    e = {"TFRING_GPU_CHUNK_SIZE": "64K", **env}
-    if _cupy() is not None:
-        e["TFRING_TEST_ARRAYS"] = "cupy"
-    res = check_ok(run_ranks(2, "gpu.py", ["quick"], env=e, timeout=300))
+    res = _gpu_job(2, "quick", {"TFRING_GPU_BACKEND": "nccl"}, gpu_per_rank=True)
     assert {r["backend"] for r in res} == {"nccl"}
-    assert len({r["digest"] for r in res}) == 1
