@@ -97,3 +97,15 @@ def check_peer_failure(results, victim, within):
         assert out["error"] == "PeerFailureError", out
         assert f"rank {victim}" in out["message"], out["message"]
         assert out["elapsed"] < within, out
+
+
+def rank_results(results, check):
+    """Each rank's report for `check`, in rank order; fails, with the rank's
+    output, if a rank exited without writing its results."""
+    outs = []
+    for r in results:
+        assert r.result is not None, (
+            f"rank {r.rank} exited {r.returncode} without results\n"
+            f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-5000:]}")
+        outs.append(r.result[check])
+    return outs

@@ -40,14 +40,12 @@ def results():
 
 
 def outcome(check):
-    outs = []
-    for r in results():
-        assert r.result is not None, (
-            f"rank {r.rank} exited {r.returncode} without results\n"
-            f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-5000:]}")
-        out = r.result[check]
-        assert out["ok"], f"rank {r.rank}: {out.get('error')}"
-        outs.append(out)
+    res = results()  # puts tests/ on sys.path
+    from multiproc import rank_results
+
+    outs = rank_results(res, check)
+    for rank, out in enumerate(outs):
+        assert out["ok"], f"rank {rank}: {out.get('error')}"
     return outs
 
 

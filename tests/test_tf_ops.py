@@ -72,14 +72,9 @@ if __name__ != "__main__":
         return _jobs[size]
 
     def _outcome(size, check):
-        results = job(size)
-        outs = []
-        for r in results:
-            assert r.result is not None, (
-                f"rank {r.rank} exited {r.returncode} without results\n"
-                f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-5000:]}")
-            outs.append(r.result[check])
-        return outs
+        from multiproc import rank_results
+
+        return rank_results(job(size), check)
 
     @pytest.mark.parametrize("check", CHECKS)
     @pytest.mark.parametrize("size", SIZES)

@@ -39,13 +39,9 @@ if __name__ != "__main__":
         return _job[0]
 
     def _outs(check):
-        outs = []
-        for r in job():
-            assert r.result is not None, (
-                f"rank {r.rank} exited {r.returncode} without results\n"
-                f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-5000:]}")
-            outs.append(r.result[check])
-        return outs
+        from multiproc import rank_results
+
+        return rank_results(job(), check)
 
     @pytest.mark.parametrize("check", CHECKS)
     def test_training(check):

@@ -142,18 +142,6 @@ void writeAtomically(const std::string& dir, const std::string& target, const By
 
 bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
-std::string fmtSeconds(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f", s);
-  return buf;
-}
-
-std::string keyList(const std::vector<std::string>& keys) {
-  std::string r = "[";
-  for (size_t i = 0; i < keys.size(); ++i) r += (i ? ", " : "") + keys[i];
-  return r + "]";
-}
-
 // Sleeps for the current backoff (never past the deadline) and grows it.
 void backoffSleep(double* backoff, const Deadline& deadline) {
   double s = std::min(*backoff, std::max(0.0, deadline.remaining()));

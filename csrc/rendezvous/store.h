@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,19 @@ class PrefixStore : public Store {
   std::string prefix_;
   std::shared_ptr<Store> base_;
 };
+
+// For the stores' timeout messages: "2.5" (seconds) and "[a, b]" (keys).
+inline std::string fmtSeconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f", s);
+  return buf;
+}
+
+inline std::string keyList(const std::vector<std::string>& keys) {
+  std::string r = "[";
+  for (size_t i = 0; i < keys.size(); ++i) r += (i ? ", " : "") + keys[i];
+  return r + "]";
+}
 
 }  // namespace rendezvous
 }  // namespace tfring

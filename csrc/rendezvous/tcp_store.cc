@@ -142,18 +142,6 @@ int64_t toMicros(double s) {
   return s > kForever ? static_cast<int64_t>(kForever * 1e6) : static_cast<int64_t>(s * 1e6);
 }
 
-std::string fmtSeconds(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f", s);
-  return buf;
-}
-
-std::string keyList(const std::vector<std::string>& keys) {
-  std::string r = "[";
-  for (size_t i = 0; i < keys.size(); ++i) r += (i ? ", " : "") + keys[i];
-  return r + "]";
-}
-
 // Counters are decimal text. Returns false if `v` is not an integer.
 bool parseCounter(const Bytes& v, int64_t* out) {
   std::string s(v.begin(), v.end());
