@@ -38,6 +38,13 @@ struct Entry {
 // known (allgather, reducescatter); a no-op when the caller supplied one.
 void allocateOutput(Entry& e, const std::vector<int64_t>& shape);
 
+// Block layouts shared by the host and GPU executors. Allgather: the bytes
+// each rank contributes when rank r has dim0s[r] rows, and the gathered
+// shape. Reducescatter: the elements of each rank's block over n ranks.
+std::vector<size_t> allgatherBytes(const Meta& m, const std::vector<int64_t>& dim0s,
+                                   std::vector<int64_t>* out_shape);
+std::vector<size_t> reducescatterCounts(const Meta& m, int n);
+
 class Engine {
  public:
   Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, const Config& cfg);

@@ -81,21 +81,35 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
   for (auto& e : es) timeline_.end(e->meta.name);
 }
 
-void Engine::execAllgather(Entry& e, const std::vector<int64_t>& dim0s) {
-  const Meta& m = e.meta;
-  const int N = comm_.size;
-  const int me = links_->topology().rank;
+std::vector<size_t> allgatherBytes(const Meta& m, const std::vector<int64_t>& dim0s,
+                                   std::vector<int64_t>* out_shape) {
   int64_t row = 1;
   for (size_t i = 1; i < m.shape.size(); ++i) row *= m.shape[i];
   const size_t row_bytes = static_cast<size_t>(row) * dtypeSize(m.dtype);
-  std::vector<size_t> rank_bytes(N);
+  std::vector<size_t> rank_bytes(dim0s.size());
   int64_t total_rows = 0;
-  for (int r = 0; r < N; ++r) {
+  for (size_t r = 0; r < dim0s.size(); ++r) {
     rank_bytes[r] = static_cast<size_t>(dim0s[r]) * row_bytes;
     total_rows += dim0s[r];
   }
-  std::vector<int64_t> out_shape = m.shape;
-  out_shape[0] = total_rows;
+  *out_shape = m.shape;
+  (*out_shape)[0] = total_rows;
+  return rank_bytes;
+}
+
+std::vector<size_t> reducescatterCounts(const Meta& m, int n) {
+  int64_t row = 1;
+  for (size_t i = 1; i < m.shape.size(); ++i) row *= m.shape[i];
+  std::vector<size_t> counts(n);
+  for (int r = 0; r < n; ++r)
+    counts[r] = static_cast<size_t>(reducescatterShape(m.shape, r, n)[0] * row);
+  return counts;
+}
+
+void Engine::execAllgather(Entry& e, const std::vector<int64_t>& dim0s) {
+  const int me = links_->topology().rank;
+  std::vector<int64_t> out_shape;
+  const std::vector<size_t> rank_bytes = allgatherBytes(e.meta, dim0s, &out_shape);
   allocateOutput(e, out_shape);
   size_t my_off = 0;
   for (int r = 0; r < me; ++r) my_off += rank_bytes[r];
@@ -116,11 +130,7 @@ void Engine::execReducescatter(Entry& e) {
   const Meta& m = e.meta;
   const int N = comm_.size;
   const int me = links_->topology().rank;
-  int64_t row = 1;
-  for (size_t i = 1; i < m.shape.size(); ++i) row *= m.shape[i];
-  std::vector<size_t> counts(N);
-  for (int r = 0; r < N; ++r)
-    counts[r] = static_cast<size_t>(reducescatterShape(m.shape, r, N)[0] * row);
+  const std::vector<size_t> counts = reducescatterCounts(m, N);
   size_t total = bytesOf(m);
   // The input must survive (frameworks may reuse it), so reduce in scratch.
   if (scratch_.size() < total) scratch_.resize(total);

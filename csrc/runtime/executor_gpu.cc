@@ -47,17 +47,8 @@ Status Engine::execGpu(const Group& g, const std::vector<std::shared_ptr<Entry>>
     }
     case CollectiveType::kAllgather: {
       Entry& e = *es[0];
-      int64_t row = 1;
-      for (size_t i = 1; i < m.shape.size(); ++i) row *= m.shape[i];
-      const size_t row_bytes = static_cast<size_t>(row) * dtypeSize(m.dtype);
-      std::vector<size_t> rank_bytes(N);
-      int64_t total_rows = 0;
-      for (int r = 0; r < N; ++r) {
-        rank_bytes[r] = static_cast<size_t>(g.dim0s[0][r]) * row_bytes;
-        total_rows += g.dim0s[0][r];
-      }
-      std::vector<int64_t> out_shape = m.shape;
-      out_shape[0] = total_rows;
+      std::vector<int64_t> out_shape;
+      const std::vector<size_t> rank_bytes = allgatherBytes(m, g.dim0s[0], &out_shape);
       allocateOutput(e, out_shape);
       gpu_->allgather(bufferOf(e), rank_bytes);
       break;
@@ -68,11 +59,7 @@ Status Engine::execGpu(const Group& g, const std::vector<std::shared_ptr<Entry>>
       break;
     case CollectiveType::kReducescatter: {
       Entry& e = *es[0];
-      int64_t row = 1;
-      for (size_t i = 1; i < m.shape.size(); ++i) row *= m.shape[i];
-      std::vector<size_t> counts(N);
-      for (int r = 0; r < N; ++r)
-        counts[r] = static_cast<size_t>(reducescatterShape(m.shape, r, N)[0] * row);
+      const std::vector<size_t> counts = reducescatterCounts(m, N);
       allocateOutput(e, reducescatterShape(m.shape, me, N));
       gpu_->reducescatter(bufferOf(e), m.dtype, counts, m.op, m.prescale, m.postscale);
       break;
