@@ -5,12 +5,15 @@
 
 #include <pybind11/pybind11.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "python/errors.h"
+#include "runtime/runtime.h"
 
 namespace tfring {
 namespace python {
@@ -19,35 +22,36 @@ struct Completion {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
+  std::atomic<bool> flag{false};  // `done`, readable without the lock
   Status status;
 
-  // Engine thread: records the outcome and wakes the waiter.
+  // Whoever drives the engine: records the outcome and wakes the waiter.
   void finish(const Status& s) {
     std::lock_guard<std::mutex> lk(mu);
     status = s;
     done = true;
+    flag.store(true, std::memory_order_release);
     cv.notify_all();
   }
 
-  bool poll() {
-    std::lock_guard<std::mutex> lk(mu);
-    return done;
-  }
+  bool poll() { return flag.load(std::memory_order_acquire); }
 
   // Waits with the GIL released (timeout < 0: forever); raises the
-  // collective's error, or a timeout, as a Python exception.
+  // collective's error, or a timeout, as a Python exception. The waiting
+  // thread drives the engine itself when no other thread does, so the
+  // result reaches it without a thread switch.
   void wait(double timeout) {
     bool finished;
     {
       pybind11::gil_scoped_release nogil;
-      std::unique_lock<std::mutex> lk(mu);
-      auto pred = [&] { return done; };
-      if (timeout < 0) {
-        cv.wait(lk, pred);
-        finished = true;
-      } else {
-        finished = cv.wait_for(lk, std::chrono::duration<double>(timeout), pred);
-      }
+      Deadline deadline = Deadline::in(timeout < 0 ? 1e9 : timeout);
+      runtime::drive(
+          [&] { return flag.load(std::memory_order_acquire) || deadline.expired(); },
+          [&] {
+            std::unique_lock<std::mutex> lk(mu);
+            cv.wait_for(lk, std::chrono::microseconds(500), [&] { return done; });
+          });
+      finished = flag.load(std::memory_order_acquire);
     }
     if (!finished)
       throwStatus(Status(Code::kTimeout, strCat("collective did not finish within ", timeout, " s")));

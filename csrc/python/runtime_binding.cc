@@ -57,10 +57,34 @@ class Handle {
   py::dtype dtype_;
 };
 
+// The common numpy dtypes by kind and size, without asking numpy for the
+// name (dtype.name is computed in Python, which costs microseconds).
+bool builtinDtype(const py::dtype& d, DataType* dt) {
+  const char k = d.kind();
+  const auto n = d.itemsize();
+  if (k == 'f') {
+    if (n == 2) { *dt = DataType::kFloat16; return true; }
+    if (n == 4) { *dt = DataType::kFloat32; return true; }
+    if (n == 8) { *dt = DataType::kFloat64; return true; }
+  } else if (k == 'i') {
+    if (n == 1) { *dt = DataType::kInt8; return true; }
+    if (n == 4) { *dt = DataType::kInt32; return true; }
+    if (n == 8) { *dt = DataType::kInt64; return true; }
+  } else if (k == 'u' && n == 1) {
+    *dt = DataType::kUInt8;
+    return true;
+  } else if (k == 'b' && n == 1) {
+    *dt = DataType::kBool;
+    return true;
+  }
+  return false;
+}
+
 DataType resolveDtype(const py::array& a, const py::object& dtype) {
+  DataType dt;
+  if (dtype.is_none() && builtinDtype(a.dtype(), &dt)) return dt;
   std::string name = dtype.is_none() ? std::string(py::str(a.dtype().attr("name")))
                                      : std::string(py::str(dtype));
-  DataType dt;
   if (!parseDataType(name, &dt))
     throw py::type_error(strCat("tfring does not support dtype ", name,
                                 " (supported: float16, bfloat16, float32, float64, int32, "
@@ -201,26 +225,38 @@ void bindRuntime(py::module_& m) {
                              prescale, postscale, dtype, out));
     };
   };
+  // The blocking form waits in C++ on the handle it made, without a Python
+  // Handle object in between.
+  auto blocking = [](const char* kind, CollectiveType type) {
+    return [kind, type](py::object a, const std::string& op, py::object name, int root,
+                        double prescale, double postscale, py::object dtype,
+                        py::object out) -> py::object {
+      if (isCudaArray(a))
+        return submitCuda(type, a, autoName(kind, name), resolveOp(op), root, prescale,
+                          postscale, dtype, out)
+            .attr("wait")(-1.0);
+      py::array arr = py::isinstance<py::array>(a) ? py::reinterpret_borrow<py::array>(a)
+                                                    : py::array(a);
+      auto h = submit(type, arr, autoName(kind, name), resolveOp(op), root, prescale, postscale,
+                      dtype, out);
+      return h->wait(-1.0);
+    };
+  };
   struct Spec { const char* name; CollectiveType type; };
   for (Spec sp : {Spec{"allreduce", CollectiveType::kAllreduce},
                   Spec{"allgather", CollectiveType::kAllgather},
                   Spec{"broadcast", CollectiveType::kBroadcast},
                   Spec{"reducescatter", CollectiveType::kReducescatter}}) {
-    auto f = arOpts(sp.name, sp.type);
     auto args = std::make_tuple(py::arg("array"), py::arg("op") = "sum", py::arg("name") = py::none(),
                                 py::arg("root") = 0, py::arg("prescale") = 1.0,
                                 py::arg("postscale") = 1.0, py::arg("dtype") = py::none(),
                                 py::arg("out") = py::none());
-    m.def((std::string(sp.name) + "_async").c_str(), f, std::get<0>(args), std::get<1>(args),
+    m.def((std::string(sp.name) + "_async").c_str(), arOpts(sp.name, sp.type), std::get<0>(args),
+          std::get<1>(args), std::get<2>(args), std::get<3>(args), std::get<4>(args),
+          std::get<5>(args), std::get<6>(args), std::get<7>(args));
+    m.def(sp.name, blocking(sp.name, sp.type), std::get<0>(args), std::get<1>(args),
           std::get<2>(args), std::get<3>(args), std::get<4>(args), std::get<5>(args),
           std::get<6>(args), std::get<7>(args));
-    m.def(sp.name,
-          [f](py::object a, const std::string& op, py::object name, int root, double prescale,
-              double postscale, py::object dtype, py::object out) {
-            return f(a, op, name, root, prescale, postscale, dtype, out).attr("wait")(-1.0);
-          },
-          std::get<0>(args), std::get<1>(args), std::get<2>(args), std::get<3>(args),
-          std::get<4>(args), std::get<5>(args), std::get<6>(args), std::get<7>(args));
   }
 }
 

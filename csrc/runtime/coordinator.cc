@@ -1,10 +1,12 @@
 #include "runtime/coordinator.h"
 
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 
@@ -72,12 +74,34 @@ Coordinator::Coordinator(std::vector<int> fds, std::vector<std::string> rank_des
   gone_.assign(size_, false);
   done_.assign(size_, 0);
   last_meta_.resize(size_);
+  local_efd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 }
 
 Coordinator::~Coordinator() {
   stop_ = true;
   if (thread_.joinable()) thread_.join();
-  for (int fd : fds_) net::closeFd(fd);
+  for (int fd : fds_)
+    if (fd >= 0) net::closeFd(fd);
+  if (local_efd_ >= 0) ::close(local_efd_);
+}
+
+void Coordinator::postLocal(const std::vector<uint8_t>& msg) {
+  {
+    std::lock_guard<std::mutex> lk(local_mu_);
+    local_in_.push_back(msg);
+  }
+  uint64_t one = 1;
+  ssize_t rc = ::write(local_efd_, &one, sizeof(one));
+  (void)rc;
+}
+
+void Coordinator::setLocalSink(std::function<void(const std::vector<uint8_t>&)> sink) {
+  local_sink_ = std::move(sink);
+}
+
+double Coordinator::nextDeadline() const {
+  if (ready_.empty() || !errors_.empty()) return 1e300;
+  return ready_.front().since + cfg_.cycle_time_ms * 1e-3;
 }
 
 void Coordinator::start() { thread_ = std::thread([this] { loop(); }); }
@@ -94,6 +118,10 @@ void Coordinator::join(double timeout_s) {
 void Coordinator::sendAll(const std::vector<uint8_t>& payload, int except) {
   for (int r = 0; r < size_; ++r) {
     if (r == except || gone_[r]) continue;
+    if (fds_[r] < 0) {
+      if (local_sink_) local_sink_(payload);
+      continue;
+    }
     try {
       wire::sendFrame(fds_[r], payload, Deadline::in(cfg_.timeout_s), desc_[r]);
     } catch (const Error&) {
@@ -132,35 +160,52 @@ void Coordinator::loop() {
     std::vector<int> who;
     for (int r = 0; r < size_; ++r) {
       if (gone_[r]) continue;
-      pfds[n] = {fds_[r], POLLIN, 0};
+      // Rank 0 is served in process: its messages come through the eventfd.
+      pfds[n] = {fds_[r] >= 0 ? fds_[r] : local_efd_, POLLIN, 0};
       who.push_back(r);
       ++n;
     }
     if (n == 0) break;
-    int rc = ::poll(pfds.data(), n, 20);
+    // Sleep until a message, the end of a fusion hold or the stall check.
+    double now = nowSeconds();
+    double until = std::min(next_stall_check, nextDeadline());
+    int ms = static_cast<int>(std::ceil(std::max(0.0, until - now) * 1e3));
+    int rc = ::poll(pfds.data(), n, std::min(ms, 100));
     if (rc < 0 && errno != EINTR) break;
     for (int i = 0; i < n && rc > 0; ++i) {
       if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       int r = who[i];
-      std::vector<uint8_t> msg;
-      try {
-        msg = wire::recvFrame(fds_[r], Deadline::in(cfg_.timeout_s), desc_[r]);
-      } catch (const Error&) {
-        gone_[r] = true;
-        if (!bye_[r]) {
-          abortAll(r, strCat(desc_[r], " exited or lost its connection to the coordinator"
-                                       " (process died, was killed, or its host failed)"));
+      std::vector<std::vector<uint8_t>> msgs;
+      if (fds_[r] < 0) {
+        uint64_t v;
+        ssize_t got = ::read(local_efd_, &v, sizeof(v));
+        (void)got;
+        std::lock_guard<std::mutex> lk(local_mu_);
+        msgs.swap(local_in_);
+      } else {
+        try {
+          msgs.push_back(wire::recvFrame(fds_[r], Deadline::in(cfg_.timeout_s), desc_[r]));
+        } catch (const Error&) {
+          gone_[r] = true;
+          if (!bye_[r]) {
+            abortAll(r, strCat(desc_[r], " exited or lost its connection to the coordinator"
+                                         " (process died, was killed, or its host failed)"));
+          }
+          continue;
         }
-        continue;
       }
-      if (aborted_) {
-        if (!msg.empty() && msg[0] == kMsgBye) bye_[r] = true;
-        continue;
-      }
-      try {
-        onMessage(r, msg);
-      } catch (const Error& e) {
-        abortAll(r, strCat("bad control message from ", desc_[r], ": ", e.what()));
+      for (auto& msg : msgs) {
+        if (aborted_) {
+          if (!msg.empty() && msg[0] == kMsgBye) bye_[r] = true;
+        } else {
+          try {
+            onMessage(r, msg);
+          } catch (const Error& e) {
+            abortAll(r, strCat("bad control message from ", desc_[r], ": ", e.what()));
+          }
+        }
+        // Rank 0 has no connection to close: its goodbye is its last word.
+        if (fds_[r] < 0 && bye_[r]) gone_[r] = true;
       }
     }
     if (aborted_) continue;
@@ -196,6 +241,13 @@ void Coordinator::onMessage(int rank, const std::vector<uint8_t>& msg) {
       break;
     case kMsgBye: {
       bye_[rank] = true;
+      {
+        // Ranks still running must not wait in a round for this one.
+        wire::Writer w;
+        w.put<uint8_t>(kMsgLeft);
+        w.put<int32_t>(rank);
+        sendAll(w.bytes(), rank);
+      }
       // Nothing that still waits for this rank can ever complete.
       std::vector<std::string> dead;
       for (auto& kv : pending_)

@@ -1,19 +1,24 @@
 // Coordinator: runs on rank 0, in its own thread, and decides what every
 // rank executes next.
 //
-// Protocol. Each rank's engine keeps one TCP connection to the coordinator
-// (rank 0's engine too, over loopback). When a rank's framework hands it a
-// tensor, the engine sends the tensor's Meta — or, once the coordinator has
-// granted the name a cache id and the Meta has not changed, just the id.
+// The coordinator is the slow path: tensors every rank has negotiated
+// before run without it (engine_round.cc). Each other rank's engine keeps
+// one TCP connection to it; rank 0's engine talks to it in process
+// (postLocal, and a sink called on the coordinator's thread). When an engine
+// sends it a tensor, it sends the tensor's Meta — or, once the coordinator
+// has granted the name a cache id and the Meta has not changed, just the id.
 // When a name has been submitted by every rank, the coordinator checks that
 // the Metas agree (type, dtype, shape, op, root, scales; allgather may
 // differ in the first dimension) and appends it to the ready list, or sends
 // an error group naming the tensor and the disagreeing ranks. Ready
 // tensors go out in Responses: numbered lists of groups that every rank
 // executes in the same order, compatible allreduces fused into one group up
-// to TFRING_FUSION_THRESHOLD bytes. At most two Responses are outstanding
+// to TFRING_FUSION_THRESHOLD bytes. Engines execute a Response in the first
+// round in which every rank holds it. At most two Responses are outstanding
 // (ranks report each one done), so tensors that become ready while the ranks
-// are busy accumulate and are fused into the next Response.
+// are busy accumulate and are fused into the next Response; while more
+// tensors are pending, a small batch is held up to TFRING_CYCLE_TIME for
+// company.
 //
 // Failure handling. A connection that closes without a goodbye means the
 // rank died: every other rank gets an Abort naming it. A rank that hits a
@@ -23,6 +28,8 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
+#include <mutex>
 #include <map>
 #include <memory>
 #include <string>
@@ -37,9 +44,14 @@ namespace runtime {
 
 class Coordinator {
  public:
-  // Takes ownership of the accepted connections: fds[r] talks to rank r.
+  // Takes ownership of the accepted connections: fds[r] talks to rank r;
+  // fds[0] is -1: rank 0 is served in process through postLocal/setLocalSink.
   Coordinator(std::vector<int> fds, std::vector<std::string> rank_desc,
               const Config& cfg);
+  // Rank 0's engine: a message as if read from its connection.
+  void postLocal(const std::vector<uint8_t>& msg);
+  // Where messages for rank 0 go (called on the coordinator's thread).
+  void setLocalSink(std::function<void(const std::vector<uint8_t>&)> sink);
   ~Coordinator();
   void start();
   // Waits (up to timeout_s) for every rank's goodbye, then stops.
@@ -67,6 +79,7 @@ class Coordinator {
   void checkStalls();
   void maybeEmit();
   void sendAll(const std::vector<uint8_t>& payload, int except = -1);
+  double nextDeadline() const;  // when maybeEmit's fusion hold ends
   void abortAll(int culprit, const std::string& msg);
   void errorGroup(const std::vector<std::string>& names, const std::string& msg);
 
@@ -87,6 +100,10 @@ class Coordinator {
   std::vector<std::map<int32_t, Meta>> last_meta_;  // per rank: id -> Meta
   std::vector<Group> errors_;  // error groups waiting for the next Response
   bool aborted_ = false;
+  int local_efd_ = -1;  // eventfd: rank 0's engine posted something
+  std::mutex local_mu_;
+  std::vector<std::vector<uint8_t>> local_in_;
+  std::function<void(const std::vector<uint8_t>&)> local_sink_;
 };
 
 }  // namespace runtime

@@ -1,16 +1,23 @@
+// Engine threads, submission, driving and shutdown (see engine.h); the
+// agreement protocol itself is in engine_round.cc.
 #include "runtime/engine.h"
 
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "common/abort.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/net.h"
+#include "runtime/coordinator.h"
 
 namespace tfring {
 namespace runtime {
 
-Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, const Config& cfg)
-    : links_(std::move(links)), ctrl_fd_(ctrl_fd), cfg_(cfg) {
+Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordinator* local,
+               const Config& cfg)
+    : links_(std::move(links)), ctrl_fd_(ctrl_fd), local_coord_(local), cfg_(cfg) {
   const auto& T = links_->topology();
   waiter_.reset(new transport::Waiter(links_->bell(), links_->right(), links_->left()));
   comm_.size = T.size;
@@ -22,171 +29,302 @@ Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, const C
   comm_.chunk_bytes = static_cast<size_t>(cfg.chunk_bytes);
   comm_.timeout_s = cfg.timeout_s;
   if (!cfg.timeline.empty()) timeline_.open(cfg.timeline, T.rank);
+  // Without a doorbell to ring (the left link is TCP, or there is no link),
+  // local wake-ups go through an eventfd the idle wait polls.
+  if (T.size > 1 && (links_->left()->pollFd() >= 0 || !links_->bell()))
+    wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 }
 
-Engine::~Engine() { stop(); }
+Engine::~Engine() {
+  stop();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
 
 void Engine::start() {
   AbortState::get().setWaker([this] {
-    links_->wake();
+    wakeLocal();
     cv_.notify_all();
   });
   thread_ = std::thread([this] { loop(); });
-  reader_ = std::thread([this] { readerLoop(); });
+  if (ctrl_fd_ >= 0) reader_ = std::thread([this] { readerLoop(); });
 }
 
-Status Engine::enqueue(Request req, DoneCallback done) {
-  auto e = std::make_shared<Entry>();
-  Meta& m = e->meta;
-  m.name = req.name;
-  m.type = req.type;
-  m.dtype = req.dtype;
-  m.shape = req.shape;
-  m.op = req.op;
-  m.root = req.root;
-  m.prescale = req.prescale;
-  m.postscale = req.postscale;
-  // Ranks agree on host vs GPU; GPU ordinals legitimately differ per rank.
-  m.device = req.device < 0 ? -1 : 0;
-  for (auto d : req.shape)
-    if (d < 0)
-      return Status(Code::kInvalidArgument,
-                    strCat("tensor '", req.name, "' has a negative dimension ", m.shapeString()));
-  e->req = std::move(req);
-  e->done = std::move(done);
-  if (e->req.device >= 0) {  // without CUDA: "... has no CUDA support ..."
-    Status s = acceptGpu(*e);
-    if (!s.ok()) return s;
+void Engine::wakeLocal() {
+  if (links_->bell()) links_->bell()->ring();
+  if (wake_fd_ >= 0 && idle_blocked_.load(std::memory_order_seq_cst)) {
+    uint64_t one = 1;
+    ssize_t rc = ::write(wake_fd_, &one, sizeof(one));
+    (void)rc;
   }
-  std::lock_guard<std::mutex> lk(mu_);
+}
+
+Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> dones) {
+  std::vector<std::shared_ptr<Entry>> es;
+  es.reserve(reqs.size());
+  const double now = nowSeconds();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto e = std::make_shared<Entry>();
+    Request& req = reqs[i];
+    Meta& m = e->meta;
+    m.name = req.name;
+    m.type = req.type;
+    m.dtype = req.dtype;
+    m.shape = req.shape;
+    m.op = req.op;
+    m.root = req.root;
+    m.prescale = req.prescale;
+    m.postscale = req.postscale;
+    // Ranks agree on host vs GPU; GPU ordinals legitimately differ per rank.
+    m.device = req.device < 0 ? -1 : 0;
+    for (auto d : req.shape)
+      if (d < 0)
+        return Status(Code::kInvalidArgument, strCat("tensor '", req.name,
+                                                     "' has a negative dimension ",
+                                                     m.shapeString()));
+    e->req = std::move(req);
+    e->done = std::move(dones[i]);
+    e->submitted = now;
+    if (e->req.device >= 0) {  // without CUDA: "... has no CUDA support ..."
+      Status s = acceptGpu(*e);
+      if (!s.ok()) return s;
+      gpu_seen_ = true;
+    }
+    es.push_back(std::move(e));
+  }
   if (AbortState::get().aborted()) return AbortState::get().status();
-  if (stopping_) return Status(Code::kAborted, "tfring has been shut down");
-  if (inflight_.count(e->meta.name))
-    return Status(Code::kInvalidArgument,
-                  strCat("a collective named '", e->meta.name,
-                         "' is already in flight on this rank; names must be unique "
-                         "among outstanding operations"));
-  inflight_[e->meta.name] = e;
-  incoming_.push_back(e);
-  cv_.notify_all();
+  if (comm_.size == 1) {
+    // Nothing to agree on: host tensors complete before enqueue returns.
+    bool all_host = true;
+    for (auto& e : es) all_host = all_host && e->req.device < 0;
+    if (all_host) {
+      std::lock_guard<std::mutex> lk(inline_mu_);
+      for (auto& e : es) e->done(runInline(*e));
+      return Status::OK();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (left_rank_.load() >= 0)
+      return Status(Code::kAborted, strCat("rank ", left_rank_.load(),
+                                           " has shut down (tfring.shutdown()); collectives "
+                                           "that need it can no longer run"));
+    if (stopping_) return Status(Code::kAborted, "tfring has been shut down");
+    for (size_t i = 0; i < es.size(); ++i) {
+      const std::string& name = es[i]->meta.name;
+      bool dup = inflight_.count(name) > 0;
+      for (size_t j = 0; j < i && !dup; ++j) dup = es[j]->meta.name == name;
+      if (dup)
+        return Status(Code::kInvalidArgument,
+                      strCat("a collective named '", name,
+                             "' is already in flight on this rank; names must be unique "
+                             "among outstanding operations"));
+    }
+    for (auto& e : es) {
+      inflight_[e->meta.name] = e;
+      if (timeline_.enabled()) timeline_.begin(e->meta.name, "NEGOTIATE");
+      incoming_.push_back(std::move(e));
+    }
+    news_.fetch_add(1, std::memory_order_release);
+  }
+  if (comm_.size == 1) {
+    cv_.notify_all();
+    return Status::OK();
+  }
+  wakeLocal();
   return Status::OK();
 }
 
-void Engine::sendRequests(std::vector<std::shared_ptr<Entry>>& fresh) {
-  wire::Writer w;
-  w.put<uint8_t>(kMsgRequests);
-  w.put<uint32_t>(static_cast<uint32_t>(fresh.size()));
-  for (auto& e : fresh) {
-    timeline_.begin(e->meta.name, "NEGOTIATE");
-    auto it = sent_.find(e->meta.name);
-    auto idit = ids_.find(e->meta.name);
-    if (cfg_.cache_enabled && it != sent_.end() && idit != ids_.end() &&
-        it->second.second == e->meta) {
-      w.put<int32_t>(idit->second);
-    } else {
-      w.put<int32_t>(-1);
-      e->meta.write(w);
-      sent_[e->meta.name] = {-1, e->meta};
+Status Engine::runInline(Entry& e) {
+  try {
+    switch (e.meta.type) {
+      case CollectiveType::kAllreduce: {
+        std::vector<std::shared_ptr<Entry>> one{std::shared_ptr<Entry>(&e, [](Entry*) {})};
+        execAllreduce(one);
+        break;
+      }
+      case CollectiveType::kAllgather:
+        if (e.meta.shape.empty())
+          return Status(Code::kMismatch,
+                        strCat("allgather of tensor '", e.meta.name,
+                               "': scalars cannot be gathered (give them a first dimension)"));
+        execAllgather(e, {e.meta.shape[0]});
+        break;
+      case CollectiveType::kBroadcast:
+        if (e.meta.root != 0)
+          return Status(Code::kMismatch, strCat("broadcast of tensor '", e.meta.name,
+                                                "': root rank ", e.meta.root,
+                                                " is not in [0, 1)"));
+        execBroadcast(e);
+        break;
+      case CollectiveType::kReducescatter:
+        if (e.meta.shape.empty())
+          return Status(Code::kMismatch,
+                        strCat("reducescatter of tensor '", e.meta.name,
+                               "': scalars cannot be scattered (give them a first dimension)"));
+        execReducescatter(e);
+        break;
+      case CollectiveType::kBarrier:
+        break;
+    }
+    return Status::OK();
+  } catch (const Error& err) {
+    return err.status();
+  }
+}
+
+// ------------------------------------------------------------- driving ----
+
+bool Engine::pumpGuarded(bool block) {
+  try {
+    return pump(block);
+  } catch (const Error& e) {
+    if (e.status().code() == Code::kPeerFailure && !AbortState::get().aborted()) {
+      // A neighbour that closed its link may itself be failing because of
+      // another rank: give the coordinator's verdict (which names the rank
+      // that failed first) a moment to arrive before reporting our own.
+      Deadline grace = Deadline::in(1.0);
+      while (!AbortState::get().aborted() && !grace.expired()) usleep(1000);
+    }
+    reportFatal(e.status());
+    failAll(AbortState::get().aborted() ? AbortState::get().status() : e.status());
+    return false;
+  }
+}
+
+bool Engine::pump(bool block) {
+  AbortState::get().check();
+  if (hasNews() || peerStartedRound()) {
+    round();
+    return true;
+  }
+  if (block) idleWait();
+  return false;
+}
+
+void Engine::drive(const std::function<bool()>& done, const std::function<void()>& wait) {
+  // GPU work stays on the engine thread (its CUDA device and streams), and
+  // size 1 never needs driving.
+  if (comm_.size == 1 || gpu_seen_.load()) {
+    while (!done()) wait();
+    return;
+  }
+  sync_drivers_.fetch_add(1);
+  wakeLocal();  // an idle engine thread hands over the driver's seat
+  while (!done()) {
+    std::unique_lock<std::mutex> d(drive_mu_, std::try_to_lock);
+    if (!d.owns_lock()) {
+      wait();
+      continue;
+    }
+    bool stop = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop = stopping_;
+    }
+    if (stop) break;
+    while (!done()) {
+      if (AbortState::get().aborted()) {
+        failAll(AbortState::get().status());
+        break;
+      }
+      pumpGuarded(true);
     }
   }
-  wire::sendFrame(ctrl_fd_, w.bytes(), Deadline::in(cfg_.timeout_s), "the coordinator (rank 0)");
+  sync_drivers_.fetch_sub(1);
+  while (!done()) wait();
 }
 
 void Engine::loop() {
   for (;;) {
-    std::vector<std::shared_ptr<Entry>> fresh;
-    std::deque<Response> todo;
-    bool aborted = false;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait_for(lk, std::chrono::milliseconds(100), [&] {
-        return !incoming_.empty() || !responses_.empty() || stopping_ ||
-               AbortState::get().aborted() || reader_done_;
-      });
-      fresh.swap(incoming_);
-      todo.swap(responses_);
-      aborted = AbortState::get().aborted();
-      if (stopping_ && fresh.empty() && todo.empty()) break;
+      // A caller drives: stay out of its way, but look again every
+      // millisecond so rounds started by peers are served once it is gone.
+      while (sync_drivers_.load() > 0 && !stopping_ && !AbortState::get().aborted())
+        cv_.wait_for(lk, std::chrono::milliseconds(1));
     }
-    if (aborted) {
-      // Errors the coordinator already sent are more precise than the
-      // abort: deliver them before failing everything else.
-      for (auto& resp : todo)
-        for (auto& g : resp.groups)
-          if (g.kind == Group::kError) runGroup(g);
+    if (AbortState::get().aborted()) {
+      std::unique_lock<std::mutex> d(drive_mu_);
+      failAll(AbortState::get().status());
       break;
     }
-    try {
-      if (!fresh.empty()) sendRequests(fresh);
-      for (auto& resp : todo) runResponse(resp);
-    } catch (const Error& e) {
-      reportFatal(e.status());
-      break;
+    std::unique_lock<std::mutex> d(drive_mu_, std::try_to_lock);
+    if (!d.owns_lock()) {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait_for(lk, std::chrono::microseconds(200));
+      continue;
     }
-  }
-  Status s = AbortState::get().aborted() ? AbortState::get().status()
-                                         : Status(Code::kAborted, "tfring has been shut down");
-  failAll(s);
-}
-
-void Engine::runResponse(const Response& resp) {
-  for (auto& p : resp.new_ids) ids_[p.second] = p.first;
-  for (auto& g : resp.groups) runGroup(g);
-  wire::Writer w;
-  w.put<uint8_t>(kMsgDone);
-  w.put<uint64_t>(resp.seq);
-  wire::sendFrame(ctrl_fd_, w.bytes(), Deadline::in(cfg_.timeout_s), "the coordinator (rank 0)");
-}
-
-void Engine::runGroup(const Group& g) {
-  std::vector<std::shared_ptr<Entry>> es;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (auto& n : g.names) {
-      auto it = inflight_.find(n);
-      if (it != inflight_.end()) es.push_back(it->second);
-    }
-  }
-  if (g.kind == Group::kError) {
-    // Only this rank's own requests fail; ranks without them just log.
-    if (es.empty()) TFRING_LOG(kError, g.error);
-    for (auto& e : es) {
+    bool quit = false;
+    while (sync_drivers_.load() == 0) {
+      bool idle_stop;
       {
         std::lock_guard<std::mutex> lk(mu_);
-        inflight_.erase(e->meta.name);
+        idle_stop = stopping_ && incoming_.empty();
       }
-      timeline_.end(e->meta.name);
-      e->done(Status(Code::kMismatch, g.error));
+      if (idle_stop && !peerStartedRound()) {
+        quit = true;
+        break;
+      }
+      if (AbortState::get().aborted()) break;
+      pumpGuarded(true);
     }
+    if (quit) break;
+  }
+  std::unique_lock<std::mutex> d(drive_mu_);
+  failAll(AbortState::get().aborted() ? AbortState::get().status()
+                                      : Status(Code::kAborted, "tfring has been shut down"));
+}
+
+// ------------------------------------------------------ control messages ----
+
+void Engine::sendCtrl(const std::vector<uint8_t>& payload) {
+  if (local_coord_) {
+    local_coord_->postLocal(payload);
     return;
   }
-  if (es.size() != g.names.size())
-    fail(Code::kInternal, "coordinator scheduled '", g.names[0],
-         "' which this rank never submitted");
-  for (auto& e : es) {
-    timeline_.end(e->meta.name);
-    timeline_.begin(e->meta.name, collectiveName(g.type));
-  }
-  Status st;
-  if (!es.empty() && es[0]->req.device >= 0) {
-    st = execGpu(g, es);
-  } else {
-    switch (g.type) {
-      case CollectiveType::kAllreduce: execAllreduce(es); break;
-      case CollectiveType::kAllgather: execAllgather(*es[0], g.dim0s[0]); break;
-      case CollectiveType::kBroadcast: execBroadcast(*es[0]); break;
-      case CollectiveType::kReducescatter: execReducescatter(*es[0]); break;
-      case CollectiveType::kBarrier: break;
+  wire::sendFrame(ctrl_fd_, payload, Deadline::in(cfg_.timeout_s), "the coordinator (rank 0)");
+}
+
+void Engine::onCtrlMessage(const std::vector<uint8_t>& msg) {
+  try {
+    wire::Reader rd(msg);
+    auto type = rd.get<uint8_t>();
+    if (type == kMsgResponse) {
+      Response resp = Response::read(rd);
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        recv_seq_.store(resp.seq);
+        responses_.push_back(std::move(resp));
+        news_.fetch_add(1, std::memory_order_release);
+      }
+      wakeLocal();
+    } else if (type == kMsgStall) {
+      TFRING_LOG(kWarning, rd.getStr());
+    } else if (type == kMsgAbort) {
+      int culprit = rd.get<int32_t>();
+      std::string text = rd.getStr();
+      AbortState::get().abort(Status(Code::kPeerFailure, strCat("rank ", culprit, ": ", text)));
+    } else if (type == kMsgLeft) {
+      // Rounds need every rank: from the next round on, this rank's work
+      // fails with a message naming the rank that left.
+      left_rank_.store(rd.get<int32_t>());
+      news_.fetch_add(1, std::memory_order_release);
+      wakeLocal();
     }
+  } catch (const Error& e) {
+    AbortState::get().abort(e.status());
   }
-  for (auto& e : es) {
-    timeline_.end(e->meta.name);
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      inflight_.erase(e->meta.name);
-    }
-    e->done(st);
-  }
+}
+
+void Engine::onCtrlLost() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!stopping_)
+    AbortState::get().abort(
+        Status(Code::kPeerFailure,
+               "lost the connection to the coordinator (rank 0): rank 0 died, was killed, "
+               "or its host failed"));
+  reader_done_ = true;
+  cv_.notify_all();
 }
 
 void Engine::readerLoop() {
@@ -196,34 +334,10 @@ void Engine::readerLoop() {
       // No deadline while idle: the coordinator may legitimately be silent.
       msg = wire::recvFrame(ctrl_fd_, Deadline::in(1e9), "the coordinator (rank 0)");
     } catch (const Error&) {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (!stopping_)
-        AbortState::get().abort(Status(
-            Code::kPeerFailure,
-            "lost the connection to the coordinator (rank 0): rank 0 died, was killed, "
-            "or its host failed"));
-      reader_done_ = true;
-      cv_.notify_all();
+      onCtrlLost();
       return;
     }
-    try {
-      wire::Reader rd(msg);
-      auto type = rd.get<uint8_t>();
-      if (type == kMsgResponse) {
-        Response resp = Response::read(rd);
-        std::lock_guard<std::mutex> lk(mu_);
-        responses_.push_back(std::move(resp));
-        cv_.notify_all();
-      } else if (type == kMsgStall) {
-        TFRING_LOG(kWarning, rd.getStr());
-      } else if (type == kMsgAbort) {
-        int culprit = rd.get<int32_t>();
-        std::string text = rd.getStr();
-        AbortState::get().abort(Status(Code::kPeerFailure, strCat("rank ", culprit, ": ", text)));
-      }
-    } catch (const Error& e) {
-      AbortState::get().abort(e.status());
-    }
+    onCtrlMessage(msg);
   }
 }
 
@@ -235,7 +349,10 @@ void Engine::reportFatal(const Status& s) {
     wire::Writer w;
     w.put<uint8_t>(kMsgError);
     w.putStr(strCat("rank ", links_->topology().rank, " failed: ", s.message()));
-    wire::sendFrame(ctrl_fd_, w.bytes(), Deadline::in(2.0), "the coordinator (rank 0)");
+    if (local_coord_)
+      local_coord_->postLocal(w.bytes());
+    else
+      wire::sendFrame(ctrl_fd_, w.bytes(), Deadline::in(2.0), "the coordinator (rank 0)");
   } catch (const Error&) {
   }
 }
@@ -249,29 +366,38 @@ void Engine::failAll(const Status& s) {
     incoming_.clear();
     stopping_ = true;
   }
+  for (auto& f : fast_) f.reset();
+  fast_count_ = 0;
   for (auto& e : es) e->done(s);
 }
 
 void Engine::stop() {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (!thread_.joinable() && !reader_.joinable()) return;
+    if (stopped_) return;
+    stopped_ = true;
     stopping_ = true;
-    cv_.notify_all();
   }
+  cv_.notify_all();
+  wakeLocal();
   if (thread_.joinable()) thread_.join();
   try {
     wire::Writer w;
     w.put<uint8_t>(kMsgBye);
-    wire::sendFrame(ctrl_fd_, w.bytes(), Deadline::in(2.0), "the coordinator (rank 0)");
+    if (local_coord_)
+      local_coord_->postLocal(w.bytes());
+    else if (ctrl_fd_ >= 0)
+      wire::sendFrame(ctrl_fd_, w.bytes(), Deadline::in(2.0), "the coordinator (rank 0)");
   } catch (const Error&) {
   }
-  // Our goodbye is queued ahead of the FIN; closing both directions also
-  // wakes the reader thread out of its recv.
-  ::shutdown(ctrl_fd_, SHUT_RDWR);
-  if (reader_.joinable()) reader_.join();
-  net::closeFd(ctrl_fd_);
-  ctrl_fd_ = -1;
+  if (ctrl_fd_ >= 0) {
+    // Our goodbye is queued ahead of the FIN; closing both directions also
+    // wakes the reader thread out of its recv.
+    ::shutdown(ctrl_fd_, SHUT_RDWR);
+    if (reader_.joinable()) reader_.join();
+    net::closeFd(ctrl_fd_);
+    ctrl_fd_ = -1;
+  }
   AbortState::get().setWaker(nullptr);
 }
 

@@ -1,15 +1,30 @@
-// Engine: one background thread per process that owns the ring links.
+// Engine: the per-process progress engine that owns the ring links.
 //
 // Callers (TF kernels, the Python binding) enqueue named Requests from any
-// thread. The engine thread forwards their Metas to the coordinator and
-// executes the Responses it sends back, in order, calling each request's
-// done callback. A second thread reads the coordinator connection so that
-// an Abort reaches the engine even while it is inside a collective.
+// thread. Work only moves when some thread "drives" the engine: the
+// background engine thread by default, or a caller that blocks on its own
+// result (drive()), which then runs the protocol itself so that its result
+// arrives without a thread switch. One driver at a time (drive_mu_).
+//
+// Agreement happens in rounds (engine_round.cc). A round is a tiny
+// collective on the data ring in which every rank contributes which of its
+// cached tensors are ready, which coordinator responses it has received and
+// whether it needs the coordinator; all ranks then execute the same list of
+// collectives. Tensors every rank has already negotiated once run in the
+// round that finds them ready everywhere, without a coordinator round trip;
+// anything else (a new name, a changed shape, a tensor only some ranks
+// submit) goes to the coordinator on rank 0 (coordinator.h), whose
+// responses are executed in rounds too, so all ranks see one order.
+//
+// A rank starts a round when it has news (new tensors, a new response, an
+// aged tensor) and joins one when bytes arrive from its left neighbour.
+// Idle waits spin, then block on the shared-memory doorbell (or poll the
+// TCP link), never sleep a fixed time.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -27,11 +42,15 @@
 namespace tfring {
 namespace runtime {
 
+class Coordinator;
+
 struct Entry {
   Request req;
   DoneCallback done;
   Meta meta;
   std::shared_ptr<void> gpu_ready;  // GPU tensors: the input's ready event
+  double submitted = 0;             // for the fast path's aging
+  int32_t id = -1;                  // cache id while waiting on the fast path
 };
 
 // Allocates a request's output through its allocator once the shape is
@@ -47,24 +66,56 @@ std::vector<size_t> reducescatterCounts(const Meta& m, int n);
 
 class Engine {
  public:
-  Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, const Config& cfg);
+  // ctrl_fd: the connection to the coordinator, or -1 on rank 0, whose
+  // coordinator lives in this process (`local`).
+  Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordinator* local,
+         const Config& cfg);
   ~Engine();
   void start();
-  Status enqueue(Request req, DoneCallback done);
+  // Queues the requests as one batch: all are accepted or none is (then
+  // the error is returned and no callback runs).
+  Status enqueue(std::vector<Request> reqs, std::vector<DoneCallback> dones);
+  // Drives the engine on the calling thread until done() is true (or, when
+  // another thread drives, waits for it). `wait` is called to sleep a little
+  // while another thread drives; it returns early once done.
+  void drive(const std::function<bool()>& done, const std::function<void()>& wait);
   // Says goodbye to the coordinator, fails what is still queued, joins.
   void stop();
+  // A message from the coordinator (reader thread, or the coordinator's
+  // own thread on rank 0).
+  void onCtrlMessage(const std::vector<uint8_t>& msg);
+  // A connection loss reported by the reader.
+  void onCtrlLost();
 
   const transport::Topology& topology() const { return links_->topology(); }
   std::string transportName() const { return links_->transportName(); }
 
  private:
+  // engine.cc
   void loop();
   void readerLoop();
-  void sendRequests(std::vector<std::shared_ptr<Entry>>& fresh);
-  void runResponse(const Response& resp);
-  void runGroup(const Group& g);
+  void wakeLocal();
   void failAll(const Status& s);
   void reportFatal(const Status& s);
+  void sendCtrl(const std::vector<uint8_t>& payload);
+  Status runInline(Entry& e);  // size-1 jobs: no negotiation, no thread
+  // One step of progress: a round when there is news or a peer started
+  // one, else an idle wait (when `block`). Returns true if a round ran.
+  bool pump(bool block);
+  bool pumpGuarded(bool block);  // pump() with fatal errors reported
+
+  // engine_round.cc
+  bool hasNews();
+  bool peerStartedRound();
+  void idleWait();
+  void round();
+  void classify(std::vector<std::shared_ptr<Entry>>& fresh);
+  void sendSlow(const std::vector<std::shared_ptr<Entry>>& es);
+  void executeResponse(const Response& resp);
+  void runSlowGroup(const Group& g);
+  void runGroup(const Group& g, const std::vector<std::shared_ptr<Entry>>& es);
+  void finish(const std::vector<std::shared_ptr<Entry>>& es, const Status& st);
+  double agingLimit() const;
 
   // executor.cc
   void execAllreduce(const std::vector<std::shared_ptr<Entry>>& es);
@@ -78,11 +129,14 @@ class Engine {
 
   std::unique_ptr<transport::RingLinks> links_;
   int ctrl_fd_;
+  Coordinator* local_coord_;
   Config cfg_;
   std::unique_ptr<transport::Waiter> waiter_;
   collectives::RingComm comm_;
   Timeline timeline_;
+  int wake_fd_ = -1;  // eventfd for local wake-ups when the left link is TCP
 
+  // Shared between submitters, the reader and the driver (mu_).
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::shared_ptr<Entry>> incoming_;
@@ -90,14 +144,34 @@ class Engine {
   std::unordered_map<std::string, std::shared_ptr<Entry>> inflight_;  // by name
   bool stopping_ = false;
   bool reader_done_ = false;
+  bool stopped_ = false;
+  std::atomic<uint64_t> news_{0};       // bumped by enqueue and the reader
+  std::atomic<uint64_t> recv_seq_{0};   // last coordinator response received
+  std::atomic<int> sync_drivers_{0};    // callers blocked in drive()
+  std::atomic<bool> gpu_seen_{false};   // GPU work is driven by the engine thread only
+  std::atomic<bool> idle_blocked_{false};
+  std::atomic<int> left_rank_{-1};      // a rank that shut down (kMsgLeft)
 
-  // Engine-thread state.
-  std::unordered_map<std::string, std::pair<int32_t, Meta>> sent_;  // cache
-  std::unordered_map<std::string, int32_t> ids_;
+  // Driver state (drive_mu_).
+  std::mutex drive_mu_;
+  uint64_t seen_news_ = 0;
+  uint64_t posted_seq_ = 0;    // recv_seq_ contributed to the last round
+  uint64_t exec_seq_ = 0;      // last response executed
+  size_t slow_outstanding_ = 0;
+  bool aged_ = false;          // a fast tensor waited past agingLimit()
+  std::unordered_map<std::string, int32_t> ids_;             // granted cache ids
+  std::vector<Meta> exec_meta_;                              // id -> last run meta
+  std::vector<std::vector<int64_t>> exec_dim0s_;             // id -> allgather rows
+  std::vector<std::shared_ptr<Entry>> fast_;                 // id -> waiting entry
+  size_t fast_count_ = 0;
+  double fast_oldest_ = 1e300;                               // oldest submitted
+  std::unordered_map<std::string, Meta> sent_;               // last Meta sent per name
+  std::vector<int32_t> vote_;
   std::vector<char> fusion_;
   std::vector<char> scratch_;
   std::unique_ptr<gpu::Executor> gpu_;  // created at the first GPU group
 
+  std::mutex inline_mu_;  // size-1 jobs
   std::thread thread_, reader_;
 };
 

@@ -40,6 +40,7 @@ enum MsgType : uint8_t {
   kMsgResponse = 10,  // see Response
   kMsgStall = 11,     // str: warning text
   kMsgAbort = 12,     // i32 culprit rank, str message
+  kMsgLeft = 13,      // i32 rank that shut down
 };
 
 // One unit of execution, identical on every rank.

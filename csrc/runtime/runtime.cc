@@ -78,57 +78,69 @@ Status init(const InitOptions& opts) {
     const auto& T = links->topology();
     Deadline deadline = Deadline::in(g.cfg.timeout_s);
 
-    // Coordinator connections: rank 0 accepts one from every engine, its own
-    // included (over loopback), so every rank talks to it the same way.
-    int listen_fd = -1, port = 0;
-    std::string coord_host = "127.0.0.1";
-    if (opts.rank == 0) {
-      listen_fd = net::listenOn(opts.size > 1 ? (g.cfg.iface_addr.empty() ? "0.0.0.0" : g.cfg.iface_addr)
-                                              : "127.0.0.1",
-                                0, &port);
-      if (opts.size > 1) store->setString("coord/port", std::to_string(port));
-    } else {
-      port = std::stoi(store->getString("coord/port", g.cfg.timeout_s));
-      coord_host = T.peers[0].addr;
-    }
-    int ctrl = net::connectTo(coord_host, port, deadline);
-    net::setNoDelay(ctrl);
-    setKeepAlive(ctrl, g.cfg.heartbeat_timeout_s);
-    wire::sendHello(ctrl, kCtrlPurpose, opts.rank, opts.secret, deadline, "the coordinator (rank 0)");
+    // Coordinator connections: rank 0 accepts one from every other engine;
+    // its own engine talks to the coordinator in process.
     std::unique_ptr<Coordinator> coord;
+    int ctrl = -1;
     if (opts.rank == 0) {
       std::vector<int> fds(opts.size, -1);
-      int got = 0;
-      while (got < opts.size) {
-        int fd = net::acceptWithDeadline(listen_fd, deadline);
-        if (fd < 0) {
-          std::string missing;
-          for (int r = 0; r < opts.size; ++r)
-            if (fds[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-          fail(Code::kTimeout, "timed out waiting for ranks [", missing,
-               "] to connect to the coordinator");
+      if (opts.size > 1) {
+        int port = 0;
+        int listen_fd = net::listenOn(g.cfg.iface_addr.empty() ? "0.0.0.0" : g.cfg.iface_addr,
+                                      0, &port);
+        store->setString("coord/port", std::to_string(port));
+        int got = 1;
+        std::vector<bool> have(opts.size, false);
+        have[0] = true;
+        while (got < opts.size) {
+          int fd = net::acceptWithDeadline(listen_fd, deadline);
+          if (fd < 0) {
+            net::closeFd(listen_fd);
+            std::string missing;
+            for (int r = 1; r < opts.size; ++r)
+              if (!have[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+            fail(Code::kTimeout, "timed out waiting for ranks [", missing,
+                 "] to connect to the coordinator");
+          }
+          int who = -1;
+          try {
+            who = wire::acceptHello(fd, kCtrlPurpose, opts.secret, deadline);
+          } catch (const Error&) {
+            who = -1;
+          }
+          if (who <= 0 || who >= opts.size || have[who]) {
+            net::closeFd(fd);
+            continue;
+          }
+          net::setNoDelay(fd);
+          setKeepAlive(fd, g.cfg.heartbeat_timeout_s);
+          fds[who] = fd;
+          have[who] = true;
+          ++got;
         }
-        int who = wire::acceptHello(fd, kCtrlPurpose, opts.secret, deadline);
-        if (who < 0 || who >= opts.size || fds[who] >= 0) {
-          net::closeFd(fd);
-          continue;
-        }
-        net::setNoDelay(fd);
-        setKeepAlive(fd, g.cfg.heartbeat_timeout_s);
-        fds[who] = fd;
-        ++got;
+        net::closeFd(listen_fd);
       }
-      net::closeFd(listen_fd);
       std::vector<std::string> desc;
       for (int r = 0; r < opts.size; ++r) desc.push_back(describeRank(T, r));
       coord.reset(new Coordinator(std::move(fds), std::move(desc), g.cfg));
-      coord->start();
+    } else {
+      int port = std::stoi(store->getString("coord/port", g.cfg.timeout_s));
+      ctrl = net::connectTo(T.peers[0].addr, port, deadline);
+      net::setNoDelay(ctrl);
+      setKeepAlive(ctrl, g.cfg.heartbeat_timeout_s);
+      wire::sendHello(ctrl, kCtrlPurpose, opts.rank, opts.secret, deadline,
+                      "the coordinator (rank 0)");
+      wire::expectHelloAck(ctrl, deadline, "the coordinator (rank 0)");
     }
-    wire::expectHelloAck(ctrl, deadline, "the coordinator (rank 0)");
 
     g.topo = T;
     g.transport = links->transportName();
-    g.engine.reset(new Engine(std::move(links), ctrl, g.cfg));
+    g.engine.reset(new Engine(std::move(links), ctrl, coord.get(), g.cfg));
+    if (coord) {
+      Engine* eng = g.engine.get();
+      coord->setLocalSink([eng](const std::vector<uint8_t>& m) { eng->onCtrlMessage(m); });
+      coord->start();
+    }
     g.coordinator = std::move(coord);
     g.engine->start();
     g.initialized = true;
@@ -167,11 +179,29 @@ const Config& config() { return G().cfg; }
 std::string transportName() { return G().transport; }
 
 Status enqueue(Request req, DoneCallback done) {
+  std::vector<Request> reqs;
+  std::vector<DoneCallback> dones;
+  reqs.push_back(std::move(req));
+  dones.push_back(std::move(done));
+  return enqueueBatch(std::move(reqs), std::move(dones));
+}
+
+Status enqueueBatch(std::vector<Request> reqs, std::vector<DoneCallback> dones) {
   Global& g = G();
   Engine* e = g.engine.get();
   if (!g.initialized || !e)
     return Status(Code::kAborted, "tfring is not initialized: call tfring.init() first");
-  return e->enqueue(std::move(req), std::move(done));
+  return e->enqueue(std::move(reqs), std::move(dones));
+}
+
+void drive(const std::function<bool()>& done, const std::function<void()>& wait) {
+  Global& g = G();
+  Engine* e = g.engine.get();
+  if (!g.initialized || !e) {
+    while (!done()) wait();
+    return;
+  }
+  e->drive(done, wait);
 }
 
 std::vector<int64_t> reducescatterShape(const std::vector<int64_t>& shape, int rank, int size) {

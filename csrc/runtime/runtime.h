@@ -73,6 +73,15 @@ struct Request {
 // flight, bad shape) are returned at once and `done` is not called;
 // otherwise `done` is called exactly once from the engine thread.
 Status enqueue(Request req, DoneCallback done);
+// Queues several requests at once (a fused group submitted together lands
+// in one round): all are accepted, or none is and the error is returned.
+Status enqueueBatch(std::vector<Request> reqs, std::vector<DoneCallback> dones);
+
+// A caller about to block on its own result lends its thread: it runs the
+// engine's protocol itself until done() (no thread switch on completion),
+// or, when another thread is driving, calls wait() (which should sleep
+// briefly, returning early when done) until done().
+void drive(const std::function<bool()>& done, const std::function<void()>& wait);
 
 // Output shape rules, shared with the TF shape functions and the binding.
 // reducescatter splits the first dimension as evenly as possible, the first

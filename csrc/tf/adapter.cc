@@ -155,9 +155,10 @@ class Countdown {
   Status first_error_;
 };
 
-Status enqueueNoThrow(runtime::Request req, runtime::DoneCallback cb) {
+Status enqueueNoThrow(std::vector<runtime::Request> reqs,
+                      std::vector<runtime::DoneCallback> cbs) {
   try {
-    return runtime::enqueue(std::move(req), std::move(cb));
+    return runtime::enqueueBatch(std::move(reqs), std::move(cbs));
   } catch (const Error& e) {
     return e.status();
   } catch (const std::exception& e) {
@@ -172,16 +173,15 @@ void RingOpKernel::submit(tfw::OpKernelContext* ctx,
                           DoneCallback done) {
   const int n = static_cast<int>(reqs.size());
   auto countdown = std::make_shared<Countdown>(ctx, n + 1, std::move(done));
-  int i = 0;
-  for (; i < n; ++i) {
-    Status s = enqueueNoThrow(std::move(reqs[i]), [countdown](const Status& st) {
-      countdown->finish(st);
-    });
-    if (!s.ok()) {
-      // Refused: enqueue will not call back for it, nor for those after it.
-      for (int j = i; j < n; ++j) countdown->finish(s);
-      break;
-    }
+  // One batch: a grouped allreduce lands in one round and is fused whole.
+  std::vector<runtime::DoneCallback> cbs;
+  cbs.reserve(n);
+  for (int i = 0; i < n; ++i)
+    cbs.push_back([countdown](const Status& st) { countdown->finish(st); });
+  Status s = enqueueNoThrow(std::move(reqs), std::move(cbs));
+  if (!s.ok()) {
+    // Refused: enqueue calls back for none of them.
+    for (int j = 0; j < n; ++j) countdown->finish(s);
   }
   countdown->finish(Status::OK());
 }

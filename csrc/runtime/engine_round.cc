@@ -1,0 +1,342 @@
+// The agreement protocol: rounds on the data ring (see engine.h).
+//
+// A round's vote is an int32 vector reduced with Min over all ranks:
+//   [0]       the last coordinator response this rank has received, so the
+//             minimum is a response every rank holds and can execute now;
+//   [1]       1, or 0 when this rank needs the coordinator (it sent it
+//             tensors that are not finished, or a tensor of its own has
+//             waited on the fast path longer than agingLimit()); the
+//             minimum is 0 when any rank does;
+//   [2 + i]   1 when cache id i is ready here with the Meta it last ran
+//             with, else 0; the minimum is 1 when it is ready everywhere.
+// The vector is padded to a multiple of the world size so every ring step
+// carries bytes (an idle rank joins a round when bytes reach it).
+//
+// After the vote every rank does the same: executes the received
+// responses, then the ids ready everywhere (fused by fuseReady), and, if
+// any rank needs the coordinator, sends every tensor still waiting on the
+// fast path to it, so the coordinator sees each tensor from every rank and
+// can report mismatches and stalls by name. While any rank needs it, new
+// tensors reach it too, at the latest in the next round. Ids and the Metas
+// they last ran with change only at the same point of a round on every
+// rank; a rank whose Meta differs (a new shape) sends the tensor to the
+// coordinator and, by its vote, makes every other rank do the same.
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/abort.h"
+#include "common/clock.h"
+#include "common/logging.h"
+#include "runtime/engine.h"
+#include "runtime/fusion.h"
+
+namespace tfring {
+namespace runtime {
+
+namespace {
+
+constexpr int kVoteHeader = 2;
+constexpr int kSpinChecks = 2000;    // idle checks before yielding
+constexpr int kYieldChecks = 50;     // then yields before blocking
+constexpr double kMaxBlock = 0.1;    // seconds per block (stop/abort/aging checks)
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+void futexWaitShared(std::atomic<uint32_t>* addr, uint32_t expected, double seconds) {
+  struct timespec ts;
+  ts.tv_sec = static_cast<time_t>(seconds);
+  ts.tv_nsec = static_cast<long>((seconds - ts.tv_sec) * 1e9);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+}  // namespace
+
+double Engine::agingLimit() const {
+  // Long enough that ranks merely out of step stay on the fast path, short
+  // enough that the coordinator's stall warning still comes on time.
+  return std::max(0.05, std::min(1.0, cfg_.stall_warning_s / 4));
+}
+
+bool Engine::hasNews() {
+  if (news_.load(std::memory_order_acquire) != seen_news_) return true;
+  return !aged_ && fast_count_ > 0 && nowSeconds() - fast_oldest_ > agingLimit();
+}
+
+bool Engine::peerStartedRound() {
+  if (!links_->left()) return false;  // a job of one
+  const void* p = nullptr;
+  try {
+    return links_->left()->peek(&p, 1) > 0;
+  } catch (const Error&) {
+    // The left link failed: start a round, which reports it properly
+    // (unless this rank is on its way out anyway).
+    std::lock_guard<std::mutex> lk(mu_);
+    return !stopping_;
+  }
+}
+
+void Engine::idleWait() {
+  if (comm_.size == 1) {  // only GPU work reaches the engine thread
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait_for(lk, std::chrono::duration<double>(kMaxBlock), [&] {
+      return news_.load() != seen_news_ || stopping_ || AbortState::get().aborted();
+    });
+    return;
+  }
+  transport::Doorbell* bell = links_->bell();
+  // Spin: a peer or a local caller usually shows up within microseconds.
+  for (int i = 0; i < kSpinChecks + kYieldChecks; ++i) {
+    if (i >= kSpinChecks) sched_yield(); else cpuRelax();
+    if (hasNews() || peerStartedRound()) return;
+    if (sync_drivers_.load(std::memory_order_relaxed) > 0 &&
+        std::this_thread::get_id() == thread_.get_id())
+      return;  // hand over to the caller that wants to drive
+    if ((i & 255) == 0 && AbortState::get().aborted()) return;
+  }
+  // Block until woken, or until an aging tensor or kMaxBlock is due.
+  double timeout = kMaxBlock;
+  if (fast_count_ > 0 && !aged_)
+    timeout = std::min(timeout, std::max(0.0005, fast_oldest_ + agingLimit() - nowSeconds()));
+  const int lfd = links_->left()->pollFd();
+  if (lfd >= 0 || !bell) {
+    idle_blocked_.store(true, std::memory_order_seq_cst);
+    if (!hasNews() && !peerStartedRound()) {
+      struct pollfd fds[2];
+      int n = 0;
+      if (lfd >= 0) fds[n++] = {lfd, POLLIN, 0};
+      if (wake_fd_ >= 0) fds[n++] = {wake_fd_, POLLIN, 0};
+      ::poll(fds, n, static_cast<int>(timeout * 1000) + 1);
+      uint64_t v;
+      if (wake_fd_ >= 0) {
+        ssize_t rc = ::read(wake_fd_, &v, sizeof(v));
+        (void)rc;
+      }
+    }
+    idle_blocked_.store(false, std::memory_order_seq_cst);
+    return;
+  }
+  // Same handshake as transport::Waiter: announce sleeping, re-check, sleep.
+  uint32_t ticket = bell->seq.load(std::memory_order_seq_cst);
+  if (hasNews() || peerStartedRound()) return;
+  bell->sleeping.store(1, std::memory_order_seq_cst);
+  if (bell->seq.load(std::memory_order_seq_cst) == ticket) futexWaitShared(&bell->seq, ticket, timeout);
+  bell->sleeping.store(0, std::memory_order_seq_cst);
+}
+
+void Engine::classify(std::vector<std::shared_ptr<Entry>>& fresh) {
+  std::vector<std::shared_ptr<Entry>> slow;
+  for (auto& e : fresh) {
+    auto it = ids_.find(e->meta.name);
+    if (cfg_.cache_enabled && it != ids_.end() &&
+        static_cast<size_t>(it->second) < exec_meta_.size() &&
+        exec_meta_[it->second] == e->meta && !fast_[it->second]) {
+      e->id = it->second;
+      fast_[e->id] = e;
+      ++fast_count_;
+      fast_oldest_ = std::min(fast_oldest_, e->submitted);
+    } else {
+      slow.push_back(e);
+    }
+  }
+  if (!slow.empty()) sendSlow(slow);
+}
+
+void Engine::sendSlow(const std::vector<std::shared_ptr<Entry>>& es) {
+  wire::Writer w;
+  w.put<uint8_t>(kMsgRequests);
+  w.put<uint32_t>(static_cast<uint32_t>(es.size()));
+  for (auto& e : es) {
+    e->id = -1;
+    auto it = sent_.find(e->meta.name);
+    auto idit = ids_.find(e->meta.name);
+    if (cfg_.cache_enabled && it != sent_.end() && idit != ids_.end() && it->second == e->meta) {
+      w.put<int32_t>(idit->second);
+    } else {
+      w.put<int32_t>(-1);
+      e->meta.write(w);
+      sent_[e->meta.name] = e->meta;
+    }
+  }
+  slow_outstanding_ += es.size();
+  sendCtrl(w.bytes());
+}
+
+void Engine::round() {
+  if (left_rank_.load() >= 0) {
+    Status s(Code::kAborted, strCat("rank ", left_rank_.load(),
+                                    " has shut down (tfring.shutdown()); collectives that need "
+                                    "it can no longer run"));
+    failAll(s);
+    return;
+  }
+  std::vector<std::shared_ptr<Entry>> fresh;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    seen_news_ = news_.load(std::memory_order_acquire);
+    fresh.swap(incoming_);
+  }
+  if (fast_.size() < ids_.size()) fast_.resize(ids_.size());
+  classify(fresh);
+
+  // The vote.
+  const int N = comm_.size;
+  const size_t K = ids_.size();
+  size_t len = kVoteHeader + K;
+  len = (len + N - 1) / N * N;
+  vote_.assign(len, 1);
+  posted_seq_ = recv_seq_.load(std::memory_order_acquire);
+  vote_[0] = static_cast<int32_t>(std::min<uint64_t>(posted_seq_, INT32_MAX));
+  for (size_t i = 0; i < K; ++i) vote_[kVoteHeader + i] = fast_[i] ? 1 : 0;
+  bool aged = fast_count_ > 0 && nowSeconds() - fast_oldest_ > agingLimit();
+  aged_ = aged;
+  vote_[1] = (slow_outstanding_ > 0 || aged) ? 0 : 1;
+  collectives::ringAllreduce(comm_, vote_.data(), vote_.data(), len, DataType::kInt32,
+                             ReduceOp::kMin, 1.0);
+
+  // 1. Coordinator responses every rank holds, in order.
+  const uint64_t upto = static_cast<uint64_t>(vote_[0]);
+  while (exec_seq_ < upto) {
+    Response resp;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (responses_.empty() || responses_.front().seq > upto) break;
+      resp = std::move(responses_.front());
+      responses_.pop_front();
+    }
+    executeResponse(resp);
+  }
+
+  // 2. Cached tensors ready everywhere, fused the same way on every rank.
+  std::vector<std::shared_ptr<Entry>> ready;
+  for (size_t i = 0; i < K; ++i)
+    if (vote_[kVoteHeader + i] == 1 && fast_[i]) {
+      ready.push_back(std::move(fast_[i]));
+      --fast_count_;
+    }
+  if (!ready.empty()) {
+    std::vector<const Meta*> metas;
+    metas.reserve(ready.size());
+    for (auto& e : ready) metas.push_back(&e->meta);
+    for (auto& idx : fuseReady(metas, cfg_.fusion_threshold)) {
+      Group g;
+      g.type = ready[idx[0]]->meta.type;
+      std::vector<std::shared_ptr<Entry>> es;
+      es.reserve(idx.size());
+      for (size_t k : idx) es.push_back(ready[k]);
+      if (g.type == CollectiveType::kAllgather) g.dim0s.push_back(exec_dim0s_[es[0]->id]);
+      runGroup(g, es);
+    }
+  }
+
+  // 3. Someone needs the coordinator: it must see every waiting tensor.
+  if (vote_[1] == 0) {
+    aged_ = false;
+    if (fast_count_ > 0) {
+      std::vector<std::shared_ptr<Entry>> move;
+      for (auto& f : fast_)
+        if (f) move.push_back(std::move(f));
+      fast_count_ = 0;
+      sendSlow(move);
+    }
+  }
+  fast_oldest_ = 1e300;
+  for (auto& f : fast_)
+    if (f) fast_oldest_ = std::min(fast_oldest_, f->submitted);
+}
+
+void Engine::executeResponse(const Response& resp) {
+  for (auto& p : resp.new_ids) {
+    ids_[p.second] = p.first;
+    if (exec_meta_.size() <= static_cast<size_t>(p.first)) {
+      exec_meta_.resize(p.first + 1);
+      exec_dim0s_.resize(p.first + 1);
+      fast_.resize(p.first + 1);
+    }
+  }
+  for (auto& g : resp.groups) runSlowGroup(g);
+  exec_seq_ = resp.seq;
+  wire::Writer w;
+  w.put<uint8_t>(kMsgDone);
+  w.put<uint64_t>(resp.seq);
+  sendCtrl(w.bytes());
+}
+
+void Engine::runSlowGroup(const Group& g) {
+  std::vector<std::shared_ptr<Entry>> es;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& n : g.names) {
+      auto it = inflight_.find(n);
+      if (it != inflight_.end()) es.push_back(it->second);
+    }
+  }
+  if (slow_outstanding_ >= es.size())
+    slow_outstanding_ -= es.size();
+  else
+    slow_outstanding_ = 0;
+  if (g.kind == Group::kError) {
+    // Only this rank's own requests fail; ranks without them just log.
+    if (es.empty()) TFRING_LOG(kError, g.error);
+    finish(es, Status(Code::kMismatch, g.error));
+    return;
+  }
+  if (es.size() != g.names.size())
+    fail(Code::kInternal, "coordinator scheduled '", g.names[0],
+         "' which this rank never submitted");
+  runGroup(g, es);
+}
+
+void Engine::runGroup(const Group& g, const std::vector<std::shared_ptr<Entry>>& es) {
+  if (timeline_.enabled())
+    for (auto& e : es) {
+      timeline_.end(e->meta.name);
+      timeline_.begin(e->meta.name, collectiveName(g.type));
+    }
+  Status st;
+  if (!es.empty() && es[0]->req.device >= 0) {
+    st = execGpu(g, es);
+  } else {
+    switch (g.type) {
+      case CollectiveType::kAllreduce: execAllreduce(es); break;
+      case CollectiveType::kAllgather: execAllgather(*es[0], g.dim0s[0]); break;
+      case CollectiveType::kBroadcast: execBroadcast(*es[0]); break;
+      case CollectiveType::kReducescatter: execReducescatter(*es[0]); break;
+      case CollectiveType::kBarrier: break;
+    }
+  }
+  // Remember what ran, so the next submission with the same Meta can take
+  // the fast path; after a local failure this rank renegotiates instead.
+  for (size_t i = 0; i < es.size(); ++i) {
+    auto it = ids_.find(es[i]->meta.name);
+    if (it == ids_.end()) continue;
+    exec_meta_[it->second] = st.ok() ? es[i]->meta : Meta();
+    if (g.type == CollectiveType::kAllgather) exec_dim0s_[it->second] = g.dim0s[0];
+  }
+  finish(es, st);
+}
+
+void Engine::finish(const std::vector<std::shared_ptr<Entry>>& es, const Status& st) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& e : es) inflight_.erase(e->meta.name);
+  }
+  for (auto& e : es) {
+    if (timeline_.enabled()) timeline_.end(e->meta.name);
+    e->done(st);
+  }
+}
+
+}  // namespace runtime
+}  // namespace tfring
