@@ -45,13 +45,22 @@ def test_missing_tensor_warns_then_errors_naming_the_missing_rank():
     assert warned, "no stall warning naming the missing rank"
 
 
+def test_cached_name_with_a_new_shape_is_a_mismatch_on_every_rank():
+    res = _errors(3, "cached_shape")
+    for r, out in enumerate(res):
+        assert out["error"] == "MismatchError", (r, out)
+        assert "shape [4] on rank 0 vs [5] on rank 1" in out["message"], out["message"]
+        assert "'grad/cached'" in out["message"]
+        assert out["after"] == [3.0] * 8  # and the cached path works again
+
+
 def test_duplicate_name_in_flight():
     res = _errors(2, "duplicate")
     for out in res:
         assert "already in flight" in out["message"] and "'twice'" in out["message"], out
 
 
-@pytest.mark.parametrize("scenario", ["die_idle", "die_busy"])
+@pytest.mark.parametrize("scenario", ["die_idle", "die_busy", "die_fast"])
 @pytest.mark.parametrize("victim", [0, 2])
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 def test_dead_peer_fails_every_rank_fast(scenario, victim, transport):

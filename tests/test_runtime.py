@@ -58,3 +58,33 @@ def test_reducescatter_shape_rule():
     shapes = [_core.reducescatter_shape([10, 3], r, 4) for r in range(4)]
     assert [s[0] for s in shapes] == [3, 3, 2, 2] and all(s[1] == 3 for s in shapes)
     assert sum(s[0] for s in shapes) == 10
+
+
+def test_job_of_one_runs_inline_and_checks_its_input():
+    # A job of one never negotiates: every collective completes before the
+    # call returns, with the same results and the same errors as a ring.
+    code = (
+        "import numpy as np, tfring.basics as b; from tfring import _core\n"
+        "b.init()\n"
+        "x = np.random.default_rng(0).uniform(-1, 1, (6, 3))\n"
+        "assert np.allclose(_core.allreduce(x, op='average', prescale=2.0, postscale=0.5), x)\n"
+        "assert np.array_equal(_core.allreduce(x, op='max'), x)\n"
+        "h = _core.allreduce_async(x.astype(np.float32), name='a'); assert h.poll()\n"
+        "assert np.array_equal(h.wait(), x.astype(np.float32))\n"
+        "assert np.array_equal(_core.allgather(x), x)\n"
+        "assert np.array_equal(_core.broadcast(x, root=0), x)\n"
+        "assert np.allclose(_core.reducescatter(x, op='sum', postscale=3.0), 3 * x)\n"
+        "y = np.zeros_like(x); _core.allreduce(x, out=y); assert np.array_equal(x, y)\n"
+        "for call, needle in [(lambda: _core.allgather(np.float32(1.0)), 'scalars'),\n"
+        "                     (lambda: _core.broadcast(x, root=1), 'root rank 1'),\n"
+        "                     (lambda: _core.reducescatter(np.float64(2.0)), 'scalars')]:\n"
+        "    try:\n"
+        "        call(); raise SystemExit('no error')\n"
+        "    except Exception as e:\n"
+        "        assert needle in str(e) and type(e).__name__ == 'MismatchError', e\n"
+        "b.shutdown(); print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TFRING_", "OMPI_", "PMI_",
+                                                                     "SLURM_"))}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr

@@ -62,6 +62,30 @@ elif scenario in ("die_idle", "die_busy"):
         for i in range(100000):
             _core.allreduce(x, name=f"busy.{i}")
     attempt(loop)
+elif scenario == "die_fast":
+    # The same once the name is cached: the survivors are in rounds and
+    # fast-path collectives (no coordinator round trip) when the victim dies.
+    victim = int(os.environ["VICTIM"])
+    x = np.ones(1024, np.float32)
+    for _ in range(3):
+        _core.allreduce(x, name="fast", out=x)
+    if rank == victim:
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+
+    def fast_loop():
+        for i in range(10 ** 7):
+            _core.allreduce(x, name="fast", out=x)
+    attempt(fast_loop)
+elif scenario == "cached_shape":
+    # A name every rank has run before comes back with a new shape on one
+    # rank only: that rank leaves the fast path, and the others must follow
+    # it to the coordinator to hear about the mismatch.
+    for _ in range(3):
+        _core.allreduce(np.ones(4, np.float32), name="grad/cached")
+    attempt(lambda: _core.allreduce(np.ones(4 + (rank == 1), np.float32), name="grad/cached"))
+    y = _core.allreduce(np.ones(4, np.float32), op="sum", name="grad/cached")
+    z = _core.allreduce(np.ones(4, np.float32), op="sum", name="grad/cached")
+    seen["after"] = y.tolist() + z.tolist()
 elif scenario == "gpu_die_busy":
     # The same on GPU tensors: the survivors are inside the GPU ring (waiting
     # on the dead rank's counters or events) when it dies.
