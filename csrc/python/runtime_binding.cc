@@ -103,10 +103,18 @@ ReduceOp resolveOp(const std::string& s) {
   return op;
 }
 
+// Unnamed collectives are matched across ranks by call order. Their names
+// cycle through a fixed set, so a long run neither grows the negotiation
+// cache without bound nor misses it: the n-th unnamed call reuses the name
+// (and, with the same shape, the fast path) of call n - kAutoNames. Only a
+// caller with kAutoNames unnamed collectives in flight at once would see a
+// duplicate-name error.
+constexpr uint64_t kAutoNames = 4096;
+
 std::string autoName(const char* kind, const py::object& name) {
   static std::atomic<uint64_t> counter{0};
   if (!name.is_none()) return std::string(py::str(name));
-  return strCat(kind, ".noname.", counter++);
+  return strCat(kind, ".noname.", counter++ % kAutoNames);
 }
 
 std::unique_ptr<Handle> submit(CollectiveType type, py::array input, const std::string& name,
