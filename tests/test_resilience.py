@@ -233,6 +233,8 @@ def test_10000_collectives_keep_rss_and_fds_flat():
     for rank, out in enumerate(run_leak("collectives", 10000, 1000)):
         assert out["transport"] == "shm"
         growth = out["end"]["rss_kib"] - out["start"]["rss_kib"]
+        print(f"rank {rank}: after warm-up {out['start']}, after 10,000 "
+              f"more {out['end']}: RSS +{growth} KiB")
         assert growth < RSS_GROWTH_KIB, (
             f"rank {rank}: RSS grew {growth} KiB over 10,000 collectives "
             f"({out})")
@@ -246,6 +248,7 @@ def test_10000_collectives_keep_rss_and_fds_flat():
 def test_unnamed_collectives_keep_rss_flat():
     for rank, out in enumerate(run_leak("unnamed", 20000, 1000)):
         growth = out["end"]["rss_kib"] - out["start"]["rss_kib"]
+        print(f"rank {rank}: 20,000 unnamed allreduces: RSS +{growth} KiB")
         assert growth < 4 * 1024, (
             f"rank {rank}: RSS grew {growth} KiB over 20,000 unnamed "
             f"allreduces")
@@ -253,8 +256,11 @@ def test_unnamed_collectives_keep_rss_flat():
 
 def test_init_shutdown_cycles_leak_no_fds_or_shm():
     for rank, out in enumerate(run_leak("cycles", 20)):
-        assert out["after_last"]["fds"] == out["after_first"]["fds"], (
-            f"rank {rank}: {out}")
+        print(f"rank {rank}: before {out['before']}, after cycle 1 "
+              f"{out['after_first']}, after "
+              f"cycle 20 {out['after_last']}")
+        assert out["after_last"]["fds"] == out["after_first"]["fds"] \
+            == out["before"]["fds"], f"rank {rank}: {out}"
         growth = out["after_last"]["rss_kib"] - out["after_first"]["rss_kib"]
         assert growth < 4 * 1024, f"rank {rank}: RSS grew {growth} KiB ({out})"
 

@@ -13,8 +13,8 @@ open file descriptors after the warm-up and at the end. unnamed: the same
 with small allreduces given no name.
 
 cycles: init, one allreduce, shutdown, COUNT times (each on a store prefix
-of its own, as a fresh job would be); samples fds after the first cycle and
-after the last.
+of its own, as a fresh job would be); samples before the first init, after
+the first shutdown and after the last.
 """
 
 import os
@@ -110,6 +110,7 @@ def collectives(iterations, warmup, call=one):
 def cycles(count):
     rank, size, store, secret = _bootstrap.discover()
     samples = []
+    before = sample()
     for c in range(count):
         _core.init(rank, size, _core.PrefixStore(f"cycle{c}/", store), secret)
         y = _core.allreduce(np.ones(1000, np.float32), op="sum", name="cycle")
@@ -117,7 +118,8 @@ def cycles(count):
             raise AssertionError(f"cycle {c}: got {y[:4]}")
         _core.shutdown()
         samples.append(sample())
-    return {"after_first": samples[0], "after_last": samples[-1]}
+    return {"before": before, "after_first": samples[0],
+            "after_last": samples[-1]}
 
 
 mode = sys.argv[1]

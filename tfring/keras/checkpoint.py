@@ -63,8 +63,10 @@ def _state_variables(model, build_optimizer):
             "tfring.keras checkpoint: the model is not built; give it a "
             "keras.Input (or call model.build) before saving or restoring")
     opt = getattr(model, "optimizer", None)
+    # Keras 3 optimizers say whether they are built; tf_keras ones do not,
+    # and their build() does nothing the second time.
     if (build_optimizer and opt is not None
-            and not getattr(opt, "built", True) and hasattr(opt, "build")):
+            and getattr(opt, "built", None) is not True and hasattr(opt, "build")):
         opt.build(model.trainable_variables)
     return list(model.variables), optimizer_variables(opt)
 
