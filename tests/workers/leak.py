@@ -12,9 +12,9 @@ wait; spot-checks results against numpy; samples VmRSS and the number of
 open file descriptors after the warm-up and at the end. unnamed: the same
 with small allreduces given no name.
 
-cycles: init, one allreduce, shutdown, COUNT times (each on a store prefix
-of its own, as a fresh job would be); samples before the first init, after
-the first shutdown and after the last.
+cycles: tfring.init(), one allreduce, tfring.shutdown(), COUNT times in the
+same job; samples before the first init, after the first shutdown and after
+the last.
 """
 
 import os
@@ -23,7 +23,7 @@ import sys
 import numpy as np
 from common import report
 
-from tfring import _bootstrap, _core
+from tfring import _bootstrap, _core, basics
 
 
 def rss_kib():
@@ -108,15 +108,14 @@ def collectives(iterations, warmup, call=one):
 
 
 def cycles(count):
-    rank, size, store, secret = _bootstrap.discover()
     samples = []
     before = sample()
     for c in range(count):
-        _core.init(rank, size, _core.PrefixStore(f"cycle{c}/", store), secret)
+        basics.init()
         y = _core.allreduce(np.ones(1000, np.float32), op="sum", name="cycle")
-        if not np.all(y == size):
+        if not np.all(y == basics.size()):
             raise AssertionError(f"cycle {c}: got {y[:4]}")
-        _core.shutdown()
+        basics.shutdown()
         samples.append(sample())
     return {"before": before, "after_first": samples[0],
             "after_last": samples[-1]}
