@@ -5,13 +5,23 @@ import atexit
 from tfring import _bootstrap, _core
 
 
+_joins = 0  # init attempts in this process
+
+
 def init(comm=None):
     """Joins the job. Reads the launcher's environment (tfring-run, mpirun,
     srun); a process started without a launcher is a job of size 1. `comm`
     may be an mpi4py communicator to run on instead of MPI_COMM_WORLD."""
+    global _joins
     if _core.is_initialized():
         return
     rank, size, store, secret = _bootstrap.discover(comm)
+    if store is not None and _joins:
+        # After a shutdown the store still holds the last join's keys (job
+        # id, addresses, barriers): every rank's n-th join uses keys of its
+        # own.
+        store = _core.PrefixStore(f"join{_joins}/", store)
+    _joins += 1
     _core.init(rank, size, store, secret)
 
 

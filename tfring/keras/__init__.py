@@ -15,6 +15,12 @@ Horovod-style, one piece at a time:
         tk.callbacks.MetricAverageCallback(),
         tk.callbacks.LearningRateWarmupCallback(0.01 * tk.size(), 5),
     ], verbose=1 if tk.rank() == 0 else 0)
+
+Resuming after a failure (rank 0 writes, every rank restores):
+
+    ckpt = tk.callbacks.ResumableCheckpointCallback("ckpt/")
+    model.fit(x, y, initial_epoch=ckpt.restore(model), callbacks=[
+        tk.callbacks.RingAllreduceCallback(), ckpt])
 """
 
 import keras as _keras
@@ -48,8 +54,10 @@ from tfring.keras.callbacks import (  # noqa: F401
     BroadcastGlobalVariablesCallback,
     LearningRateWarmupCallback,
     MetricAverageCallback,
+    ResumableCheckpointCallback,
     RingAllreduceCallback,
 )
+from tfring.keras.checkpoint import restore_checkpoint  # noqa: F401
 from tfring.keras.optimizer import DistributedOptimizer  # noqa: F401
 from tfring.rewrite import broadcast_values
 

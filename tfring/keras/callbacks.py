@@ -7,7 +7,8 @@ RingAllreduceCallback is the one-line way. Put it first in the list, so the
 callbacks after it see metrics averaged over ranks. The Horovod-style pieces
 (BroadcastGlobalVariablesCallback, MetricAverageCallback,
 LearningRateWarmupCallback, with tfring.keras.DistributedOptimizer) do one
-job each.
+job each. ResumableCheckpointCallback writes checkpoints from rank 0 and
+restores the newest on every rank, so a killed job resumes where it stopped.
 """
 
 import keras
@@ -21,11 +22,13 @@ from tfring.keras._state import (
     broadcast_model,
     distribute_instance,
 )
+from tfring.keras.checkpoint import _ResumableCheckpoint
 
 __all__ = [
     "BroadcastGlobalVariablesCallback",
     "LearningRateWarmupCallback",
     "MetricAverageCallback",
+    "ResumableCheckpointCallback",
     "RingAllreduceCallback",
 ]
 
@@ -254,3 +257,7 @@ class LearningRateWarmupCallback(_LearningRateWarmup, keras.callbacks.Callback):
 
 class RingAllreduceCallback(_RingAllreduce, keras.callbacks.Callback):
     __doc__ = _RingAllreduce.__doc__
+
+
+class ResumableCheckpointCallback(_ResumableCheckpoint, keras.callbacks.Callback):
+    __doc__ = _ResumableCheckpoint.__doc__

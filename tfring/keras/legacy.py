@@ -31,6 +31,7 @@ from tfring.keras.callbacks import (
     _MetricAverage,
     _RingAllreduce,
 )
+from tfring.keras.checkpoint import _ResumableCheckpoint
 from tfring.keras.optimizer import DistributedOptimizer  # noqa: F401 - works for both
 
 
@@ -52,7 +53,13 @@ class RingAllreduceCallback(_RingAllreduce, tf_keras.callbacks.Callback):
     __doc__ = _RingAllreduce.__doc__
 
 
+class ResumableCheckpointCallback(_ResumableCheckpoint,
+                                  tf_keras.callbacks.Callback):
+    __doc__ = _ResumableCheckpoint.__doc__
+
+
 callbacks = types.SimpleNamespace(
+    ResumableCheckpointCallback=ResumableCheckpointCallback,
     BroadcastGlobalVariablesCallback=BroadcastGlobalVariablesCallback,
     MetricAverageCallback=MetricAverageCallback,
     LearningRateWarmupCallback=LearningRateWarmupCallback,

@@ -19,7 +19,11 @@ a process group of its own, so the launcher alone decides when ranks stop:
 - when a rank fails, the launcher names it, sends SIGTERM to the others,
   SIGKILL after a grace period, and exits with the failing rank's code
   (128+N for a rank killed by signal N);
-- ``--timeout`` bounds the whole job (exit code 124).
+- ``--timeout`` bounds the whole job (exit code 124);
+- ``--restarts N`` starts the whole job again, with a fresh store and secret,
+  up to N times after a rank fails (not after a signal to the launcher or
+  the timeout); ranks read the attempt number in ``TFRING_RESTART``
+  (0 first) and resume from their checkpoints.
 A remote rank's ssh client is signalled like a local rank; the remote process
 itself stops when its ssh session ends only if the remote side hangs it up.
 """
@@ -484,6 +488,14 @@ def build_parser():
         help="set K=V in every rank (K alone copies the launcher's value); repeatable",
     )
     p.add_argument(
+        "--restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after a rank fails, start the whole job again, up to N times "
+        "(default 0); the ranks see TFRING_RESTART=attempt",
+    )
+    p.add_argument(
         "--output-dir",
         default=None,
         help="also write each rank's output to DIR/rank.R/{stdout,stderr}",
@@ -513,6 +525,26 @@ def build_parser():
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.restarts < 0:
+        parser.error("--restarts must be >= 0")
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    for attempt in range(args.restarts + 1):
+        if attempt:
+            sys.stderr.write(
+                f"{PROG}: restarting the job (restart {attempt} of "
+                f"{args.restarts})\n")
+            sys.stderr.flush()
+        if deadline is not None:
+            args.timeout = max(0.0, deadline - time.monotonic())
+        code, final = _run_once(parser, args, attempt)
+        if code == 0 or final:
+            return code
+    return code
+
+
+def _run_once(parser, args, attempt):
+    """Runs the job once. Returns (exit code, whether restarting is ruled
+    out: the launcher was signalled or timed out)."""
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -556,6 +588,8 @@ def main(argv=None):
         if k.startswith("TFRING_") and k not in RANK_VARS
     }
     forwarded["PYTHONUNBUFFERED"] = "1"
+    # Which start of the job this is (--restarts), never inherited.
+    forwarded["TFRING_RESTART"] = base_env["TFRING_RESTART"] = str(attempt)
 
     job = Job(relay, args.grace_period)
     previous = {s: signal.signal(s, job.on_signal) for s in FORWARDED_SIGNALS}
@@ -586,7 +620,8 @@ def main(argv=None):
                 )
                 job.stop(127 if isinstance(e, FileNotFoundError) else 126)
                 break
-        return job.wait(args.timeout)
+        code = job.wait(args.timeout)
+        return code, bool(job.signals_received) or code == EXIT_TIMEOUT
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
