@@ -241,12 +241,11 @@ def test_10000_collectives_keep_rss_and_fds_flat():
         assert out["end"]["fds"] == out["start"]["fds"], f"rank {rank}: {out}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "every distinct tensor name stays in the response cache for good "
-    "(Coordinator::ids_ and last_meta_, Engine::sent_ and ids_), and each "
-    "unnamed call gets a fresh name"))
 def test_unnamed_collectives_keep_rss_flat():
-    for rank, out in enumerate(run_leak("unnamed", 20000, 1000)):
+    # Unnamed calls cycle through a bounded set of names, so the negotiation
+    # cache (coordinator and engines) stops growing once the set is used up
+    # (the warm-up goes past it).
+    for rank, out in enumerate(run_leak("unnamed", 20000, 5000)):
         growth = out["end"]["rss_kib"] - out["start"]["rss_kib"]
         print(f"rank {rank}: 20,000 unnamed allreduces: RSS +{growth} KiB")
         assert growth < 4 * 1024, (
