@@ -148,8 +148,9 @@ def _add_rates(row, size, nranks):
     for p in ("tfring", "tf_eager", "tf_function"):
         if p in row and mpi:
             row[f"{p}_latency_over_mpi"] = row[p]["time_s"] / mpi["time_s"]
-            row[f"{p}_busbw_over_mpi"] = mpi["time_s"] / row[p]["time_s"]
-    if "tfring" in row and mpi:
+            if nranks > 1:  # at 1 rank busbw is 0 for both: no ratio
+                row[f"{p}_busbw_over_mpi"] = mpi["time_s"] / row[p]["time_s"]
+    if "tfring_busbw_over_mpi" in row:
         row["tfring_over_mpi"] = row["tfring_busbw_over_mpi"]
 
 
@@ -165,17 +166,18 @@ def _sweep_row(job, size):
     return row
 
 
-def _fused_batch(job):
-    """``count`` tensors of ``each`` bytes: grouped_allreduce in a
-    tf.function against ``count`` MPI_Allreduce calls and one of the
-    concatenation; and core allreduce_async x count then wait."""
+def _batch(job, role):
+    """``count`` tensors of ``each`` bytes. role "fused": grouped_allreduce
+    in a tf.function against ``count`` MPI_Allreduce calls and one of the
+    concatenation, and core allreduce_async x count then wait; role
+    "async": the last two only."""
     import numpy as np
     from mpi4py import MPI
 
     count, each, n = job.batch_count, job.batch_size, job.batch_size // 4
     expected = job.nranks * (job.nranks + 1) / 2
     ops = {}
-    if job.tf is not None:
+    if job.tf is not None and role == "fused":
         tf, tfring = job.tf, job.tfring
         with tf.device("/CPU:0"):
             tensors = [tf.fill([n], tf.constant(job.rank + 1, tf.float32))
@@ -212,13 +214,15 @@ def _fused_batch(job):
             job.comm.Allreduce(whole, whole_out, op=MPI.SUM)
             return whole_out
 
-        ops["mpi_separate"], ops["mpi_concat"] = mpi_separate, mpi_concat
+        ops["mpi_separate"] = mpi_separate
+        if role == "fused":
+            ops["mpi_concat"] = mpi_concat
     if not ops:
         return None
     timed = measure(job.sync, ops, expected, job.timing[0], job.timing[1], job.timing[2])
     for m in timed.values():
         m["per_tensor_s"] = m["time_s"] / count
-    out = {"count": count, "tensor_bytes": each, "results": timed}
+    out = {"role": role, "count": count, "tensor_bytes": each, "results": timed}
     sep, cat = timed.get("mpi_separate"), timed.get("mpi_concat")
     for path in ("tf_grouped_function", "core_async"):
         if path in timed and sep:
@@ -254,9 +258,9 @@ def worker(args):
             print(f"  np={nranks} {human_size(size)} done", file=sys.stderr, flush=True)
     batches = []
     if not args.no_batch:
-        for count in (args.batch_count, args.async_count):
+        for count, role in ((args.batch_count, "fused"), (args.async_count, "async")):
             job.batch_count = count
-            b = _fused_batch(job)
+            b = _batch(job, role)
             if b is not None:
                 batches.append(b)
 
@@ -319,7 +323,8 @@ def format_table(report):
             "tf_eager_latency_over_mpi", "tf_function_latency_over_mpi")]
         lines.append("| " + " | ".join(cells) + " |")
     for b in report.get("batches", []):
-        lines += ["", f"{b['count']} x {human_size(b['tensor_bytes'])} float32, "
+        what = {"fused": "fused batch", "async": "async batch"}.get(b.get("role"), "batch")
+        lines += ["", f"{what}, {b['count']} x {human_size(b['tensor_bytes'])} float32, "
                   "time per batch and per tensor:", "",
                   "| path | batch us | per tensor us | x MPI separate | x MPI concatenated |",
                   "|---|---:|---:|---:|---:|"]
@@ -374,8 +379,10 @@ def summary(report):
     for b in report.get("batches", []):
         x = b.get("tf_grouped_function_over_mpi_separate")
         if x is not None:
-            target = f" (target at 2 ranks <= {TARGET_FUSED_X_SEPARATE:g}x: " \
-                     f"{verdict(x <= TARGET_FUSED_X_SEPARATE)})" if n == 2 else ""
+            target = ""
+            if n == 2 and b.get("role") == "fused":
+                target = (f" (target at 2 ranks <= {TARGET_FUSED_X_SEPARATE:g}x: "
+                          f"{verdict(x <= TARGET_FUSED_X_SEPARATE)})")
             out.append(f"- {b['count']} x {human_size(b['tensor_bytes'])} grouped_allreduce "
                        f"in tf.function: {x:.2f}x the time of {b['count']} separate "
                        f"MPI_Allreduce{target}")

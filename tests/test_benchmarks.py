@@ -175,11 +175,12 @@ def test_allreduce_bench_latency_tf_and_batches(tmp_path):
             assert {f"{p}_latency_over_mpi" for p in paths - {"mpi"}} <= set(ratios)
         fused, asyncb = run["batches"]
         assert (fused["count"], asyncb["count"]) == (5, 7)
+        assert (fused["role"], asyncb["role"]) == ("fused", "async")
+        assert set(asyncb["results"]) == {"core_async", "mpi_separate"}
+        want = {"core_async", "mpi_separate", "mpi_concat"}
+        assert set(fused["results"]) == want | ({"tf_grouped_function"} if tf else set())
         for b in (fused, asyncb):
             assert b["tensor_bytes"] == 4096
-            want = {"core_async", "mpi_separate", "mpi_concat"}
-            want |= {"tf_grouped_function"} if tf else set()
-            assert set(b["results"]) == want
             for m in b["results"].values():
                 assert m["correct"] and m["per_tensor_s"] * b["count"] == pytest.approx(
                     m["time_s"])
