@@ -47,10 +47,12 @@ Parameters and where each comes from (printed with every run):
   batch time - the model's one collective of the batch's total bytes) /
   tensors, from the batch of grouped_allreduce in a tf.function (else the
   allreduce_async batch).
-- The GPU table's JSON (gpu_bench.py --json), when given: the same fit on
-  its latency rows (ring algorithm) for alpha_coll and alpha_step_intra, its
-  256-tensor batch for alpha_tensor, and, when it measured NCCL across
-  several GPUs, beta_intra. Otherwise alphas from the CPU JSON.
+- The GPU table's JSON (gpu_bench.py --json), when given (the --mode mps
+  one of several; dry runs and emulation output are refused): the same fit
+  on its latency rows (ring algorithm) for alpha_coll and alpha_step_intra,
+  its 256-tensor batch for alpha_tensor, and, when it measured NCCL across
+  several GPUs, beta_intra. Its ranks share one GPU, so its alphas are an
+  upper bound for GPUs of their own. Otherwise alphas from the CPU JSON.
 - Published: beta_intra = 370 GB/s, NCCL's all-reduce bus bandwidth on 8
   H100 SXM over NVLink (NVIDIA's nccl-tests figures for DGX H100); beta_net
   = 25, 100, 200 or 400 Gb/s per node (Ethernet/InfiniBand line rates, one
@@ -265,7 +267,16 @@ def parameters(args):
     """The model's parameters with a source for each."""
     sources = {}
     cpu_doc = load_json(args.cpu_json, "CPU benchmark JSON")
-    gpu_doc = load_json(args.gpu_json, "GPU benchmark JSON")
+    gpu_doc, gpu_path = None, None
+    for path in args.gpu_json or []:
+        doc = load_json(path, "GPU benchmark JSON")
+        if doc is not None and (doc.get("dry_run") or doc.get("emulated")):
+            print(f"scaling_model: {path!r} is a dry run or the CUDA emulation, not a "
+                  "measurement: ignored", file=sys.stderr)
+            continue
+        # Ranks sharing a GPU under MPS come closest to ranks on GPUs of their own.
+        if doc is not None and (gpu_doc is None or doc.get("mode") == "mps"):
+            gpu_doc, gpu_path = doc, path
     p = {"alpha_coll": 0.0, "alpha_step": 0.0, "alpha_tensor": 0.0,
          "beta_intra": PUBLISHED["beta_intra_gbs"][0] * GB}
     sources["beta_intra"] = "published: " + PUBLISHED["beta_intra_gbs"][1]
@@ -284,7 +295,8 @@ def parameters(args):
         for k in ("alpha_coll", "alpha_step_intra", "alpha_tensor", "beta_intra"):
             if c.get(k) is not None:
                 p[k] = c[k]
-                sources[k] = f"{args.gpu_json}: " + "; ".join(n for n in notes if k in n)
+                sources[k] = (f"{gpu_path} (mode {gpu_doc.get('mode')}): "
+                              + "; ".join(n for n in notes if k in n))
                 calibrated = calibrated or k.startswith("alpha")
     p["alpha_step_net"] = p["alpha_step_intra"] + args.net_latency_us * 1e-6
     sources["alpha_step_net"] = f"alpha_step_intra + --net-latency-us {args.net_latency_us:g}"
@@ -396,7 +408,9 @@ def _model_ms(text):
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu-json", help="allreduce_bench.py --json output")
-    p.add_argument("--gpu-json", help="gpu_bench.py --json output")
+    p.add_argument("--gpu-json", action="append",
+                   help="gpu_bench.py --json output (repeatable: the --mode mps one is "
+                   "preferred; dry runs and emulation output are ignored)")
     p.add_argument("--json", help="write parameters and predictions here")
     p.add_argument("--per-node", type=int, default=8, help="GPUs per node (default 8)")
     p.add_argument("--nics-per-node", type=int, default=1)

