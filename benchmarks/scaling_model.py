@@ -161,6 +161,22 @@ def step_time(tensors, compute_s, p, algo, threshold, cycle):
     return compute_s + exposed, exposed, comm
 
 
+def compute_for_efficiency(tensors, p, algo, threshold, cycle, target):
+    """The least compute seconds per step at which the predicted scaling
+    efficiency reaches ``target`` (bisection; efficiency grows with compute
+    as more communication hides behind backward)."""
+    def eff(c):
+        return c / step_time(tensors, c, p, algo, threshold, cycle)[0]
+
+    lo, hi = 1e-6, 1.0
+    while eff(hi) < target and hi < 1e4:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if eff(mid) < target else (lo, mid)
+    return hi
+
+
 # ------------------------------------------------------------ calibration --
 
 
@@ -330,11 +346,15 @@ def predict(args, p):
             for gpus in GPUS:
                 q = dict(p, gpus=gpus, per_node=args.per_node, beta_net=beta_net)
                 for algo in ("flat", "hier"):
-                    step, exposed, comm = step_time(tensors, compute, q, algo,
-                                                    args.fusion_threshold, args.cycle_time)
-                    rows.append({"model": name, "gpus": gpus, "net_gbits": gbit, "algo": algo,
-                                 "compute_s": compute, "comm_s": comm, "exposed_s": exposed,
-                                 "step_s": step, "efficiency": compute / step})
+                    knobs = (args.fusion_threshold, args.cycle_time)
+                    step, exposed, comm = step_time(tensors, compute, q, algo, *knobs)
+                    row = {"model": name, "gpus": gpus, "net_gbits": gbit, "algo": algo,
+                           "compute_s": compute, "comm_s": comm, "exposed_s": exposed,
+                           "step_s": step, "efficiency": compute / step}
+                    if gpus == GPUS[-1]:
+                        row["compute_for_horovod_eff_s"] = compute_for_efficiency(
+                            tensors, q, algo, *knobs, PUBLISHED["horovod_512_eff"][0])
+                    rows.append(row)
             # The fusion knobs minimising exposed communication (hierarchical,
             # ref_gpus GPUs, this network).
             q = dict(p, gpus=ref_gpus, per_node=args.per_node, beta_net=beta_net)
@@ -383,7 +403,10 @@ def format_report(p, sources, rows, fusion, models, args):
               "hierarchical:"]
     for r in rows:
         if r["gpus"] == 512 and r["algo"] == "hier":
-            lines.append(f"- {r['model']}, {r['net_gbits']:g} Gb/s: {100 * r['efficiency']:.0f}%")
+            lines.append(f"- {r['model']}, {r['net_gbits']:g} Gb/s: {100 * r['efficiency']:.0f}%; "
+                         f"{100 * eff:.0f}% needs at least "
+                         f"{r['compute_for_horovod_eff_s'] * 1e3:.1f} ms of compute per step "
+                         f"(this run assumes {r['compute_s'] * 1e3:.1f} ms)")
     lines += ["", "Recommended fusion (minimum predicted exposed communication, "
               "hierarchical, 64 GPUs):"]
     for f in fusion:
