@@ -318,8 +318,8 @@ def run_job(n, env, spec, timeout):
         server.stop()
 
 
-def _spec(args, sizes, batch=None):
-    if args.dry_run:
+def _spec(args, sizes, batch=None, dry=False):
+    if args.dry_run or dry:
         return {"sizes": sizes, "iters": 1, "reps": 1, "warmup": 0, "loop_bytes": 1 << 40,
                 "batch": batch, "batch_iters": 1, "timeout": args.timeout}
     return {"sizes": sizes, "iters": 200, "reps": 3 if args.quick else 5, "warmup": 3,
@@ -343,19 +343,27 @@ def bench_allreduce(args, copy_bw):
     bw = [64 * KiB] if args.dry_run else BANDWIDTH_SIZES[:5 if args.quick else 6]
     rows, skipped = [], {}
     for algo in args.algos:
+        env = {"TFRING_GPU_BACKEND": "ring", "TFRING_BENCH_DEVICE": "0",
+               "TFRING_GPU_ALLREDUCE_ALGO": algo}
+        if algo not in ("ring", "auto"):  # can this build force it? one tiny job says
+            try:
+                probe = run_job(min(2, max(args.procs)), env, _spec(args, [4 * KiB], dry=True),
+                                args.timeout)
+                if probe["config_algo"] is None:
+                    skipped[algo] = ("this build has no TFRING_GPU_ALLREDUCE_ALGO (its "
+                                     "config() names no allreduce algorithm): the run would "
+                                     "be the ring")
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                skipped[algo] = f"forcing it failed: {str(e).strip().splitlines()[-1][:300]}"
+            if algo in skipped:
+                print(f"\n{algo}: skipped ({skipped[algo]})")
+                continue
         for n in args.procs:
-            env = {"TFRING_GPU_BACKEND": "ring", "TFRING_BENCH_DEVICE": "0",
-                   "TFRING_GPU_ALLREDUCE_ALGO": algo}
             try:
                 res = run_job(n, env, _spec(args, lat + [s for s in bw if s not in lat]),
                               args.timeout)
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 skipped[algo] = f"{n} ranks: {str(e).strip().splitlines()[-1][:300]}"
-                print(f"\n{algo}: skipped ({skipped[algo]})")
-                break
-            if algo not in ("ring", "auto") and res["config_algo"] is None:
-                skipped[algo] = ("this build has no TFRING_GPU_ALLREDUCE_ALGO (its config() "
-                                 "names no allreduce algorithm): the run would be the ring")
                 print(f"\n{algo}: skipped ({skipped[algo]})")
                 break
             for r in res["results"]:
