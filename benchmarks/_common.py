@@ -1,4 +1,5 @@
 """Helpers the benchmark scripts share: sizes, bandwidths, the timing loop,
+the TF op paths (eager and tf.function), log-log bandwidth plots,
 cross-rank synchronisation, launching ranks and writing results.
 
 Imported by the scripts in this directory as ``_common`` (a script's own
