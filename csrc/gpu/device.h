@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,13 @@ struct Copy {
   size_t bytes;
 };
 void launchBatchedCopy(int device, const std::vector<Copy>& copies, void* stream);
+
+// Seconds per call of `launch` (which queues work on `stream`), for
+// benchmarks: CUDA events recorded on `stream` before the first and after
+// the last of `iters` back-to-back calls, so the time is the GPU's, with no
+// host work before or after the launches. The emulation has no event
+// timer: it drains the stream and reads the host clock around the calls.
+double timeLaunches(int device, void* stream, int iters, const std::function<void()>& launch);
 
 }  // namespace gpu
 }  // namespace tfring

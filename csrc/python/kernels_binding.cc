@@ -13,12 +13,21 @@
 // dtype name; None derives it from the array. bfloat16 data may come as a
 // uint16 array with dtype="bfloat16" (or as an ml_dtypes bfloat16 array).
 // Arrays must be C-contiguous numpy arrays of equal size and dtype.
+//
+// And, at the top level of tfring._core, for the GPU benchmark:
+//   cuda_bench_pack(fused, parts, iters=100, unpack=False, stream=None) -> float
+//     seconds per launch of the fusion pack (parts -> fused, back to back)
+//     or unpack (fused -> parts) batched copy, the copy descriptors built
+//     once and CUDA events around the launches alone (gpu::timeLaunches).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/types.h"
+#include "gpu/device.h"
 #include "kernels/cpu/reduce.h"
 #include "python/bindings.h"
 
@@ -169,6 +178,47 @@ void pySetIsa(const std::string& name) {
                           "(known: scalar, avx2, avx512)");
 }
 
+// (device pointer, bytes) of a C-contiguous object exposing
+// __cuda_array_interface__.
+std::pair<void*, size_t> cudaBuffer(const py::object& obj, const std::string& what) {
+  if (!py::hasattr(obj, "__cuda_array_interface__"))
+    throw py::value_error(what + " must expose __cuda_array_interface__ (a GPU array)");
+  py::dict cai = obj.attr("__cuda_array_interface__");
+  if (cai.contains("strides") && !cai["strides"].is_none())
+    throw py::value_error(what + " must be C-contiguous");
+  const std::string ts = cai["typestr"].cast<std::string>();
+  size_t bytes = std::stoul(ts.substr(2));
+  for (auto d : cai["shape"].cast<py::tuple>()) bytes *= d.cast<size_t>();
+  auto* p = reinterpret_cast<void*>(cai["data"].cast<py::tuple>()[0].cast<uintptr_t>());
+  return {p, bytes};
+}
+
+double pyCudaBenchPack(const py::object& fused, const py::list& parts, int iters, bool unpack,
+                       const py::object& stream) {
+  if (iters < 1) throw py::value_error("cuda_bench_pack: iters must be >= 1");
+  auto [base, capacity] = cudaBuffer(fused, "fused");
+  const int device = gpu::pointerDevice(base, "cuda_bench_pack: fused");
+  std::vector<gpu::Copy> copies;
+  size_t offset = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::string what = "parts[" + std::to_string(i) + "]";
+    auto [p, bytes] = cudaBuffer(parts[i], what);
+    if (gpu::pointerDevice(p, "cuda_bench_pack: " + what) != device)
+      throw py::value_error("cuda_bench_pack: " + what + " is not on fused's GPU " +
+                            std::to_string(device));
+    if (offset + bytes > capacity)
+      throw py::value_error("cuda_bench_pack: fused holds " + std::to_string(capacity) +
+                            " bytes, fewer than the parts up to " + what);
+    char* slot = static_cast<char*>(base) + offset;
+    copies.push_back(unpack ? gpu::Copy{p, slot, bytes} : gpu::Copy{slot, p, bytes});
+    offset += bytes;
+  }
+  void* st = stream.is_none() ? nullptr : reinterpret_cast<void*>(stream.cast<uintptr_t>());
+  py::gil_scoped_release nogil;
+  return gpu::timeLaunches(device, st, iters,
+                           [&] { gpu::launchBatchedCopy(device, copies, st); });
+}
+
 }  // namespace
 
 void bindKernels(pybind11::module_& m) {
@@ -188,6 +238,10 @@ void bindKernels(pybind11::module_& m) {
       "isa_supported",
       [](const std::string& name) { return kernels::isaSupported(name.c_str()); },
       arg("name"), "Whether this CPU and build can run the named kernel set.");
+  m.def("cuda_bench_pack", &pyCudaBenchPack, arg("fused"), arg("parts"), arg("iters") = 100,
+        arg("unpack") = false, arg("stream") = py::none(),
+        "Seconds per launch of the fusion pack (parts -> fused) or unpack batched copy, "
+        "descriptors built once, timed with CUDA events around the launches alone.");
 }
 
 }  // namespace python

@@ -4,6 +4,8 @@
 
 #include <dlfcn.h>
 
+#include <chrono>
+
 #include "gpu/cuda/cuda_util.h"
 #include "kernels/cuda/kernels.h"
 
@@ -117,6 +119,35 @@ void streamDestroy(int device, void* stream) noexcept {
     cudaStreamDestroy(asStream(stream));
   } catch (const Error&) {
   }
+}
+
+double timeLaunches(int device, void* stream, int iters, const std::function<void()>& launch) {
+  DeviceGuard g(device);
+  cudaStream_t st = asStream(stream);
+  launch();  // untimed: first-launch costs (module load, allocations)
+  TFRING_CUDA_CHECK(cudaStreamSynchronize(st), "GPU ", device);
+#ifdef TFRING_CUDA_EMULATION
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) launch();
+  TFRING_CUDA_CHECK(cudaStreamSynchronize(st), "GPU ", device);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+#else
+  cudaEvent_t ev[2] = {nullptr, nullptr};
+  float ms = 0;
+  cudaError_t e = cudaEventCreate(&ev[0]);
+  if (e == cudaSuccess) e = cudaEventCreate(&ev[1]);
+  if (e == cudaSuccess) e = cudaEventRecord(ev[0], st);
+  if (e == cudaSuccess) {
+    for (int i = 0; i < iters; ++i) launch();
+    e = cudaEventRecord(ev[1], st);
+  }
+  if (e == cudaSuccess) e = cudaEventSynchronize(ev[1]);
+  if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, ev[0], ev[1]);
+  for (cudaEvent_t x : ev)
+    if (x) cudaEventDestroy(x);
+  TFRING_CUDA_CHECK(e, "timing launches on GPU ", device);
+  return ms / 1e3 / iters;
+#endif
 }
 
 void launchReduce(int device, void* dst, const void* a, const void* b, size_t count,

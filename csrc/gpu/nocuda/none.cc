@@ -44,6 +44,7 @@ void copyToHost(void*, const void*, size_t, int) { noCuda(); }
 void copyToDevice(void*, const void*, size_t, int) { noCuda(); }
 void synchronize(int, void*) { noCuda(); }
 void* streamCreate(int) { noCuda(); }
+double timeLaunches(int, void*, int, const std::function<void()>&) { noCuda(); }
 void streamDestroy(int, void*) noexcept {}
 void launchReduce(int, void*, const void*, const void*, size_t, DataType, ReduceOp, double,
                   void*) {

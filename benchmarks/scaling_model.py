@@ -1,0 +1,475 @@
+#!/usr/bin/env python3
+"""Scale on paper: an alpha-beta model of tfring's allreduce, calibrated from
+the benchmarks' JSON, predicting data-parallel step time and scaling
+efficiency of ResNet-50 and BERT-large from 8 to 512 GPUs.
+
+    python benchmarks/allreduce_bench.py --json cpu.json     # measure first
+    python benchmarks/scaling_model.py --cpu-json cpu.json [--gpu-json gpu_bench.json]
+    python benchmarks/scaling_model.py --json model.json     # published figures only
+
+The model (Hockney's alpha-beta, per link type):
+
+- one collective of S bytes costs alpha_coll + steps * alpha_step +
+  sum over phases of (bytes through the slowest link of the phase) / beta;
+- a tensor in a fused buffer adds alpha_tensor (pack, unpack, bookkeeping).
+
+Flat ring over P GPUs on n nodes of g (P = n g): 2(P-1) steps, and every
+byte of a node's 2(P-1)/P * S crosses its network link when n > 1:
+
+    T_flat = alpha_coll + 2(P-1) alpha_step_net + 2(P-1)/P * S / beta_net
+
+(n = 1: alpha_step_intra and beta_intra instead.) Hierarchical: reduce-
+scatter inside each node, a ring over the n nodes for each GPU's 1/g share
+(g such rings share the node's link), allgather inside the node:
+
+    T_hier = alpha_coll + 2(g-1) alpha_step_intra + 2(g-1)/g * S / beta_intra
+                        + 2(n-1) alpha_step_net   + 2(n-1)/n * S / beta_net
+
+Bandwidth terms nearly agree (a ring is bandwidth-optimal either way); the
+hierarchy's gain is 2(n-1) instead of 2(P-1) latency steps.
+
+A step: forward (1/3 of the compute time) then backward (2/3); a layer's
+gradients are ready when backward has done its share of the MACs (model_zoo
+gives MACs per tensor), last layer first. Tensors are fused in ready order
+into buffers sent when they reach the fusion threshold, or when the cycle
+time has passed since the buffer's first tensor, or at the last gradient;
+buffers go one after another. Exposed communication = finish of the last
+buffer - end of compute; step = compute + exposed; scaling efficiency =
+compute / step (a single GPU does no communication).
+
+Parameters and where each comes from (printed with every run):
+
+- alpha_coll, alpha_step, alpha_tensor, beta_shm: the CPU sweep's JSON
+  (allreduce_bench.py --json). The core's latency at its smallest size,
+  less that size's bandwidth term, at each measured rank count N, fitted to
+  alpha_coll + 2(N-1) alpha_step (least squares; one N: all in alpha_coll);
+  beta_shm = the core's busbw at the largest size; alpha_tensor = (fused
+  batch time - the model's one collective of the batch's total bytes) /
+  tensors, from the batch of grouped_allreduce in a tf.function (else the
+  allreduce_async batch).
+- The GPU table's JSON (gpu_bench.py --json), when given (the --mode mps
+  one of several; dry runs and emulation output are refused): the same fit
+  on its latency rows (ring algorithm) for alpha_coll and alpha_step_intra,
+  its 256-tensor batch for alpha_tensor, and, when it measured NCCL across
+  several GPUs, beta_intra. Its ranks share one GPU, so its alphas are an
+  upper bound for GPUs of their own. Otherwise alphas from the CPU JSON.
+- Published: beta_intra = 370 GB/s, NCCL's all-reduce bus bandwidth on 8
+  H100 SXM over NVLink (NVIDIA's nccl-tests figures for DGX H100); beta_net
+  = 25, 100, 200 or 400 Gb/s per node (Ethernet/InfiniBand line rates, one
+  NIC per node unless --nics-per-node). The network's own latency is not
+  in any JSON: alpha_step_net = alpha_step + --net-latency-us (default 0).
+- Compute per step: --compute-ms MODEL=MS, default derived from the
+  architecture: 3 * MACs * 2 FLOP/MAC * batch / --gpu-tflops (assumed
+  sustained, default 200 TFLOP/s, about 20% of the H100 SXM's 989 TFLOP/s
+  dense bf16 peak in NVIDIA's datasheet), --batch 64 images / 32 sequences
+  of 128 tokens per GPU.
+- Reference: Horovod (Sergeev & Del Balso 2018, arXiv:1802.05799) reports
+  about 90% scaling efficiency at 512 GPUs (128 servers of 4 Pascal GPUs,
+  25 Gbit/s RoCE) for Inception V3 and ResNet-101, 68% for VGG-16.
+
+Without any JSON the alphas are unknown: the model then says so and predicts
+with alpha = 0, a bandwidth-only lower bound on the time.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+from model_zoo import MODELS
+
+GB = 1e9
+PUBLISHED = {
+    "beta_intra_gbs": (370.0, "NCCL all-reduce busbw, 8x H100 SXM NVLink (nccl-tests, DGX H100)"),
+    "net_gbits": ((25, 100, 200, 400), "Ethernet/InfiniBand line rates between hosts"),
+    "horovod_512_eff": (0.90, "Horovod paper (Sergeev & Del Balso 2018): ~90% at 512 GPUs, "
+                              "Inception V3 and ResNet-101, 25 Gbit/s RoCE"),
+    "h100_bf16_tflops": (989.0, "H100 SXM dense bf16 peak, NVIDIA datasheet"),
+}
+GPUS = (8, 16, 32, 64, 128, 256, 512)
+FUSION_THRESHOLDS = [1 << k for k in range(20, 28)]  # 1 MiB .. 128 MiB
+CYCLE_TIMES_S = (0.5e-3, 1e-3, 2e-3, 5e-3, 10e-3)
+
+# ------------------------------------------------------------- the model --
+
+
+def ring_time(size, procs, alpha_step, beta):
+    """One ring allreduce's steps and bytes: 2(P-1) alpha + 2(P-1)/P S / beta."""
+    if procs <= 1:
+        return 0.0
+    return 2 * (procs - 1) * alpha_step + 2 * (procs - 1) / procs * size / beta
+
+
+def allreduce_time(size, p, algo):
+    """Seconds for one allreduce of ``size`` bytes under parameters ``p``
+    (dict: alpha_coll, alpha_step_intra, alpha_step_net, beta_intra, beta_net,
+    gpus, per_node), ``algo`` "flat" or "hier"."""
+    n_gpus, g = p["gpus"], min(p["per_node"], p["gpus"])
+    nodes = max(1, n_gpus // g)
+    if nodes == 1:
+        return p["alpha_coll"] + ring_time(size, g, p["alpha_step_intra"], p["beta_intra"])
+    if algo == "flat":
+        return p["alpha_coll"] + ring_time(size, n_gpus, p["alpha_step_net"], p["beta_net"])
+    return (p["alpha_coll"] + ring_time(size, g, p["alpha_step_intra"], p["beta_intra"])
+            + ring_time(size, nodes, p["alpha_step_net"], p["beta_net"]))
+
+
+def ready_times(tensors, compute_s):
+    """(bytes, ready seconds) per tensor in backward order: forward takes a
+    third of ``compute_s``, backward the rest, spent on layers in proportion
+    to their MACs, last layer first."""
+    fwd, bwd = compute_s / 3, 2 * compute_s / 3
+    total = sum(t.macs for t in tensors) or 1
+    out, done = [], 0
+    for t in reversed(tensors):
+        done += t.macs
+        out.append((4 * t.elems, fwd + bwd * done / total))
+    return out
+
+
+def fuse(ready, threshold, cycle):
+    """Buffers as (bytes, tensors, send time): a buffer is sent when it
+    reaches ``threshold`` bytes, when ``cycle`` seconds passed since its
+    first tensor was ready (at the next tensor's arrival or the deadline),
+    or with the last gradient."""
+    buffers, cur, count, first = [], 0, 0, None
+    for nbytes, t in ready:
+        if cur and t > first + cycle:  # the deadline passed before this tensor
+            buffers.append((cur, count, first + cycle))
+            cur, count, first = 0, 0, None
+        if first is None:
+            first = t
+        cur, count = cur + nbytes, count + 1
+        if cur >= threshold:
+            buffers.append((cur, count, t))
+            cur, count, first = 0, 0, None
+    if cur:
+        buffers.append((cur, count, ready[-1][1]))
+    return buffers
+
+
+def step_time(tensors, compute_s, p, algo, threshold, cycle):
+    """(step seconds, exposed communication seconds, total communication
+    seconds) of one training step."""
+    busy_until, comm = 0.0, 0.0
+    for nbytes, count, send in fuse(ready_times(tensors, compute_s), threshold, cycle):
+        t = allreduce_time(nbytes, p, algo) + count * p["alpha_tensor"]
+        comm += t
+        busy_until = max(busy_until, send) + t
+    exposed = max(0.0, busy_until - compute_s)
+    return compute_s + exposed, exposed, comm
+
+
+def compute_for_efficiency(tensors, p, algo, threshold, cycle, target):
+    """The least compute seconds per step at which the predicted scaling
+    efficiency reaches ``target`` (bisection; efficiency grows with compute
+    as more communication hides behind backward)."""
+    def eff(c):
+        return c / step_time(tensors, c, p, algo, threshold, cycle)[0]
+
+    lo, hi = 1e-6, 1.0
+    while eff(hi) < target and hi < 1e4:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if eff(mid) < target else (lo, mid)
+    return hi
+
+
+# ------------------------------------------------------------ calibration --
+
+
+def _fit_alpha(points):
+    """points: [(N, latency s)] -> (alpha_coll, alpha_step) fitted to
+    t = alpha_coll + 2(N-1) alpha_step by least squares, both >= 0."""
+    if not points:
+        return None, None
+    xs = [2 * (n - 1) for n, _ in points]
+    ys = [t for _, t in points]
+    if len(set(xs)) < 2:
+        return sum(ys) / len(ys), 0.0
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    slope = max(0.0, slope)
+    return max(0.0, my - slope * mx), slope
+
+
+def calibrate_cpu(doc):
+    """Parameters from allreduce_bench.py's JSON: alpha_coll, alpha_step,
+    alpha_tensor, beta_shm (bytes/s) and notes saying from which rows."""
+    out, notes, latency = {}, [], []
+    runs = sorted(doc["runs"], key=lambda r: r["np"])
+    multi = [r for r in runs if r["np"] > 1 and any("tfring" in x for x in r["results"])]
+    if multi:
+        run = multi[0]
+        rows = sorted((x for x in run["results"] if "tfring" in x), key=lambda x: x["size"])
+        out["beta_shm"] = rows[-1]["tfring"]["busbw_gbs"] * GB
+        notes.append(f"beta_shm: core busbw at {rows[-1]['size']} B, {run['np']} ranks")
+    for r in runs:
+        rows = sorted((x for x in r["results"] if "tfring" in x), key=lambda x: x["size"])
+        if not rows:
+            continue
+        n, s, t = r["np"], rows[0]["size"], rows[0]["tfring"]["time_s"]
+        bw_term = 2 * (n - 1) / n * s / out["beta_shm"] if n > 1 and "beta_shm" in out else 0
+        latency.append((n, max(0.0, t - bw_term)))
+    out["alpha_coll"], out["alpha_step"] = _fit_alpha(latency)
+    if latency:
+        notes.append("alpha_coll, alpha_step: core latency at the smallest size, fitted over "
+                     f"N = {', '.join(str(n) for n, _ in latency)}")
+    for r in runs:
+        if r["np"] < 2 or "beta_shm" not in out:
+            continue
+        for b in r.get("batches", []):
+            res = b["results"]
+            path = next((k for k in ("tf_grouped_function", "core_async") if k in res), None)
+            if path is None:
+                continue
+            n, total = r["np"], b["count"] * b["tensor_bytes"]
+            one = out["alpha_coll"] + ring_time(total, n, out["alpha_step"], out["beta_shm"])
+            out["alpha_tensor"] = max(0.0, (res[path]["time_s"] - one) / b["count"])
+            notes.append(f"alpha_tensor: {b['count']} x {b['tensor_bytes']} B batch ({path}), "
+                         f"{n} ranks")
+            break
+        if "alpha_tensor" in out:
+            break
+    return out, notes
+
+
+def calibrate_gpu(doc):
+    """Parameters from gpu_bench.py's JSON: alpha_coll, alpha_step_intra,
+    alpha_tensor and (NCCL across GPUs) beta_intra, with notes."""
+    out, notes = {}, []
+    rows = [r for r in doc.get("allreduce", []) if r.get("kind") == "latency" and r.get("ok")]
+    ring = [r for r in rows if r.get("algo") == "ring"] or rows
+    by_n = {}
+    for r in ring:
+        cur = by_n.get(r["procs"])
+        if cur is None or r["bytes"] < cur["bytes"]:
+            by_n[r["procs"]] = r
+    pts = [(n, r["seconds"]) for n, r in sorted(by_n.items())]
+    if pts:
+        out["alpha_coll"], out["alpha_step_intra"] = _fit_alpha(pts)
+        notes.append(f"GPU alpha_coll, alpha_step_intra: latency rows ({ring[0].get('algo')}), "
+                     f"N = {', '.join(str(n) for n, _ in pts)}")
+    for b in doc.get("batch", []):
+        if b.get("ok") and b.get("procs", 1) >= 1 and "per_tensor_s" in b:
+            out["alpha_tensor"] = b["per_tensor_s"]
+            notes.append(f"GPU alpha_tensor: {b['count']}-tensor batch, {b['procs']} rank(s)")
+            break
+    multi = (doc.get("nccl") or {}).get("multi")
+    if multi and multi.get("results"):
+        r = max(multi["results"], key=lambda x: x["bytes"])
+        n = multi.get("procs", 2)
+        out["beta_intra"] = r["bytes"] / r["seconds"] * 2 * (n - 1) / n
+        notes.append(f"beta_intra: NCCL across {n} GPUs at {r['bytes']} B (measured)")
+    return out, notes
+
+
+def load_json(path, what):
+    """The document at ``path``, or None with a message saying what the
+    model uses instead."""
+    if path is None:
+        return None
+    if not os.path.exists(path):
+        print(f"scaling_model: {what} {path!r} not found: using published figures only "
+              "for what it would have calibrated", file=sys.stderr)
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def parameters(args):
+    """The model's parameters with a source for each."""
+    sources = {}
+    cpu_doc = load_json(args.cpu_json, "CPU benchmark JSON")
+    gpu_doc, gpu_path = None, None
+    for path in args.gpu_json or []:
+        doc = load_json(path, "GPU benchmark JSON")
+        if doc is not None and (doc.get("dry_run") or doc.get("emulated")):
+            print(f"scaling_model: {path!r} is a dry run or the CUDA emulation, not a "
+                  "measurement: ignored", file=sys.stderr)
+            continue
+        # Ranks sharing a GPU under MPS come closest to ranks on GPUs of their own.
+        if doc is not None and (gpu_doc is None or doc.get("mode") == "mps"):
+            gpu_doc, gpu_path = doc, path
+    p = {"alpha_coll": 0.0, "alpha_step": 0.0, "alpha_tensor": 0.0,
+         "beta_intra": PUBLISHED["beta_intra_gbs"][0] * GB}
+    sources["beta_intra"] = "published: " + PUBLISHED["beta_intra_gbs"][1]
+    calibrated = False
+    if cpu_doc is not None:
+        c, notes = calibrate_cpu(cpu_doc)
+        for k in ("alpha_coll", "alpha_step", "alpha_tensor", "beta_shm"):
+            if c.get(k) is not None:
+                p[k] = c[k]
+                sources[k] = f"{args.cpu_json}: " + "; ".join(n for n in notes if k in n)
+                calibrated = calibrated or k.startswith("alpha")
+    p["alpha_step_intra"] = p["alpha_step"]
+    sources["alpha_step_intra"] = "= alpha_step"
+    if gpu_doc is not None:
+        c, notes = calibrate_gpu(gpu_doc)
+        for k in ("alpha_coll", "alpha_step_intra", "alpha_tensor", "beta_intra"):
+            if c.get(k) is not None:
+                p[k] = c[k]
+                sources[k] = (f"{gpu_path} (mode {gpu_doc.get('mode')}): "
+                              + "; ".join(n for n in notes if k in n))
+                calibrated = calibrated or k.startswith("alpha")
+    p["alpha_step_net"] = p["alpha_step_intra"] + args.net_latency_us * 1e-6
+    sources["alpha_step_net"] = f"alpha_step_intra + --net-latency-us {args.net_latency_us:g}"
+    if not calibrated:
+        sources["alphas"] = ("no benchmark JSON: every alpha is 0, predictions are a "
+                             "bandwidth-only lower bound")
+    return p, sources
+
+
+def compute_seconds(args, name, tensors):
+    if name in args.compute_ms:
+        return args.compute_ms[name] / 1e3, "--compute-ms"
+    batch = args.batch[name]
+    flops = 3 * sum(t.macs for t in tensors) * 2 * batch
+    return flops / (args.gpu_tflops * 1e12), (
+        f"3 x {sum(t.macs for t in tensors) / 1e9:.2f} GMAC x 2 FLOP x batch {batch} "
+        f"/ {args.gpu_tflops:g} TFLOP/s")
+
+
+# ---------------------------------------------------------------- output --
+
+
+def predict(args, p):
+    rows, fusion, models = [], [], []
+    ref_gpus = 64
+    for name, build in MODELS.items():
+        tensors = build()
+        compute, why = compute_seconds(args, name, tensors)
+        for gbit in args.net_gbits:
+            beta_net = gbit / 8 * GB * args.nics_per_node
+            for gpus in GPUS:
+                q = dict(p, gpus=gpus, per_node=args.per_node, beta_net=beta_net)
+                for algo in ("flat", "hier"):
+                    knobs = (args.fusion_threshold, args.cycle_time)
+                    step, exposed, comm = step_time(tensors, compute, q, algo, *knobs)
+                    row = {"model": name, "gpus": gpus, "net_gbits": gbit, "algo": algo,
+                           "compute_s": compute, "comm_s": comm, "exposed_s": exposed,
+                           "step_s": step, "efficiency": compute / step}
+                    if gpus == GPUS[-1]:
+                        row["compute_for_horovod_eff_s"] = compute_for_efficiency(
+                            tensors, q, algo, *knobs, PUBLISHED["horovod_512_eff"][0])
+                    rows.append(row)
+            # The fusion knobs minimising exposed communication (hierarchical,
+            # ref_gpus GPUs, this network).
+            q = dict(p, gpus=ref_gpus, per_node=args.per_node, beta_net=beta_net)
+            best = min(((step_time(tensors, compute, q, "hier", f, c)[1], f, c)
+                        for f in FUSION_THRESHOLDS for c in CYCLE_TIMES_S),
+                       key=lambda x: (round(x[0], 9), -x[1], x[2]))
+            fusion.append({"model": name, "gpus": ref_gpus, "net_gbits": gbit,
+                           "fusion_threshold": best[1], "cycle_time_s": best[2],
+                           "exposed_s": best[0]})
+        models.append({"model": name, "compute_s": compute, "compute_source": why,
+                       "tensors": len(tensors), "bytes": 4 * sum(t.elems for t in tensors)})
+    return rows, fusion, models
+
+
+def format_report(p, sources, rows, fusion, models, args):
+    lines = ["### Scaling model: predicted step time and efficiency", ""]
+    for k in ("alpha_coll", "alpha_step", "alpha_step_intra", "alpha_step_net",
+              "alpha_tensor"):
+        lines.append(f"- {k} = {p[k] * 1e6:.2f} us ({sources.get(k, 'default 0')})")
+    for k in ("beta_shm", "beta_intra"):
+        if k in p:
+            lines.append(f"- {k} = {p[k] / GB:.2f} GB/s ({sources.get(k)})")
+    lines.append(f"- beta_net = {', '.join(f'{g:g}' for g in args.net_gbits)} Gb/s x "
+                 f"{args.nics_per_node} NIC(s) per node (published: {PUBLISHED['net_gbits'][1]})")
+    if "alphas" in sources:
+        lines.append(f"- NOTE: {sources['alphas']}")
+    lines.append(f"- {args.per_node} GPUs per node; fusion threshold "
+                 f"{args.fusion_threshold >> 20} MiB, cycle time {args.cycle_time * 1e3:g} ms")
+    for f in models:
+        if "compute_s" in f:
+            lines.append(f"- {f['model']}: {f['tensors']} tensors, {f['bytes'] / 1e6:.1f} MB "
+                         f"of gradients, compute {f['compute_s'] * 1e3:.1f} ms per step "
+                         f"({f['compute_source']})")
+    lines += ["", "| model | net Gb/s | GPUs | flat step ms | flat eff | hier step ms "
+              "| hier eff | comm ms (hier, unoverlapped) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    by = {(r["model"], r["net_gbits"], r["gpus"], r["algo"]): r for r in rows}
+    for (model, gbit, gpus, algo), r in by.items():
+        if algo != "flat":
+            continue
+        h = by[(model, gbit, gpus, "hier")]
+        lines.append(f"| {model} | {gbit:g} | {gpus} | {r['step_s'] * 1e3:.1f} "
+                     f"| {100 * r['efficiency']:.0f}% | {h['step_s'] * 1e3:.1f} "
+                     f"| {100 * h['efficiency']:.0f}% | {h['comm_s'] * 1e3:.1f} |")
+    eff, why = PUBLISHED["horovod_512_eff"]
+    lines += ["", f"Reference: {why} ({100 * eff:.0f}%). Predicted at 512 GPUs, "
+              "hierarchical:"]
+    for r in rows:
+        if r["gpus"] == 512 and r["algo"] == "hier":
+            lines.append(f"- {r['model']}, {r['net_gbits']:g} Gb/s: {100 * r['efficiency']:.0f}%; "
+                         f"{100 * eff:.0f}% needs at least "
+                         f"{r['compute_for_horovod_eff_s'] * 1e3:.1f} ms of compute per step "
+                         f"(this run assumes {r['compute_s'] * 1e3:.1f} ms)")
+    lines += ["", "Recommended fusion (minimum predicted exposed communication, "
+              "hierarchical, 64 GPUs):"]
+    for f in fusion:
+        if "fusion_threshold" in f:
+            lines.append(f"- {f['model']}, {f['net_gbits']:g} Gb/s: TFRING_FUSION_THRESHOLD="
+                         f"{f['fusion_threshold']} ({f['fusion_threshold'] >> 20} MiB), "
+                         f"TFRING_CYCLE_TIME={f['cycle_time_s'] * 1e3:g} (ms); exposed "
+                         f"{f['exposed_s'] * 1e3:.2f} ms")
+    return "\n".join(lines)
+
+
+def _model_ms(text):
+    out = {}
+    for part in filter(None, text.split(",")):
+        k, v = part.split("=")
+        if k not in MODELS:
+            raise argparse.ArgumentTypeError(f"unknown model {k!r}; known: {', '.join(MODELS)}")
+        out[k] = float(v)
+    return out
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cpu-json", help="allreduce_bench.py --json output")
+    p.add_argument("--gpu-json", action="append",
+                   help="gpu_bench.py --json output (repeatable: the --mode mps one is "
+                   "preferred; dry runs and emulation output are ignored)")
+    p.add_argument("--json", help="write parameters and predictions here")
+    p.add_argument("--per-node", type=int, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--nics-per-node", type=int, default=1)
+    p.add_argument("--net-gbits", type=lambda s: [float(x) for x in s.split(",")],
+                   default=list(PUBLISHED["net_gbits"][0]),
+                   help="network line rates to predict, Gb/s per NIC (default 25,100,200,400)")
+    p.add_argument("--net-latency-us", type=float, default=0.0,
+                   help="network latency added to every inter-node ring step")
+    p.add_argument("--compute-ms", type=_model_ms, default={},
+                   help="compute time per step, e.g. resnet50=120,bert-large=400")
+    p.add_argument("--gpu-tflops", type=float, default=200.0,
+                   help="sustained TFLOP/s for the derived compute time (default 200)")
+    p.add_argument("--batch", type=_model_ms, default={"resnet50": 64, "bert-large": 32},
+                   help="per-GPU batch for the derived compute time")
+    p.add_argument("--fusion-threshold", type=int, default=64 << 20,
+                   help="bytes (default 64 MiB, TFRING_FUSION_THRESHOLD)")
+    p.add_argument("--cycle-time", type=float, default=2e-3,
+                   help="seconds (default 0.002, TFRING_CYCLE_TIME)")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    args.batch = {**{"resnet50": 64, "bert-large": 32}, **args.batch}
+    p, sources = parameters(args)
+    rows, fusion, models = predict(args, p)
+    print(format_report(p, sources, rows, fusion, models, args))
+    if args.json:
+        doc = {"benchmark": "scaling_model", "parameters": p, "sources": sources,
+               "published": {k: {"value": v, "source": s} for k, (v, s) in PUBLISHED.items()},
+               "models": models, "predictions": rows, "fusion": fusion}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0 if all(math.isfinite(r["step_s"]) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
