@@ -12,6 +12,7 @@
 // to the previous receive step and the whole 2(N-1)-step exchange runs as
 // one pipeline. Each rank moves 2(N-1)/N of the buffer in and out, which is
 // the bandwidth lower bound for allreduce.
+#include <algorithm>
 #include <cstring>
 
 #include "collectives/ring.h"
@@ -28,39 +29,101 @@ std::vector<size_t> evenSplit(size_t count, int parts) {
   return off;
 }
 
+namespace {
+
+// The virtual buffer of a scatter list: tensor after tensor. piece() cuts a
+// virtual byte range at tensor boundaries and calls fn(in, out, bytes) for
+// each part, in order.
+struct SpanMap {
+  const std::vector<Span>& spans;
+  std::vector<size_t> start;  // virtual byte offset of each span
+  size_t es;
+
+  SpanMap(const std::vector<Span>& s, size_t elem) : spans(s), es(elem) {
+    size_t off = 0;
+    for (auto& sp : spans) {
+      start.push_back(off);
+      off += sp.count * es;
+    }
+    start.push_back(off);
+  }
+
+  template <typename Fn>
+  int pieces(size_t a, size_t b, Fn fn) const {
+    int n = 0;
+    if (a >= b) return 0;
+    size_t i = std::upper_bound(start.begin(), start.end(), a) - start.begin() - 1;
+    while (a < b) {
+      while (start[i + 1] <= a) ++i;  // skip empty spans
+      size_t end = std::min(b, start[i + 1]);
+      size_t o = a - start[i];
+      fn(spans[i].in + o, spans[i].out + o, end - a);
+      ++n;
+      a = end;
+    }
+    return n;
+  }
+};
+
+}  // namespace
+
 void ringAllreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
                    ReduceOp op, double postscale) {
+  std::vector<Span> one{{static_cast<const char*>(in), static_cast<char*>(out), count}};
+  ringAllreduceSpans(c, one, dtype, op, postscale);
+}
+
+void ringAllreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dtype,
+                        ReduceOp op, double postscale) {
   const int N = c.size;
   const size_t es = dtypeSize(dtype);
-  char* base = static_cast<char*>(out);
-  const char* src = static_cast<const char*>(in);
+  size_t count = 0;
+  for (auto& sp : spans) count += sp.count;
   if (N == 1 || count == 0) {
-    if (out != in && count) std::memcpy(out, in, count * es);
-    if (postscale != 1.0) kernels::scale(out, count, dtype, postscale);
+    for (auto& sp : spans) {
+      if (sp.out != sp.in && sp.count) std::memcpy(sp.out, sp.in, sp.count * es);
+      if (postscale != 1.0) kernels::scale(sp.out, sp.count, dtype, postscale);
+    }
     return;
   }
+  const SpanMap map(spans, es);
   auto off = evenSplit(count, N);
+  // Virtual byte range of segment i.
   auto seg = [&](int i) {
     i = ((i % N) + N) % N;
-    return std::make_pair(base + off[i] * es, (off[i + 1] - off[i]) * es);
+    return std::make_pair(off[i] * es, off[i + 1] * es);
   };
-  auto inSeg = [&](int i) { return src + off[((i % N) + N) % N] * es; };
   const int p = c.pos;
   RingProgram prog;
   prog.dtype = dtype;
   prog.op = op;
+  // Each logical step becomes one step per tensor it touches. A chained
+  // send covers exactly the range its producing receive step covered, so
+  // its pieces chain one to one to that step's pieces.
+  auto addRecv = [&](std::pair<size_t, size_t> r, bool reduce, double scale) {
+    int first = static_cast<int>(prog.recvs.size());
+    map.pieces(r.first, r.second, [&](const char* i, char* o, size_t b) {
+      prog.recvs.push_back({o, b, reduce, scale, reduce ? i : nullptr});
+    });
+    return first;
+  };
+  auto addSend = [&](std::pair<size_t, size_t> s, bool from_input, int chained_first) {
+    int j = 0;
+    map.pieces(s.first, s.second, [&](const char* i, char* o, size_t b) {
+      prog.sends.push_back({from_input ? i : o, b, chained_first < 0 ? -1 : chained_first + j});
+      ++j;
+    });
+  };
+  int prev = -1;  // first piece of the previous receive step
   for (int k = 0; k < N - 1; ++k) {  // reduce-scatter
     // Step 0 sends straight from the input; each receive folds the input's
     // copy of its segment with what arrived, writing the output.
-    auto s = seg(p - k), r = seg(p - k - 1);
-    prog.sends.push_back({k == 0 ? inSeg(p) : s.first, s.second, k == 0 ? -1 : k - 1});
-    prog.recvs.push_back({r.first, r.second, true, k == N - 2 ? postscale : 1.0, inSeg(p - k - 1)});
+    addSend(seg(p - k), k == 0, k == 0 ? -1 : prev);
+    prev = addRecv(seg(p - k - 1), true, k == N - 2 ? postscale : 1.0);
   }
   for (int k = 0; k < N - 1; ++k) {  // allgather
-    auto s = seg(p + 1 - k), r = seg(p - k);
-    int j = N - 1 + k;
-    prog.sends.push_back({s.first, s.second, j - 1});
-    prog.recvs.push_back({r.first, r.second, false, 1.0});
+    addSend(seg(p + 1 - k), false, prev);
+    prev = addRecv(seg(p - k), false, 1.0);
   }
   runRing(c, prog, "allreduce");
 }

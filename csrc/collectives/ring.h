@@ -40,6 +40,21 @@ std::vector<size_t> evenSplit(size_t count, int parts);
 void ringAllreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
                    ReduceOp op, double postscale);
 
+// A tensor of a fused allreduce: `count` elements read from `in` and
+// written to `out` (which may alias `in`).
+struct Span {
+  const char* in;
+  char* out;
+  size_t count;
+};
+
+// ringAllreduce over tensors laid end to end, without packing them into one
+// buffer: every ring step is cut at tensor boundaries, so the reductions
+// read the inputs and write the outputs in place. All ranks must pass the
+// same counts in the same order.
+void ringAllreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dtype,
+                        ReduceOp op, double postscale);
+
 // `out` holds every rank's block in rank order; block r is rank_bytes[r]
 // bytes. This rank's block must already be in place in `out`.
 void ringAllgather(RingComm& c, void* out, const std::vector<size_t>& rank_bytes);

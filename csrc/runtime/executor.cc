@@ -55,7 +55,19 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
     collectives::ringAllreduce(comm_, in, e.req.output, n, dt, kernelOp(m0.op), post);
     return;
   }
-  // Fused: pack every input into one buffer, reduce it once, unpack.
+  if (m0.prescale == 1.0) {
+    // Fused without packing: the ring reads every input and writes every
+    // output where they are, cutting its steps at tensor boundaries.
+    std::vector<collectives::Span> spans;
+    spans.reserve(es.size());
+    for (auto& e : es)
+      spans.push_back({static_cast<const char*>(e->req.input), static_cast<char*>(e->req.output),
+                       static_cast<size_t>(e->meta.numElements())});
+    collectives::ringAllreduceSpans(comm_, spans, dt, kernelOp(m0.op), post);
+    return;
+  }
+  // Fused with a prescale: pack every input into one buffer (scaling it
+  // there, since inputs are read-only), reduce it once, unpack.
   size_t total = 0;
   for (auto& e : es) total += bytesOf(e->meta);
   if (fusion_.size() < total) fusion_.resize(total);
@@ -68,7 +80,7 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
   }
   for (auto& e : es) timeline_.end(e->meta.name);
   size_t count = total / dtypeSize(dt);
-  if (m0.prescale != 1.0) kernels::scale(fusion_.data(), count, dt, m0.prescale);
+  kernels::scale(fusion_.data(), count, dt, m0.prescale);
   collectives::ringAllreduce(comm_, fusion_.data(), fusion_.data(), count, dt, kernelOp(m0.op),
                              post);
   for (auto& e : es) timeline_.begin(e->meta.name, "MEMCPY_OUT_FUSION_BUFFER");
