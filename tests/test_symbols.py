@@ -42,15 +42,36 @@ _RUNTIME = re.compile(
     r"(?:std::|__gnu_cxx::|__cxxabiv1::|__cxa_|__gxx_|_Unwind_|__once_proxy)")
 
 
-def runtime_exports(path):
-    """The defined dynamic symbols of `path` that belong to the C++ runtime,
-    demangled."""
+def exports(path):
+    """The defined dynamic symbols of `path`, demangled."""
     nm = subprocess.run(["nm", "-D", "--defined-only", path],
                         capture_output=True, text=True, check=True).stdout
     names = [line.split()[-1] for line in nm.splitlines() if len(line.split()) >= 3]
     demangled = subprocess.run(["c++filt"], input="\n".join(names),
                                capture_output=True, text=True, check=True).stdout
-    return sorted(d for d in demangled.splitlines() if _RUNTIME.match(d))
+    return demangled.splitlines()
+
+
+def runtime_exports(path):
+    """The defined dynamic symbols of `path` that belong to the C++ runtime."""
+    return sorted(d for d in exports(path) if _RUNTIME.match(d))
+
+
+# What each library must still export: what its users look up or import.
+_API = {
+    "libtfring_core.so": ["tfring::runtime::init(", "tfring::runtime::enqueue("],
+    "_core.": ["PyInit__core"],
+    "libnccl.so": ["ncclGetVersion", "ncclCommInitRank", "ncclAllReduce"],
+}
+
+
+def assert_exports_api(libs):
+    for lib in libs:
+        names = exports(lib)
+        for prefix, wanted in _API.items():
+            if os.path.basename(lib).startswith(prefix):
+                for w in wanted:
+                    assert any(n.startswith(w) for n in names), f"{lib} does not export {w}"
 
 
 def assert_no_runtime_exports(libs):
@@ -77,6 +98,7 @@ def package_libs(pkg):
 def test_package_libraries_export_no_runtime_symbols():
     _tools()
     assert_no_runtime_exports(package_libs(PKG))
+    assert_exports_api(package_libs(PKG))
 
 
 def test_emulation_build_exports_no_runtime_symbols():
@@ -89,6 +111,7 @@ def test_emulation_build_exports_no_runtime_symbols():
     if not libs:
         pytest.skip(f"no CUDA emulation build in {emu} (bash tests/gpu_emu.sh builds it)")
     assert_no_runtime_exports(libs)
+    assert_exports_api(libs)
 
 
 def _compiler():
