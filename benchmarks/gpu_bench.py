@@ -256,6 +256,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer iterations")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--skip", default="", help="comma list of kernels,ring,nccl to skip")
+    ap.add_argument("--mode", default=os.environ.get("TFRING_BENCH_MODE", ""),
+                    help="label for how ranks share the GPU (timeslice, mps): printed and "
+                         "written to the JSON (default $TFRING_BENCH_MODE)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -270,7 +273,9 @@ def main():
         sys.exit("this tfring is the CUDA emulation build (tests/gpu_emu.sh): its timings "
                  "measure host threads, not a GPU; build with nvcc (benchmarks/gpu_run.sh)")
     skip = set(filter(None, args.skip.split(",")))
-    report = {}
+    report = {"mode": args.mode}
+    if args.mode:
+        print(f"GPU sharing mode: {args.mode}")
     copy_bw = None
     if "kernels" not in skip:
         copy_bw, report["kernels"] = bench_kernels(args.quick)
