@@ -58,7 +58,7 @@ summary() {
   local i bad=0
   printf '\ngpu_run summary:\n' >&2
   for i in "${!STEPS[@]}"; do
-    printf '  %-16s %s\n' "${STEPS[$i]}" "${RESULTS[$i]}" >&2
+    printf '  %-18s %s\n' "${STEPS[$i]}" "${RESULTS[$i]}" >&2
     [[ "${RESULTS[$i]}" == FAILED* ]] && bad=1
   done
   if [[ -n "$OUTDIR" ]]; then
@@ -170,7 +170,7 @@ mps_start() {
 mps_stop() {
   [[ $MPS_OURS == 1 ]] || return 0
   MPS_OURS=0
-  echo quit | CUDA_MPS_PIPE_DIRECTORY=$MPS_TMP/pipe nvidia-cuda-mps-control || return 1
+  echo quit | CUDA_MPS_PIPE_DIRECTORY=$MPS_TMP/pipe timeout 60 nvidia-cuda-mps-control || return 1
   # The daemon removes its control pipe when it has exited.
   local i
   for ((i = 0; i < 100; i++)); do
