@@ -162,12 +162,14 @@ def static_runtime_pkg():
             cmd += ["-G", "Ninja"]
         if shutil.which("ccache"):
             cmd += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DCMAKE_C_COMPILER_LAUNCHER=ccache"]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        assert r.returncode == 0, f"configuring {STATIC_BUILD} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, (
+            f"configuring {STATIC_BUILD} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
     jobs = os.environ.get("TFRING_BUILD_JOBS") or str(os.cpu_count() or 2)
     r = subprocess.run(["cmake", "--build", STATIC_BUILD, "-j", jobs],
                        capture_output=True, text=True, timeout=1800)
-    assert r.returncode == 0, f"building {STATIC_BUILD} failed:\n{r.stdout[-5000:]}{r.stderr[-3000:]}"
+    assert r.returncode == 0, (
+        f"building {STATIC_BUILD} failed:\n{r.stdout[-5000:]}{r.stderr[-3000:]}")
     for f in glob.glob(os.path.join(PKG, "*.py")) + [
             d for d in glob.glob(os.path.join(PKG, "*")) if os.path.isdir(d)]:
         name = os.path.join(out, os.path.basename(f))
