@@ -446,7 +446,8 @@ def main():
     ap.add_argument("--dry-run", action="store_true",
                     help="every code path, tiny sizes, 1-2 iterations; not a measurement "
                     "(runs on the CUDA emulation build)")
-    ap.add_argument("--mode", choices=("timeslice", "mps"), default="timeslice",
+    ap.add_argument("--mode", choices=("timeslice", "mps"),
+                    default=os.environ.get("TFRING_BENCH_MODE") or "timeslice",
                     help="how the ranks share the GPU (a label for the table and JSON; "
                     "start MPS yourself: nvidia-cuda-mps-control -d)")
     ap.add_argument("--algos", type=lambda s: s.split(","), default=list(ALGOS),
@@ -473,6 +474,7 @@ def main():
     skip = set(filter(None, args.skip.split(",")))
     report = {"benchmark": "gpu", "mode": args.mode, "dry_run": args.dry_run,
               "emulated": _core.cuda_emulated(), "device": _core.cuda_describe(0)}
+    print(f"GPU sharing mode: {args.mode}")
     copy_bw = None
     if "kernels" not in skip:
         copy_bw, report["kernels"] = bench_kernels(args)

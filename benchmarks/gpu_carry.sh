@@ -25,11 +25,12 @@ is_elf() { [[ "$(head -c 4 "$1" | od -An -c | tr -d ' ')" == "177ELF" ]]; }
 CMAKE_DATA=$("$PY" -c "import cmake; print(cmake.CMAKE_DATA)" 2>/dev/null || true)
 if [[ -n "$CMAKE_DATA" ]]; then
   CMAKE_BIN=$CMAKE_DATA/bin/cmake
-  CMAKE_SHARE=$(ls -d "$CMAKE_DATA"/share/cmake-* | head -1)
+  CMAKE_SHARES=("$CMAKE_DATA"/share/cmake-*)
 else
   CMAKE_BIN=$(readlink -f "$(command -v cmake)")
-  CMAKE_SHARE=$(ls -d "$(dirname "$CMAKE_BIN")"/../share/cmake-* | head -1)
+  CMAKE_SHARES=("$(dirname "$CMAKE_BIN")"/../share/cmake-*)
 fi
+CMAKE_SHARE=${CMAKE_SHARES[0]}
 is_elf "$CMAKE_BIN" || { echo "gpu_carry: $CMAKE_BIN is not a cmake binary" >&2; exit 1; }
 mkdir -p "$CARRY/deps/cmake/bin" "$CARRY/deps/cmake/share"
 cp "$CMAKE_BIN" "$CARRY/deps/cmake/bin/cmake"

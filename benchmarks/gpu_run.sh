@@ -1,26 +1,74 @@
 #!/usr/bin/env bash
 # The one command for a GPU machine: gets a CUDA build of tfring (the one
 # carried in build-gpu/carry/pkg if it imports with this Python, else builds
-# one), runs the GPU tests, then the GPU benchmark.
+# one), runs the GPU tests, then the GPU benchmark twice: with the ranks
+# that share the GPU time-sliced (each its own GPU context, the default), and
+# under the CUDA Multi-Process Service (MPS: one server context for all).
 #
 #   bash benchmarks/gpu_run.sh [pytest args...]
 #
+# Steps, each reported and none stopping the others (only a missing build
+# skips what needs it); a summary at the end:
+#   build       the CUDA build (or the carried one)
+#   mps-start   a private MPS control daemon: nvidia-cuda-mps-control -d with
+#               CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY in a fresh
+#               temporary directory (or the system's daemon in
+#               /tmp/nvidia-mps when one runs, left running)
+#   tests       tests/test_gpu.py, under MPS when it started, else
+#               time-sliced
+#   bench-mps   benchmarks/gpu_bench.py --mode mps
+#   mps-stop    echo quit | nvidia-cuda-mps-control (also on any exit)
+#   bench-timeslice  benchmarks/gpu_bench.py --mode timeslice, MPS stopped
+#               and the pipe directory pointed at an empty one
+#
 # Environment: PYTHON (default python3), BENCH_ARGS (passed to
-# gpu_bench.py, e.g. "--quick"), OUT (if set, the test log and
-# gpu_bench.json are written there), SKIP_TESTS=1 / SKIP_BENCH=1.
+# gpu_bench.py, e.g. "--quick"), OUT (if set: test_gpu.log,
+# gpu_bench_mps.json, gpu_bench_timeslice.json and the MPS logs are written
+# there), SKIP_TESTS=1 / SKIP_BENCH=1 / SKIP_MPS=1.
 # Building needs cmake, ninja (or make) and pybind11: from PATH and Python,
 # or from build-gpu/carry/deps (benchmarks/gpu_carry.sh prepares it on a
-# machine that has them).
+# machine that has them). Exit status: 0 when every step that ran passed,
+# 1 otherwise, 2 when there is no usable build.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 ROOT=$PWD
 PY=${PYTHON:-python3}
 CARRY=$ROOT/build-gpu/carry
 BUILD=$ROOT/build-gpu-run
 PKG=$BUILD/pkg
 OUTDIR=${OUT:-}
+[[ -n "$OUTDIR" ]] && mkdir -p "$OUTDIR"
 log() { printf 'gpu_run: %s\n' "$*" >&2; }
 
+# ------------------------------------------------------------ steps ----
+STEPS=()
+RESULTS=()
+note() { STEPS+=("$1"); RESULTS+=("$2"); log "$1: $2"; }
+# step NAME CMD...: runs CMD, records ok / FAILED (exit status).
+step() {
+  local name=$1 rc
+  shift
+  log "---- $name"
+  "$@"
+  rc=$?
+  if [[ $rc -eq 0 ]]; then note "$name" ok; else note "$name" "FAILED (exit $rc)"; fi
+  return $rc
+}
+summary() {
+  local i bad=0
+  printf '\ngpu_run summary:\n' >&2
+  for i in "${!STEPS[@]}"; do
+    printf '  %-18s %s\n' "${STEPS[$i]}" "${RESULTS[$i]}" >&2
+    [[ "${RESULTS[$i]}" == FAILED* ]] && bad=1
+  done
+  if [[ -n "$OUTDIR" ]]; then
+    for i in "${!STEPS[@]}"; do printf '%s\t%s\n' "${STEPS[$i]}" "${RESULTS[$i]}"; done \
+      > "$OUTDIR/summary.tsv"
+  fi
+  return $bad
+}
+
+# ------------------------------------------------------------ build ----
 nvidia-smi -L 2>/dev/null || log "nvidia-smi not available"
 "$PY" --version
 
@@ -37,33 +85,39 @@ imports() {
     >/dev/null 2>&1
 }
 
-mkdir -p "$PKG/tfring"
-if compgen -G "$CARRY/pkg/tfring/_core*.so" >/dev/null; then
-  cp "$CARRY"/pkg/tfring/*.so "$PKG/tfring/"
-fi
-link_sources
-if imports; then
-  log "using the prebuilt CUDA build ($(cat "$CARRY/pkg/PYTHON_VERSION" 2>/dev/null))"
-else
+build() {
+  mkdir -p "$PKG/tfring"
+  if compgen -G "$CARRY/pkg/tfring/_core*.so" >/dev/null; then
+    cp "$CARRY"/pkg/tfring/*.so "$PKG/tfring/"
+  fi
+  link_sources
+  if imports; then
+    log "using the prebuilt CUDA build ($(cat "$CARRY/pkg/PYTHON_VERSION" 2>/dev/null))"
+    return 0
+  fi
   log "building tfring with CUDA into $BUILD"
   rm -f "$PKG"/tfring/*.so
   [[ -d "$CARRY/deps" ]] && export PATH="$CARRY/deps/cmake/bin:$CARRY/deps/bin:$PATH"
-  CMAKE=$(command -v cmake || true)
-  [[ -n "$CMAKE" ]] || { log "error: no cmake (and no build-gpu/carry/deps)"; exit 2; }
-  PYBIND=${pybind11_DIR:-}
-  [[ -z "$PYBIND" && -d "$CARRY/deps/pybind11" ]] && PYBIND=$CARRY/deps/pybind11/share/cmake/pybind11
-  [[ -z "$PYBIND" ]] && PYBIND=$("$PY" -c "import pybind11; print(pybind11.get_cmake_dir())" 2>/dev/null)
-  [[ -n "$PYBIND" ]] || { log "error: no pybind11 (pip install pybind11, or set pybind11_DIR)"; exit 2; }
-  GEN=()
-  command -v ninja >/dev/null && GEN=(-G Ninja)
-  "$CMAKE" -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DTFRING_WITH_CUDA=ON \
-    -DTFRING_WITH_TF=OFF -DTFRING_OUTPUT_DIR="$PKG/tfring" -Dpybind11_DIR="$PYBIND" \
-    -DPython_EXECUTABLE="$(command -v "$PY")" || exit 2
-  "$CMAKE" --build "$BUILD" -j "$(nproc)" || exit 2
+  local cmake pybind gen=()
+  cmake=$(command -v cmake || true)
+  [[ -n "$cmake" ]] || { log "error: no cmake (and no build-gpu/carry/deps)"; return 2; }
+  pybind=${pybind11_DIR:-}
+  [[ -z "$pybind" && -d "$CARRY/deps/pybind11" ]] && pybind=$CARRY/deps/pybind11/share/cmake/pybind11
+  [[ -z "$pybind" ]] && pybind=$("$PY" -c "import pybind11; print(pybind11.get_cmake_dir())" 2>/dev/null)
+  [[ -n "$pybind" ]] || { log "error: no pybind11 (pip install pybind11, or set pybind11_DIR)"; return 2; }
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  "$cmake" -S "$ROOT" -B "$BUILD" ${gen[@]+"${gen[@]}"} -DCMAKE_BUILD_TYPE=Release \
+    -DTFRING_WITH_CUDA=ON -DTFRING_WITH_TF=OFF -DTFRING_OUTPUT_DIR="$PKG/tfring" \
+    -Dpybind11_DIR="$pybind" -DPython_EXECUTABLE="$(command -v "$PY")" || return 2
+  "$cmake" --build "$BUILD" -j "$(nproc)" || return 2
   link_sources
-  imports || { log "error: the build does not import"; exit 2; }
-fi
+  imports || { log "error: the build does not import"; return 2; }
+}
 
+if ! step build build; then
+  summary
+  exit 2
+fi
 export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}"
 (cd /tmp && "$PY" -c "
 from tfring import _core
@@ -71,20 +125,132 @@ print('cuda_available:', _core.cuda_available(), _core.cuda_unavailable_reason()
 print('devices:', [_core.cuda_describe(i) for i in range(_core.cuda_device_count())])
 print('nccl:', _core.nccl_info())")
 
-rc=0
-if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
-  log "GPU tests"
-  if [[ -n "$OUTDIR" ]]; then
-    (cd /tmp && "$PY" -m pytest -q -rs "$ROOT/tests/test_gpu.py" "$@" 2>&1 | tee "$OUTDIR/test_gpu.log") || rc=1
-  else
-    (cd /tmp && "$PY" -m pytest -q -rs "$ROOT/tests/test_gpu.py" "$@") || rc=1
+# -------------------------------------------------------------- MPS ----
+# The CUDA driver uses MPS when it finds the control daemon's pipe in
+# $CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps) at initialization. Our
+# daemon gets private directories, so nothing else on the machine is
+# affected, and is stopped on every exit path (trap).
+MPS_TMP=$(mktemp -d "${TMPDIR:-/tmp}/tfring-mps.XXXXXX")
+NO_MPS=$MPS_TMP/none        # an empty pipe directory: MPS off for sure
+MPS_PIPE=""                 # the pipe directory while MPS runs
+MPS_OURS=0
+MPS_WHY=""
+
+mps_start() {
+  if [[ "${SKIP_MPS:-0}" == 1 ]]; then MPS_WHY="SKIP_MPS=1"; return 1; fi
+  if [[ -p /tmp/nvidia-mps/control || -S /tmp/nvidia-mps/control ]]; then
+    MPS_PIPE=/tmp/nvidia-mps
+    log "an MPS control daemon already runs (/tmp/nvidia-mps): using it, leaving it running"
+    return 0
   fi
+  if ! command -v nvidia-cuda-mps-control >/dev/null; then
+    MPS_WHY="nvidia-cuda-mps-control is not on PATH"
+    return 1
+  fi
+  mkdir -p "$MPS_TMP/pipe" "$MPS_TMP/log"
+  if ! CUDA_MPS_PIPE_DIRECTORY=$MPS_TMP/pipe CUDA_MPS_LOG_DIRECTORY=$MPS_TMP/log \
+       nvidia-cuda-mps-control -d; then
+    MPS_WHY="nvidia-cuda-mps-control -d failed"
+    return 1
+  fi
+  MPS_OURS=1
+  local i
+  for ((i = 0; i < 100; i++)); do
+    if [[ -p $MPS_TMP/pipe/control || -S $MPS_TMP/pipe/control ]]; then
+      MPS_PIPE=$MPS_TMP/pipe
+      log "MPS control daemon started (CUDA_MPS_PIPE_DIRECTORY=$MPS_PIPE)"
+      return 0
+    fi
+    sleep 0.1
+  done
+  MPS_WHY="the MPS control daemon did not create $MPS_TMP/pipe/control within 10 s"
+  return 1
+}
+
+mps_stop() {
+  [[ $MPS_OURS == 1 ]] || return 0
+  MPS_OURS=0
+  echo quit | CUDA_MPS_PIPE_DIRECTORY=$MPS_TMP/pipe timeout 60 nvidia-cuda-mps-control || return 1
+  # The daemon removes its control pipe when it has exited.
+  local i
+  for ((i = 0; i < 100; i++)); do
+    [[ -e $MPS_TMP/pipe/control ]] || break
+    sleep 0.1
+  done
+  MPS_PIPE=""
+  if [[ -n "$OUTDIR" && -d "$MPS_TMP/log" ]]; then
+    mkdir -p "$OUTDIR/mps-log" && cp -r "$MPS_TMP/log/." "$OUTDIR/mps-log/" 2>/dev/null
+  fi
+  [[ ! -e $MPS_TMP/pipe/control ]] || { log "the MPS control daemon did not quit"; return 1; }
+}
+
+cleanup() {
+  mps_stop >/dev/null 2>&1
+  rm -rf "$MPS_TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Runs "$@" with the GPU shared the given way: mps (our daemon's pipe
+# directory) or timeslice (an empty pipe directory).
+with_mode() {
+  local mode=$1
+  shift
+  if [[ $mode == mps ]]; then
+    env CUDA_MPS_PIPE_DIRECTORY="$MPS_PIPE" TFRING_BENCH_MODE=mps "$@"
+  else
+    env CUDA_MPS_PIPE_DIRECTORY="$NO_MPS" TFRING_BENCH_MODE=timeslice "$@"
+  fi
+}
+
+run_tests() {
+  local mode=$1
+  shift
+  log "GPU tests ($mode)"
+  if [[ -n "$OUTDIR" ]]; then
+    (cd /tmp && with_mode "$mode" "$PY" -m pytest -q -rs "$ROOT/tests/test_gpu.py" "$@" 2>&1 \
+      | tee "$OUTDIR/test_gpu.log")
+  else
+    (cd /tmp && with_mode "$mode" "$PY" -m pytest -q -rs "$ROOT/tests/test_gpu.py" "$@")
+  fi
+}
+
+run_bench() {
+  local mode=$1 json=()
+  [[ -n "$OUTDIR" ]] && json=(--json "$OUTDIR/gpu_bench_$mode.json")
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of words
+  (cd /tmp && with_mode "$mode" "$PY" "$ROOT/benchmarks/gpu_bench.py" --mode "$mode" \
+    ${BENCH_ARGS:-} ${json[@]+"${json[@]}"})
+}
+
+MODE=timeslice
+if step mps-start mps_start; then
+  MODE=mps
+else
+  [[ -n "$MPS_WHY" ]] && log "MPS not used: $MPS_WHY"
+  RESULTS[${#RESULTS[@]} - 1]="not started (${MPS_WHY:-see above}); tests run time-sliced"
+fi
+
+if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
+  step "tests ($MODE)" run_tests "$MODE" "$@"
+else
+  note tests "skipped (SKIP_TESTS=1)"
+fi
+
+if [[ "${SKIP_BENCH:-0}" == 1 ]]; then
+  note bench "skipped (SKIP_BENCH=1)"
+elif [[ $MODE == mps ]]; then
+  step bench-mps run_bench mps
+else
+  note bench-mps "skipped (MPS not started)"
+fi
+
+if [[ $MPS_OURS == 1 ]]; then
+  step mps-stop mps_stop
 fi
 
 if [[ "${SKIP_BENCH:-0}" != 1 ]]; then
-  log "GPU benchmark"
-  JSON=()
-  [[ -n "$OUTDIR" ]] && JSON=(--json "$OUTDIR/gpu_bench.json")
-  (cd /tmp && "$PY" "$ROOT/benchmarks/gpu_bench.py" ${BENCH_ARGS:-} "${JSON[@]}") || rc=1
+  step bench-timeslice run_bench timeslice
 fi
-exit $rc
+
+summary

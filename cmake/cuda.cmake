@@ -5,7 +5,9 @@
 # "no CUDA support" error; everything else is identical.
 #
 # libtfring_core.so links the CUDA runtime statically (CUDA::cudart_static),
-# so it loads on machines without libcudart.so; the driver (libcuda.so.1) is
+# without exporting any of it (cmake/exports.cmake), so it loads on machines
+# without libcudart.so and never clashes with the CUDA runtime another
+# library (TF, CuPy, PyTorch) brought; the driver (libcuda.so.1) is
 # opened by that runtime on first use, so a machine without a GPU driver
 # fails only when a GPU tensor is actually used. NCCL needs no headers or
 # link step: csrc/gpu/nccl_loader.cc declares what it uses and dlopens
@@ -51,6 +53,9 @@ if(_cuda_mode STREQUAL "EMU")
   target_include_directories(tfring_emu_nccl PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/emu/include)
   target_link_libraries(tfring_emu_nccl PRIVATE tfring_core Threads::Threads rt)
   target_link_options(tfring_emu_nccl PRIVATE -Wl,--no-undefined)
+  # NCCL's C API only (cmake/exports/emu_nccl.map; its functions carry no
+  # visibility attributes, so they are compiled with default visibility).
+  tfring_export_only(tfring_emu_nccl emu_nccl)
   set_target_properties(tfring_emu_nccl PROPERTIES
     OUTPUT_NAME nccl SOVERSION 2
     LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/nccl

@@ -147,7 +147,11 @@ endif()
 # TF's headers are noisy under -Wextra even as system headers (templates).
 target_compile_options(_tfring_ops PRIVATE -Wno-sign-compare -Wno-unused-parameter)
 target_link_libraries(_tfring_ops PRIVATE tfring_core ${_tf_lflags})
+# Exports nothing (cmake/exports/tf_ops.map): TF finds the ops through the
+# registrations the library's static initializers make.
+tfring_export_only(_tfring_ops tf_ops)
 set_target_properties(_tfring_ops PROPERTIES
+  CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON
   PREFIX ""
   SUFFIX ".so"
   LIBRARY_OUTPUT_DIRECTORY ${TFRING_OUTPUT_DIR}

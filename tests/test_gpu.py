@@ -579,3 +579,61 @@ def test_nccl_with_a_gpu_per_rank():
         pytest.skip("NCCL not found")
     res = _gpu_job(2, "quick", {"TFRING_GPU_BACKEND": "nccl"}, gpu_per_rank=True)
     assert {r["backend"] for r in res} == {"nccl"}
+
+
+# Ranks sharing a GPU without MPS: the lowest rank of each such host warns
+# once, saying how to start MPS (csrc/gpu/mps.h). MPS is looked for where
+# the CUDA driver looks: the `control` pipe in $CUDA_MPS_PIPE_DIRECTORY.
+MPS_WARNING = "CUDA Multi-Process Service is not running"
+
+
+def _mps_warnings(res):
+    return [r.stderr.count(MPS_WARNING) for r in res]
+
+
+def _mps_job(n, pipe_dir, env=None, per_rank_env=None):
+    e = {"TFRING_GPU_BACKEND": "ring", "TFRING_GPU_CHUNK_SIZE": "64K",
+         "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir)}
+    e.update(env or {})
+    res = run_ranks(n, "gpu.py", ["special"], env=e, timeout=180, per_rank_env=per_rank_env)
+    for r, out in enumerate(check_ok(res)):
+        assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"][:20])
+    return res
+
+
+@requires_gpu
+def test_shared_gpu_without_mps_warns_once_on_the_lowest_rank(tmp_path):
+    res = _mps_job(3, tmp_path / "no-mps", {"TFRING_TEST_DEVICE": "0"})
+    assert _mps_warnings(res) == [1, 0, 0], [r.stderr[-2000:] for r in res]
+    text = res[0].stderr
+    assert "nvidia-cuda-mps-control -d" in text and "CUDA_MPS_PIPE_DIRECTORY" in text, text
+    assert str(tmp_path / "no-mps") in text and "(0, 1, 2)" in text, text
+
+
+@requires_gpu
+def test_shared_gpu_warns_once_per_host(tmp_path):
+    # Two simulated hosts, two ranks sharing GPU 0 on each: ranks 0 and 2
+    # speak for their hosts.
+    res = _mps_job(4, tmp_path / "no-mps", {"TFRING_TEST_DEVICE": "0"},
+                   per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r // 2}"})
+    assert _mps_warnings(res) == [1, 0, 1, 0], [r.stderr[-2000:] for r in res]
+    assert "host host1 (2, 3)" in res[2].stderr, res[2].stderr[-2000:]
+
+
+@requires_gpu
+def test_shared_gpu_under_mps_does_not_warn(tmp_path):
+    # A fake control pipe stands for a running MPS control daemon. The real
+    # CUDA driver would try to talk to it, so only the emulation runs this.
+    if not _core.cuda_emulated():
+        pytest.skip("a fake MPS control pipe is only safe on the CUDA emulation build")
+    os.mkfifo(tmp_path / "control")
+    res = _mps_job(3, tmp_path, {"TFRING_TEST_DEVICE": "0"})
+    assert _mps_warnings(res) == [0, 0, 0], [r.stderr[-2000:] for r in res]
+
+
+@requires_gpu
+def test_a_gpu_per_rank_does_not_warn_about_mps(tmp_path):
+    if _core.cuda_device_count() < 2:
+        pytest.skip("needs two GPUs")
+    res = _mps_job(2, tmp_path / "no-mps", per_rank_env=lambda r: {"TFRING_TEST_DEVICE": r})
+    assert _mps_warnings(res) == [0, 0], [r.stderr[-2000:] for r in res]

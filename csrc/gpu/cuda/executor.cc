@@ -17,6 +17,7 @@
 #include "gpu/cuda/comm.h"
 #include "gpu/cuda/cuda_util.h"
 #include "gpu/device.h"
+#include "gpu/mps.h"
 #include "gpu/nccl_loader.h"
 #include "kernels/cuda/kernels.h"
 #include "transport/ring_links.h"
@@ -283,6 +284,12 @@ Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor
   }
   mine.ipc_ok = cfg.ipc;
   std::vector<RankGpu> facts = T.size > 1 ? gatherFacts(host, mine) : std::vector<RankGpu>{mine};
+  // Ranks time-sliced on one GPU: the lowest rank of the host says how MPS
+  // avoids the context switches (gpu/mps.h).
+  const std::string mps_dir = mpsPipeDirectory();
+  const std::string mps_warning =
+      sharedGpuMpsWarning(facts, T.rank, mpsControlPresent(mps_dir), mps_dir);
+  if (!mps_warning.empty()) TFRING_LOG(kWarning, mps_warning);
   Choice choice;
   try {
     choice = chooseBackend(cfg.backend, facts, cfg.autotune);
