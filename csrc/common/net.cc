@@ -130,7 +130,10 @@ int acceptWithDeadline(int listen_fd, const Deadline& deadline) {
   for (;;) {
     if (!waitReady(listen_fd, POLLIN, deadline)) return -1;
     int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd >= 0) return fd;
+    if (fd >= 0) {
+      setDefaultLiveness(fd);
+      return fd;
+    }
     // The pending connection may have gone away between poll and accept.
     if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK ||
         errno == ECONNABORTED || errno == EPROTO)
@@ -176,6 +179,7 @@ int connectTo(const std::string& host, int port, const Deadline& deadline) {
       if (err == 0) {
         setNonBlocking(fd, false);
         setNoDelay(fd);
+        setDefaultLiveness(fd);
         return fd;
       }
       closeFd(fd);
@@ -217,6 +221,9 @@ void sendAll(int fd, const void* data, size_t n, const Deadline& deadline,
       continue;
     }
     int err = rc < 0 ? errno : EPIPE;
+    if (isSilentPeerError(err))
+      fail(Code::kPeerFailure, "lost the connection to ", peer, " while sending: ",
+           strerror(err), " (its host stopped answering: down, or the network is cut)");
     if (err == EPIPE || err == ECONNRESET || err == ENOTCONN)
       fail(Code::kPeerFailure, "lost the connection to ", peer, " while sending: ",
            strerror(err), " (the peer may have exited)");
@@ -245,6 +252,9 @@ void recvAll(int fd, void* data, size_t n, const Deadline& deadline,
       continue;
     }
     int err = errno;
+    if (isSilentPeerError(err))
+      fail(Code::kPeerFailure, "lost the connection to ", peer, " while receiving: ",
+           strerror(err), " (its host stopped answering: down, or the network is cut)");
     if (err == ECONNRESET || err == ENOTCONN || err == EPIPE)
       fail(Code::kPeerFailure, "lost the connection to ", peer, " while receiving: ",
            strerror(err), " (the peer may have exited)");
@@ -256,6 +266,34 @@ void setNonBlocking(int fd, bool on) {
   int flags = TFRING_SYSCHECK(::fcntl(fd, F_GETFL, 0), "fcntl(F_GETFL)");
   flags = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
   TFRING_SYSCHECK(::fcntl(fd, F_SETFL, flags), "fcntl(F_SETFL)");
+}
+
+bool isSilentPeerError(int err) {
+  return err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH;
+}
+
+void setLiveness(int fd, double timeout_s) {
+  // Budget: 80% of the timeout, so that the error, and the aborts it
+  // triggers on other ranks, land within the timeout. Probes: the first
+  // after half the budget of silence, then 3 more spread over the rest.
+  double budget = std::max(2.0, 0.8 * timeout_s);
+  int idle = std::max(1, static_cast<int>(budget / 2));
+  int cnt = 3;
+  int intvl = std::max(1, static_cast<int>((budget - idle) / cnt));
+  int on = 1;
+  unsigned int user_ms = static_cast<unsigned int>(budget * 1000);
+  if (::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on)) != 0) return;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+  // Without it, data in flight to a vanished host is retransmitted for
+  // ~15 minutes (tcp_retries2) and keepalive never starts.
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof(user_ms));
+}
+
+void setDefaultLiveness(int fd) {
+  const double timeout_s = env::getDouble("TFRING_HEARTBEAT_TIMEOUT", 10.0);
+  if (timeout_s > 0) setLiveness(fd, timeout_s);
 }
 
 void setNoDelay(int fd) {
