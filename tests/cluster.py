@@ -44,6 +44,17 @@ def _run(*argv, check=True, timeout=30):
     return out
 
 
+def netem_available():
+    """True when tc's netem (delay) qdisc exists in this kernel."""
+    ns = f"{PREFIX}{os.getpid()}netem"
+    _run("ip", "netns", "add", ns)
+    try:
+        return _run("tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem",
+                    "delay", "1ms", check=False).returncode == 0
+    finally:
+        _run("ip", "netns", "del", ns, check=False)
+
+
 def why_unavailable():
     """None when namespaces can be made here, else the reason."""
     if os.geteuid() != 0:
@@ -187,16 +198,20 @@ class Cluster:
                 self.shape(h, delay_ms, rate_mbit)
 
     def shape(self, host, delay_ms=None, rate_mbit=None):
-        """netem delay, then a tbf rate limit, on the host's egress."""
-        cmd = ["tc", "-n", host.ns, "qdisc", "replace", "dev", "eth0", "root",
-               "handle", "1:", "netem"]
+        """netem delay (when the kernel has sch_netem), then a tbf rate limit,
+        on the host's egress. Raises RuntimeError naming what is missing."""
+        dev = ("tc", "-n", host.ns, "qdisc", "replace", "dev", "eth0")
+        parent = ("root",)
         if delay_ms:
-            cmd += ["delay", f"{delay_ms}ms"]
-        _run(*cmd)
+            out = _run(*dev, "root", "handle", "1:", "netem", "delay", f"{delay_ms}ms",
+                       check=False)
+            if out.returncode != 0:
+                raise RuntimeError(f"tc netem is not available here ({out.stderr.strip()}): "
+                                   "the kernel has no sch_netem")
+            parent = ("parent", "1:")
         if rate_mbit:
-            _run("tc", "-n", host.ns, "qdisc", "add", "dev", "eth0", "parent", "1:",
-                 "handle", "10:", "tbf", "rate", f"{rate_mbit}mbit", "burst", "256kb",
-                 "latency", "50ms")
+            _run(*dev, *parent, "handle", "10:", "tbf", "rate", f"{rate_mbit}mbit",
+                 "burst", "256kb", "latency", "50ms")
 
     def kill(self, proc):
         try:

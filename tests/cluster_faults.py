@@ -45,6 +45,7 @@ SCENARIOS = {
     "kill rank on host2, negotiation": ("allreduce", "kill-negotiation", 1),
     "link cut mid-transfer": ("allreduce", "cut", 1),
     "stalled rank (SIGSTOP)": ("allreduce", "stop", None),
+    "stalled coordinator, rank 0 (SIGSTOP)": ("allreduce", "stop", 0),
     "store host dies during start-up": ("allreduce", "store-host", 0),
 }
 
@@ -79,10 +80,12 @@ def trial(c, scenario, rng):
     if kind == "stop":
         env["TFRING_TIMEOUT"] = str(STALL_TIMEOUT_S)
     victim = None
-    if host_index is not None:
+    if kind == "stop" and host_index == 0:
+        victim = 0
+    elif host_index is not None:
         victim = host_index * RANKS_PER_HOST + rng.randrange(RANKS_PER_HOST)
     elif kind == "stop":
-        victim = rng.randrange(size)
+        victim = rng.randrange(1, size)
     if kind == "kill-negotiation":
         env.update(VICTIM=victim, STALL_BEFORE_SUBMIT=1)
     result_dir = tempfile.mkdtemp(prefix="tfring-fault-")

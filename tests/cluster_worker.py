@@ -10,7 +10,8 @@ $TFRING_RESULT_DIR/<rank>.json.
         loops the collective <op> (allreduce, allgather, broadcast) until it
         fails (the harness injects the fault); with VICTIM=<rank> and
         STALL_BEFORE_SUBMIT=1 that rank submits nothing, so the others wait
-        in negotiation. Reports the error class, message and when it came.
+        in negotiation; with KILL_RANK=<rank> that rank SIGKILLs itself
+        KILL_AFTER (0.3) seconds into the loop. Reports the error class, message and when it came.
 """
 
 import hashlib
@@ -18,6 +19,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -63,6 +65,9 @@ def fault(rank, op):
     if rank == int(os.environ.get("VICTIM", "-1")) and os.environ.get("STALL_BEFORE_SUBMIT"):
         _ready(rank)
         time.sleep(3600)  # the others negotiate, waiting for this rank
+    if rank == int(os.environ.get("KILL_RANK", "-1")):
+        threading.Timer(float(os.environ.get("KILL_AFTER", "0.3")), os.kill,
+                        (os.getpid(), signal.SIGKILL)).start()
     x = _input(rank, int(os.environ.get("FAULT_ELEMS", str(1 << 20))), 7)
     _ready(rank)
     i = 0
@@ -107,9 +112,9 @@ def main():
     with open(os.path.join(os.environ["TFRING_RESULT_DIR"], f"{rank}.json"), "w") as f:
         json.dump(rep, f)
     sys.stdout.flush()
-    if rep["error"]:
-        os._exit(1)  # a failed job leaves at once, without goodbyes
+    # Leave as a program that caught the error would: shutdown, exit 1.
     basics.shutdown()
+    sys.exit(1 if rep["error"] else 0)
 
 
 if __name__ == "__main__":
