@@ -61,10 +61,17 @@ def _wait_ready(result_dir, size, procs, timeout):
     return False
 
 
+def _named_ranks(message):
+    """Ranks a message names: "rank 3", "ranks [2, 3]"."""
+    named = {int(r) for r in re.findall(r"\brank (\d+)\b", message)}
+    for group in re.findall(r"\branks \[([\d, ]+)\]", message):
+        named |= {int(r) for r in group.replace(",", " ").split()}
+    return named
+
+
 def _names_failure(message, failed_ranks, failed_hosts):
-    for r in failed_ranks:
-        if re.search(rf"\brank {r}\b", message):
-            return True
+    if _named_ranks(message) & set(failed_ranks):
+        return True
     for h in failed_hosts:
         if h.addr in message or re.search(rf"\b{h.name}\b", message):
             return True

@@ -9,6 +9,7 @@ import tempfile
 import pytest
 
 import cluster
+import cluster_slurm
 
 pytestmark = pytest.mark.skipif(cluster.why_unavailable() is not None,
                                 reason=str(cluster.why_unavailable()))
@@ -132,5 +133,19 @@ def test_mpirun_over_ssh(ssh_hosts, tmp_path):
             "-x", "OMP_NUM_THREADS", cluster.PYTHON, cluster.WORKER, "collectives"]
     out = ssh_hosts.hosts[0].run(argv, env=mpi.mpirun_env(_launcher_env(tmp_path)),
                                  cwd=cluster.ROOT, timeout=180)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    check_job(cluster.read_reports(tmp_path, 4), [out.stdout, out.stderr])
+
+
+def test_srun(two_hosts, tmp_path):
+    why = cluster_slurm.slurm_unavailable()
+    if why:
+        pytest.skip(why)
+    cluster_slurm.start_slurm(two_hosts)
+    # As a user types it on host1:  srun -N2 -n4 --ntasks-per-node=2 python cluster_worker.py collectives
+    argv = ["srun", "-N2", "-n4", "--ntasks-per-node=2", "--time=2", cluster.PYTHON,
+            cluster.WORKER, "collectives"]
+    out = two_hosts.hosts[0].run(argv, env=_launcher_env(tmp_path), cwd=cluster.ROOT,
+                                 timeout=150)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     check_job(cluster.read_reports(tmp_path, 4), [out.stdout, out.stderr])
