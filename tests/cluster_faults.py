@@ -20,6 +20,7 @@ import os
 import random
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +48,7 @@ SCENARIOS = {
     "stalled rank (SIGSTOP)": ("allreduce", "stop", None),
     "stalled coordinator, rank 0 (SIGSTOP)": ("allreduce", "stop", 0),
     "store host dies during start-up": ("allreduce", "store-host", 0),
+    "kill a rank under tfring-run -H (ssh)": ("allreduce", "launcher", None),
 }
 
 
@@ -78,9 +80,66 @@ def _names_failure(message, failed_ranks, failed_hosts):
     return False
 
 
+def launcher_trial(c, rng):
+    """tfring-run -H host1:2,host2:2 over sshd; a random rank SIGKILLs itself
+    at a random point. The launcher must name it and exit non-zero, and the
+    ranks that reported must name it, all within the bound."""
+    if not getattr(c, "sshd_started", False):
+        cluster.start_sshd(c)
+        c.sshd_started = True
+    size = RANKS_PER_HOST * len(c.hosts)
+    victim = rng.randrange(size)
+    kill_after = rng.uniform(0.2, 1.2)
+    result_dir = tempfile.mkdtemp(prefix="tfring-fault-")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TFRING_", "OMPI_", "PMI", "SLURM_"))}
+    env.update(cluster.python_env(), TFRING_RESULT_DIR=result_dir, TFRING_TIMEOUT="60",
+               KILL_RANK=str(victim), KILL_AFTER=str(kill_after))
+    argv = [cluster.PYTHON, "-m", "tfring.run", "-np", str(size), "-H",
+            ",".join(f"{h.name}:{RANKS_PER_HOST}" for h in c.hosts),
+            "-x", "PYTHONPATH", "-x", "TFRING_RESULT_DIR", "-x", "KILL_RANK", "-x", "KILL_AFTER",
+            "--timeout", "120", cluster.PYTHON, cluster.WORKER, "fault", "allreduce"]
+    p = c.hosts[0].popen(argv, env=env, cwd=cluster.ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    problems, hang = [], False
+    try:
+        _, err = p.communicate(timeout=60 + DEAD_BOUND_S + HANG_MARGIN_S)
+    except subprocess.TimeoutExpired:
+        c.kill(p)
+        _, err = p.communicate()
+        hang = True
+        problems.append("hang: the launcher did not exit")
+    t_exit = time.time()
+    ready = os.path.join(result_dir, f"{victim}.ready")
+    if not os.path.exists(ready):
+        return {"ok": False, "hang": hang, "slowest": None,
+                "problems": problems + [f"job did not start: {err[-800:]}"]}
+    t_fault = os.path.getmtime(ready) + kill_after
+    slowest = t_exit - t_fault
+    if p.returncode in (0, 124):
+        problems.append(f"launcher exit code {p.returncode}")
+    if not re.search(rf"\brank {victim}\b", err):
+        problems.append(f"launcher output does not name rank {victim}: {err[-500:]}")
+    reps = cluster.read_reports(result_dir, size)
+    messages = {}
+    for r, rep in enumerate(reps):
+        if r == victim or rep is None:
+            continue  # the launcher may stop a survivor before it reports
+        messages[r] = rep["message"]
+        slowest = max(slowest, rep["t_error"] - t_fault)
+        if not _names_failure(rep["message"], {victim}, []):
+            problems.append(f"rank {r}: message names no failed rank/host: {rep['message']}")
+    if slowest > DEAD_BOUND_S:
+        problems.append(f"launcher exited {slowest:.1f} s after the kill")
+    return {"ok": not problems, "hang": hang, "slowest": slowest,
+            "problems": [f"(victim rank {victim}) {x}" for x in problems], "messages": messages}
+
+
 def trial(c, scenario, rng):
     """Runs one trial; returns a dict (ok, hang, slowest, problems)."""
     op, kind, host_index = SCENARIOS[scenario]
+    if kind == "launcher":
+        return launcher_trial(c, rng)
     size = RANKS_PER_HOST * len(c.hosts)
     env = {"TFRING_TIMEOUT": "60", "TFRING_CHUNK_SIZE": str(rng.choice([4096, 65536])),
            "FAULT_ELEMS": str(1 << 20)}
@@ -157,7 +216,9 @@ def trial(c, scenario, rng):
                 problems.append(f"rank {r}: message names no failed rank/host: {rep['message']}")
         if hang:
             problems.append("hang")
-        return {"ok": not problems, "hang": hang, "slowest": slowest, "problems": problems,
+        tag = f"(victim rank {victim}) " if victim is not None else ""
+        return {"ok": not problems, "hang": hang, "slowest": slowest,
+                "problems": [tag + x for x in problems],
                 "messages": {r: (reps[r] or {}).get("message") for r in survivors}}
     finally:
         for p in procs:
