@@ -145,6 +145,13 @@ int acceptWithDeadline(int listen_fd, const Deadline& deadline) {
 int connectTo(const std::string& host, int port, const Deadline& deadline) {
   const std::string addr = joinHostPort(host, port);
   const Deadline start = Deadline::in(0);
+  // A refused connection means the host is up but nothing listens yet: retry
+  // until the deadline. No answer at all (SYN unanswered, host unreachable)
+  // for 80% of TFRING_HEARTBEAT_TIMEOUT (the budget of setLiveness) means the
+  // host is down or cut off: fail then rather than at the deadline.
+  const double heartbeat = env::getDouble("TFRING_HEARTBEAT_TIMEOUT", 10.0);
+  const double silent_limit = heartbeat > 0 ? std::max(2.0, 0.8 * heartbeat) : 0;
+  double silent_since = -1;  // when the current run of unanswered attempts began
   double backoff = 0.01;
   int last_err = 0;
   std::string last_what;
@@ -163,13 +170,19 @@ int connectTo(const std::string& host, int port, const Deadline& deadline) {
         continue;
       }
       // Non-blocking connect so the attempt itself honours the deadline.
+      const double attempt_start = nowSeconds();
       int rc;
       do {
         rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
       } while (rc < 0 && errno == EINTR);
       int err = rc == 0 ? 0 : errno;
       if (err == EINPROGRESS) {
-        if (!waitReady(fd, POLLOUT, deadline)) {
+        Deadline attempt = deadline;
+        if (silent_limit > 0) {
+          double left = silent_limit - (silent_since < 0 ? 0 : nowSeconds() - silent_since);
+          attempt = Deadline::in(std::max(0.0, std::min(deadline.remaining(), left)));
+        }
+        if (!waitReady(fd, POLLOUT, attempt)) {
           err = ETIMEDOUT;
         } else {
           socklen_t len = sizeof(err);
@@ -187,6 +200,16 @@ int connectTo(const std::string& host, int port, const Deadline& deadline) {
       last_what = strerror(err);
       if (!retryableConnectError(err))
         fail(Code::kUnavailable, "could not connect to ", addr, ": ", last_what);
+      if (!isSilentPeerError(err)) {
+        silent_since = -1;
+      } else {
+        double now = nowSeconds();
+        if (silent_since < 0) silent_since = attempt_start;
+        if (silent_limit > 0 && now - silent_since >= silent_limit && !deadline.expired())
+          fail(Code::kPeerFailure, "could not connect to ", addr, ": no answer for ",
+               static_cast<int>(now - silent_since + 0.5), " s (", last_what,
+               "): its host is down or unreachable (TFRING_HEARTBEAT_TIMEOUT)");
+      }
     }
     if (deadline.expired()) break;
     // Back off (10 ms doubling to 500 ms) but never sleep past the deadline.

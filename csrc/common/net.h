@@ -21,7 +21,9 @@ int listenOn(const std::string& host, int port, int* bound_port, int backlog = 1
 int acceptWithDeadline(int listen_fd, const Deadline& deadline);
 
 // Connects to host:port, retrying refused connections until the deadline
-// (the server may not be up yet). Throws kTimeout / kUnavailable.
+// (the server may not be up yet). Throws kTimeout / kUnavailable, or
+// kPeerFailure once the host has not answered at all (no SYN-ACK, host
+// unreachable) for 80% of TFRING_HEARTBEAT_TIMEOUT: it is down or cut off.
 int connectTo(const std::string& host, int port, const Deadline& deadline);
 
 // Full sends/receives on a blocking or non-blocking fd, honouring the
