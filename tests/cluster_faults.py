@@ -266,6 +266,8 @@ def main():
     if why:
         sys.exit(f"cannot build the cluster: {why}")
     cluster.cleanup_leftovers()
+    # Killed by SIGTERM: unwind, so that the cluster of the trial is removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     names = [n for n in SCENARIOS if args.k in n]
     print(f"{'scenario':34s} {'n':>3s} {'slowest':>7s} {'hang':>3s} {'bad':>3s}")
     rows = run_table(names, args.trials, args.seed)
