@@ -11,8 +11,8 @@ import pytest
 import cluster
 import cluster_slurm
 
-pytestmark = pytest.mark.skipif(cluster.why_unavailable() is not None,
-                                reason=str(cluster.why_unavailable()))
+_WHY = cluster.why_unavailable()
+pytestmark = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))
 
 # float32 sums of 4 standard normals against the float64 sum.
 TOLERANCE = 1e-5

@@ -11,8 +11,8 @@ import pytest
 import cluster
 import cluster_faults
 
-pytestmark = pytest.mark.skipif(cluster.why_unavailable() is not None,
-                                reason=str(cluster.why_unavailable()))
+_WHY = cluster.why_unavailable()
+pytestmark = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))
 
 CI_SCENARIOS = [
     "kill rank on host1, allreduce",
