@@ -33,6 +33,7 @@ DEAD_BOUND_S = 10.0
 STALL_TIMEOUT_S = 5.0
 HANG_MARGIN_S = 20.0
 RANKS_PER_HOST = 2
+EXTRA_ENV = {}  # --env K=V: set in every rank of every trial
 
 # name -> (worker op, fault kind, victim host index or None)
 SCENARIOS = {
@@ -145,10 +146,11 @@ def trial(c, scenario, rng):
            "FAULT_ELEMS": str(1 << 20)}
     if kind == "stop":
         env["TFRING_TIMEOUT"] = str(STALL_TIMEOUT_S)
+    env.update(EXTRA_ENV)
     victim = None
     if kind == "stop" and host_index == 0:
         victim = 0
-    elif host_index is not None:
+    elif host_index is not None and kind.startswith("kill"):
         victim = host_index * RANKS_PER_HOST + rng.randrange(RANKS_PER_HOST)
     elif kind == "stop":
         victim = rng.randrange(1, size)
@@ -261,7 +263,10 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     ap.add_argument("-k", default="", help="only scenarios containing this text")
+    ap.add_argument("--env", action="append", default=[], metavar="K=V",
+                    help="set K=V in every rank (e.g. TFRING_HEARTBEAT_TIMEOUT=0); repeatable")
     args = ap.parse_args()
+    EXTRA_ENV.update(item.split("=", 1) for item in args.env)
     why = cluster.why_unavailable()
     if why:
         sys.exit(f"cannot build the cluster: {why}")
