@@ -38,30 +38,33 @@ def ssh_hosts(two_hosts):
 _reference = {}
 
 
-def single_host_results():
-    """The same 4-rank job with every rank on one host (computed once)."""
-    if "res" not in _reference:
+def single_host_results(size):
+    """The same job with every rank on one host (computed once per size)."""
+    if size not in _reference:
         with cluster.Cluster(1) as c:
             d = tempfile.mkdtemp(prefix="tfring-ref-")
-            _, procs = cluster.start_ranks(c, 4, ["collectives"], d)
+            _, procs = cluster.start_ranks(c, size, ["collectives"], d)
             cluster.wait_all(c, procs, 120)
-            reps = cluster.read_reports(d, 4)
+            reps = cluster.read_reports(d, size)
         for r, rep in enumerate(reps):
             assert rep and rep["error"] is None, (r, rep)
-            assert rep["local_size"] == 4 and rep["cross_size"] == 1
-        _reference["res"] = reps[0]["results"]
-    return _reference["res"]
+            assert rep["local_size"] == size and rep["cross_size"] == 1
+        _reference[size] = reps[0]["results"]
+    return _reference[size]
 
 
-def check_job(reps, outs=()):
-    """Right topology, right against numpy, bitwise equal to one host."""
-    ref = single_host_results()
+def check_job(reps, outs=(), nhosts=2):
+    """Right topology (2 ranks per host), right against numpy, bitwise
+    equal to one host."""
+    size = 2 * nhosts
+    assert len(reps) == size
+    ref = single_host_results(size)
     for r, rep in enumerate(reps):
         assert rep is not None, f"rank {r} wrote no report; output: {[o[-1500:] for o in outs]}"
         assert rep["error"] is None, (r, rep["message"])
-        assert (rep["rank"], rep["size"]) == (r, 4)
+        assert (rep["rank"], rep["size"]) == (r, size)
         assert (rep["local_rank"], rep["local_size"]) == (r % 2, 2), rep
-        assert (rep["cross_rank"], rep["cross_size"]) == (r // 2, 2), rep
+        assert (rep["cross_rank"], rep["cross_size"]) == (r // 2, nhosts), rep
         assert "tcp" in rep["transport"], rep["transport"]
         for name, (digest, err) in rep["results"].items():
             assert err <= TOLERANCE, (r, name, err)
@@ -79,6 +82,14 @@ def test_env_bootstrap_two_hosts(two_hosts, tmp_path):
     _, procs = cluster.start_ranks(two_hosts, 2, ["collectives"], tmp_path)
     outs = cluster.wait_all(two_hosts, procs, 120)
     check_job(cluster.read_reports(tmp_path, 4), outs)
+
+
+def test_env_bootstrap_three_hosts(tmp_path):
+    cluster.cleanup_leftovers()
+    with cluster.Cluster(3) as c:
+        _, procs = cluster.start_ranks(c, 2, ["collectives"], tmp_path)
+        outs = cluster.wait_all(c, procs, 120)
+    check_job(cluster.read_reports(tmp_path, 6), outs, nhosts=3)
 
 
 def test_env_bootstrap_shaped_links(tmp_path):
@@ -149,3 +160,33 @@ def test_srun(two_hosts, tmp_path):
                                  timeout=150)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     check_job(cluster.read_reports(tmp_path, 4), [out.stdout, out.stderr])
+
+
+def _netns_names():
+    out = cluster._run("ip", "netns", "list", check=False).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def test_cluster_removes_everything_even_after_a_failure():
+    with pytest.raises(RuntimeError, match="boom"):
+        with cluster.Cluster(2) as c:
+            p = c.hosts[1].popen(["sleep", "300"])
+            names = set(c.namespaces)
+            etc = [h.etc for h in c.hosts]
+            raise RuntimeError("boom")
+    assert p.poll() is not None
+    assert not names & _netns_names()
+    assert not any(os.path.exists(d) for d in etc)
+
+
+def test_leftovers_of_a_crashed_run_are_removed():
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    ns = f"{cluster.PREFIX}{dead.pid}zh1"
+    cluster._run("ip", "netns", "add", ns)
+    os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
+    cluster.cleanup_leftovers()
+    assert ns not in _netns_names()
+    assert not os.path.exists(f"/etc/netns/{ns}")
