@@ -130,7 +130,10 @@ int acceptWithDeadline(int listen_fd, const Deadline& deadline) {
   for (;;) {
     if (!waitReady(listen_fd, POLLIN, deadline)) return -1;
     int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd >= 0) return fd;
+    if (fd >= 0) {
+      setDefaultLiveness(fd);
+      return fd;
+    }
     // The pending connection may have gone away between poll and accept.
     if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK ||
         errno == ECONNABORTED || errno == EPROTO)
@@ -142,6 +145,13 @@ int acceptWithDeadline(int listen_fd, const Deadline& deadline) {
 int connectTo(const std::string& host, int port, const Deadline& deadline) {
   const std::string addr = joinHostPort(host, port);
   const Deadline start = Deadline::in(0);
+  // A refused connection means the host is up but nothing listens yet: retry
+  // until the deadline. No answer at all (SYN unanswered, host unreachable)
+  // for 80% of TFRING_HEARTBEAT_TIMEOUT (the budget of setLiveness) means the
+  // host is down or cut off: fail then rather than at the deadline.
+  const double heartbeat = env::getDouble("TFRING_HEARTBEAT_TIMEOUT", 10.0);
+  const double silent_limit = heartbeat > 0 ? std::max(2.0, 0.8 * heartbeat) : 0;
+  double silent_since = -1;  // when the current run of unanswered attempts began
   double backoff = 0.01;
   int last_err = 0;
   std::string last_what;
@@ -160,13 +170,19 @@ int connectTo(const std::string& host, int port, const Deadline& deadline) {
         continue;
       }
       // Non-blocking connect so the attempt itself honours the deadline.
+      const double attempt_start = nowSeconds();
       int rc;
       do {
         rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
       } while (rc < 0 && errno == EINTR);
       int err = rc == 0 ? 0 : errno;
       if (err == EINPROGRESS) {
-        if (!waitReady(fd, POLLOUT, deadline)) {
+        Deadline attempt = deadline;
+        if (silent_limit > 0) {
+          double left = silent_limit - (silent_since < 0 ? 0 : nowSeconds() - silent_since);
+          attempt = Deadline::in(std::max(0.0, std::min(deadline.remaining(), left)));
+        }
+        if (!waitReady(fd, POLLOUT, attempt)) {
           err = ETIMEDOUT;
         } else {
           socklen_t len = sizeof(err);
@@ -176,6 +192,7 @@ int connectTo(const std::string& host, int port, const Deadline& deadline) {
       if (err == 0) {
         setNonBlocking(fd, false);
         setNoDelay(fd);
+        setDefaultLiveness(fd);
         return fd;
       }
       closeFd(fd);
@@ -183,6 +200,16 @@ int connectTo(const std::string& host, int port, const Deadline& deadline) {
       last_what = strerror(err);
       if (!retryableConnectError(err))
         fail(Code::kUnavailable, "could not connect to ", addr, ": ", last_what);
+      if (!isSilentPeerError(err)) {
+        silent_since = -1;
+      } else {
+        double now = nowSeconds();
+        if (silent_since < 0) silent_since = attempt_start;
+        if (silent_limit > 0 && now - silent_since >= silent_limit && !deadline.expired())
+          fail(Code::kPeerFailure, "could not connect to ", addr, ": no answer for ",
+               static_cast<int>(now - silent_since + 0.5), " s (", last_what,
+               "): its host is down or unreachable (TFRING_HEARTBEAT_TIMEOUT)");
+      }
     }
     if (deadline.expired()) break;
     // Back off (10 ms doubling to 500 ms) but never sleep past the deadline.
@@ -217,6 +244,9 @@ void sendAll(int fd, const void* data, size_t n, const Deadline& deadline,
       continue;
     }
     int err = rc < 0 ? errno : EPIPE;
+    if (isSilentPeerError(err))
+      fail(Code::kPeerFailure, "lost the connection to ", peer, " while sending: ",
+           strerror(err), " (its host stopped answering: down, or the network is cut)");
     if (err == EPIPE || err == ECONNRESET || err == ENOTCONN)
       fail(Code::kPeerFailure, "lost the connection to ", peer, " while sending: ",
            strerror(err), " (the peer may have exited)");
@@ -245,6 +275,9 @@ void recvAll(int fd, void* data, size_t n, const Deadline& deadline,
       continue;
     }
     int err = errno;
+    if (isSilentPeerError(err))
+      fail(Code::kPeerFailure, "lost the connection to ", peer, " while receiving: ",
+           strerror(err), " (its host stopped answering: down, or the network is cut)");
     if (err == ECONNRESET || err == ENOTCONN || err == EPIPE)
       fail(Code::kPeerFailure, "lost the connection to ", peer, " while receiving: ",
            strerror(err), " (the peer may have exited)");
@@ -256,6 +289,34 @@ void setNonBlocking(int fd, bool on) {
   int flags = TFRING_SYSCHECK(::fcntl(fd, F_GETFL, 0), "fcntl(F_GETFL)");
   flags = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
   TFRING_SYSCHECK(::fcntl(fd, F_SETFL, flags), "fcntl(F_SETFL)");
+}
+
+bool isSilentPeerError(int err) {
+  return err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH;
+}
+
+void setLiveness(int fd, double timeout_s) {
+  // Budget: 80% of the timeout, so that the error, and the aborts it
+  // triggers on other ranks, land within the timeout. Probes: the first
+  // after half the budget of silence, then 3 more spread over the rest.
+  double budget = std::max(2.0, 0.8 * timeout_s);
+  int idle = std::max(1, static_cast<int>(budget / 2));
+  int cnt = 3;
+  int intvl = std::max(1, static_cast<int>((budget - idle) / cnt));
+  int on = 1;
+  unsigned int user_ms = static_cast<unsigned int>(budget * 1000);
+  if (::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on)) != 0) return;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+  // Without it, data in flight to a vanished host is retransmitted for
+  // ~15 minutes (tcp_retries2) and keepalive never starts.
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof(user_ms));
+}
+
+void setDefaultLiveness(int fd) {
+  const double timeout_s = env::getDouble("TFRING_HEARTBEAT_TIMEOUT", 10.0);
+  if (timeout_s > 0) setLiveness(fd, timeout_s);
 }
 
 void setNoDelay(int fd) {

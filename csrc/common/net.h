@@ -21,7 +21,9 @@ int listenOn(const std::string& host, int port, int* bound_port, int backlog = 1
 int acceptWithDeadline(int listen_fd, const Deadline& deadline);
 
 // Connects to host:port, retrying refused connections until the deadline
-// (the server may not be up yet). Throws kTimeout / kUnavailable.
+// (the server may not be up yet). Throws kTimeout / kUnavailable, or
+// kPeerFailure once the host has not answered at all (no SYN-ACK, host
+// unreachable) for 80% of TFRING_HEARTBEAT_TIMEOUT: it is down or cut off.
 int connectTo(const std::string& host, int port, const Deadline& deadline);
 
 // Full sends/receives on a blocking or non-blocking fd, honouring the
@@ -30,6 +32,21 @@ void sendAll(int fd, const void* data, size_t n, const Deadline& deadline,
              const std::string& peer);
 void recvAll(int fd, void* data, size_t n, const Deadline& deadline,
              const std::string& peer);
+
+// Liveness of a TCP connection whose peer host may vanish without closing it
+// (power loss, cut link): keepalive probes on an idle connection and
+// TCP_USER_TIMEOUT on one with unacknowledged data in flight (where keepalive
+// does not apply) both give up after about `timeout_s` seconds (at most
+// 0.8 * timeout_s, at least 2 s); the next send/recv/poll then fails with
+// ETIMEDOUT. A live peer that is merely slow or stopped still acknowledges
+// at the TCP level and is never dropped. No-op on non-TCP sockets.
+void setLiveness(int fd, double timeout_s);
+// setLiveness with TFRING_HEARTBEAT_TIMEOUT (default 10 s); connectTo and
+// acceptWithDeadline apply it to every connection they return.
+void setDefaultLiveness(int fd);
+
+// ETIMEDOUT and the unreachable errors: the peer host went silent.
+bool isSilentPeerError(int err);
 
 void setNonBlocking(int fd, bool on);
 void setNoDelay(int fd);

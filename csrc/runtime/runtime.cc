@@ -41,15 +41,9 @@ Global& G() {
 
 // A process that dies closes its sockets and is noticed at once; a host that
 // vanishes without closing them (power loss, partition) is noticed by TCP
-// keepalive probes within about TFRING_HEARTBEAT_TIMEOUT seconds.
+// keepalive and TCP_USER_TIMEOUT within TFRING_HEARTBEAT_TIMEOUT seconds.
 void setKeepAlive(int fd, double timeout_s) {
-  int t = static_cast<int>(timeout_s);
-  int on = 1, cnt = 3;
-  int idle = std::max(1, t / 2), intvl = std::max(1, (t - idle) / cnt);
-  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+  if (timeout_s > 0) net::setLiveness(fd, timeout_s);
 }
 
 std::string describeRank(const transport::Topology& T, int r) {

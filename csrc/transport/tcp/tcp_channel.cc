@@ -13,9 +13,25 @@
 namespace tfring {
 namespace transport {
 
+namespace {
+
+// A socket error on a data link: the peer rank exited (reset), or its host
+// stopped answering for TFRING_HEARTBEAT_TIMEOUT (keepalive/user timeout).
+[[noreturn]] void lostLink(int err, const char* when, int peer_rank, const std::string& addr) {
+  if (net::isSilentPeerError(err))
+    fail(Code::kPeerFailure, "lost the connection to rank ", peer_rank, " at ", addr, " ",
+         when, ": ", strerror(err),
+         " (its host stopped answering for TFRING_HEARTBEAT_TIMEOUT: down, or the network is cut)");
+  fail(Code::kPeerFailure, "lost the connection to rank ", peer_rank, " at ", addr, " ", when,
+       ": ", strerror(err), " (the rank exited or its host failed)");
+}
+
+}  // namespace
+
 TcpSendChannel::TcpSendChannel(int fd, int peer_rank, std::string peer_addr)
     : fd_(fd), peer_rank_(peer_rank), peer_addr_(std::move(peer_addr)) {
   net::setNonBlocking(fd_, true);
+  net::setDefaultLiveness(fd_);  // also when the fd did not come from connectTo
 }
 
 TcpSendChannel::~TcpSendChannel() { net::closeFd(fd_); }
@@ -27,9 +43,7 @@ size_t TcpSendChannel::trySend(const void* data, size_t n) {
     if (r >= 0) return static_cast<size_t>(r);
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-    fail(Code::kPeerFailure, "lost the connection to rank ", peer_rank_, " at ",
-         peer_addr_, " while sending: ", strerror(errno),
-         " (the rank exited or its host failed)");
+    lostLink(errno, "while sending", peer_rank_, peer_addr_);
   }
 }
 
@@ -42,6 +56,7 @@ TcpRecvChannel::TcpRecvChannel(int fd, int peer_rank, std::string peer_addr,
     : fd_(fd), peer_rank_(peer_rank), peer_addr_(std::move(peer_addr)),
       buf_(std::max<size_t>(staging_bytes, 4096)) {
   net::setNonBlocking(fd_, true);
+  net::setDefaultLiveness(fd_);
 }
 
 TcpRecvChannel::~TcpRecvChannel() { net::closeFd(fd_); }
@@ -56,8 +71,7 @@ size_t TcpRecvChannel::readSome(void* dst, size_t n) {
            " closed its connection (it exited or failed)");
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-    fail(Code::kPeerFailure, "lost the connection to rank ", peer_rank_, " at ",
-         peer_addr_, ": ", strerror(errno));
+    lostLink(errno, "while receiving", peer_rank_, peer_addr_);
   }
 }
 
