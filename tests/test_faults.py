@@ -67,3 +67,20 @@ def test_dead_peer_fails_every_rank_fast(scenario, victim, transport):
     res = run_ranks(3, "faults.py", [scenario], timeout=60,
                     env={"VICTIM": victim, "TFRING_TIMEOUT": "60", "TFRING_TRANSPORT": transport})
     check_peer_failure(res, victim, within=10)
+
+
+@pytest.mark.parametrize("victim", [0, 2])
+def test_stopped_rank_is_named_within_the_timeout(victim):
+    # SIGSTOP keeps every connection up: the survivors' own waits would time
+    # out on whichever neighbour they wait for; the coordinator's pings (or,
+    # for a stopped rank 0, their absence) name the stopped rank instead.
+    res = run_ranks(3, "faults.py", ["stopped"], timeout=90,
+                    env={"VICTIM": victim, "TFRING_TIMEOUT": "5"})
+    for r in res:
+        if r.rank == victim:
+            continue
+        assert r.returncode == 0, r.stderr[-3000:]
+        out = r.result
+        assert out["error"] == "PeerFailureError", out
+        assert f"rank {victim}" in out["message"] and "stopped" in out["message"], out
+        assert out["elapsed"] < 5 + 2, out

@@ -75,6 +75,36 @@ Coordinator::Coordinator(std::vector<int> fds, std::vector<std::string> rank_des
   done_.assign(size_, 0);
   last_meta_.resize(size_);
   local_efd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  last_heard_.assign(size_, nowSeconds());
+}
+
+double Coordinator::pingInterval(double timeout_s) {
+  return std::max(0.1, std::min(5.0, timeout_s / 8));
+}
+
+double Coordinator::silenceLimit(double timeout_s) { return 0.7 * timeout_s; }
+
+void Coordinator::checkLiveness(double now) {
+  for (int r = 0; r < size_; ++r) {
+    if (gone_[r] || bye_[r] || fds_[r] < 0) continue;
+    double quiet = now - last_heard_[r];
+    if (quiet > silenceLimit(cfg_.timeout_s)) {
+      abortAll(r, strCat(desc_[r], " has not answered the coordinator for ", int(quiet),
+                         " s: the process is stopped or hung (SIGSTOP, swapped out, a debugger)"
+                         " although its connection is up"));
+      return;
+    }
+  }
+  wire::Writer w;
+  w.put<uint8_t>(kMsgPing);
+  for (int r = 1; r < size_; ++r) {
+    if (gone_[r] || fds_[r] < 0) continue;
+    try {
+      // Never block on a stopped rank: a ping that does not fit is skipped.
+      wire::sendFrame(fds_[r], w.bytes(), Deadline::in(0.05), desc_[r]);
+    } catch (const Error&) {
+    }
+  }
 }
 
 Coordinator::~Coordinator() {
@@ -148,6 +178,7 @@ void Coordinator::loop() {
   } finish{finished_};
   std::vector<struct pollfd> pfds(size_);
   double next_stall_check = nowSeconds() + 0.5;
+  double next_ping = nowSeconds() + pingInterval(cfg_.timeout_s);
   // After an abort the coordinator stays to drain: it keeps reading (and
   // dropping) what ranks still send until they close their connections, so
   // that this process exiting never resets a connection whose Abort the
@@ -168,7 +199,7 @@ void Coordinator::loop() {
     if (n == 0) break;
     // Sleep until a message, the end of a fusion hold or the stall check.
     double now = nowSeconds();
-    double until = std::min(next_stall_check, nextDeadline());
+    double until = std::min({next_stall_check, next_ping, nextDeadline()});
     int ms = static_cast<int>(std::ceil(std::max(0.0, until - now) * 1e3));
     int rc = ::poll(pfds.data(), n, std::min(ms, 100));
     if (rc < 0 && errno != EINTR) break;
@@ -194,6 +225,7 @@ void Coordinator::loop() {
           continue;
         }
       }
+      last_heard_[r] = nowSeconds();
       for (auto& msg : msgs) {
         if (aborted_) {
           if (!msg.empty() && msg[0] == kMsgBye) bye_[r] = true;
@@ -212,6 +244,11 @@ void Coordinator::loop() {
     if (nowSeconds() >= next_stall_check) {
       checkStalls();
       next_stall_check = nowSeconds() + 0.5;
+    }
+    if (nowSeconds() >= next_ping) {
+      checkLiveness(nowSeconds());
+      next_ping = nowSeconds() + pingInterval(cfg_.timeout_s);
+      if (aborted_) continue;
     }
     maybeEmit();
   }
@@ -239,6 +276,8 @@ void Coordinator::onMessage(int rank, const std::vector<uint8_t>& msg) {
     case kMsgDone:
       done_[rank] = std::max(done_[rank], rd.get<uint64_t>());
       break;
+    case kMsgPong:
+      break;  // last_heard_ is updated for every message
     case kMsgBye: {
       bye_[rank] = true;
       {

@@ -21,7 +21,12 @@
 // company.
 //
 // Failure handling. A connection that closes without a goodbye means the
-// rank died: every other rank gets an Abort naming it. A rank that hits a
+// rank died: every other rank gets an Abort naming it. The coordinator pings
+// every rank (pingInterval()) and its reader thread answers; a rank silent
+// for 70% of TFRING_TIMEOUT is stopped or hung (SIGSTOP, swapped out), and
+// every other rank gets an Abort naming it before their own waits time out
+// on whichever neighbour they happened to wait for. Engines likewise give
+// up on a coordinator that has sent nothing, not even a ping, for as long. A rank that hits a
 // fatal error reports it, and the coordinator relays it as an Abort. Names
 // submitted by some ranks only get a stall warning naming the missing ranks
 // after TFRING_STALL_CHECK_TIME, and an error at TFRING_TIMEOUT.
@@ -44,6 +49,10 @@ namespace runtime {
 
 class Coordinator {
  public:
+  // Ping period and silence limit for a job with the given TFRING_TIMEOUT.
+  static double pingInterval(double timeout_s);
+  static double silenceLimit(double timeout_s);
+
   // Takes ownership of the accepted connections: fds[r] talks to rank r;
   // fds[0] is -1: rank 0 is served in process through postLocal/setLocalSink.
   Coordinator(std::vector<int> fds, std::vector<std::string> rank_desc,
@@ -80,6 +89,7 @@ class Coordinator {
   void maybeEmit();
   void sendAll(const std::vector<uint8_t>& payload, int except = -1);
   double nextDeadline() const;  // when maybeEmit's fusion hold ends
+  void checkLiveness(double now);
   void abortAll(int culprit, const std::string& msg);
   void errorGroup(const std::vector<std::string>& names, const std::string& msg);
 
@@ -92,6 +102,7 @@ class Coordinator {
   std::atomic<bool> finished_{false};
   std::vector<bool> bye_, gone_;
   std::vector<uint64_t> done_;  // responses completed, per rank
+  std::vector<double> last_heard_;  // per rank: when it last sent anything
   uint64_t next_seq_ = 1;
   std::map<std::string, Pending> pending_;
   std::vector<Ready> ready_;

@@ -277,12 +277,16 @@ void Engine::loop() {
 
 // ------------------------------------------------------ control messages ----
 
-void Engine::sendCtrl(const std::vector<uint8_t>& payload) {
+void Engine::sendCtrl(const std::vector<uint8_t>& payload, double timeout_s) {
   if (local_coord_) {
     local_coord_->postLocal(payload);
     return;
   }
-  wire::sendFrame(ctrl_fd_, payload, Deadline::in(cfg_.timeout_s), "the coordinator (rank 0)");
+  // The driver, the reader (pongs) and the fatal-error path all write here.
+  std::lock_guard<std::mutex> lk(ctrl_send_mu_);
+  if (ctrl_fd_ < 0) return;
+  wire::sendFrame(ctrl_fd_, payload, Deadline::in(timeout_s < 0 ? cfg_.timeout_s : timeout_s),
+                  "the coordinator (rank 0)");
 }
 
 void Engine::onCtrlMessage(const std::vector<uint8_t>& msg) {
@@ -298,6 +302,12 @@ void Engine::onCtrlMessage(const std::vector<uint8_t>& msg) {
         news_.fetch_add(1, std::memory_order_release);
       }
       wakeLocal();
+    } else if (type == kMsgPing) {
+      if (!local_coord_) {
+        wire::Writer w;
+        w.put<uint8_t>(kMsgPong);
+        sendCtrl(w.bytes(), 2.0);
+      }
     } else if (type == kMsgStall) {
       TFRING_LOG(kWarning, rd.getStr());
     } else if (type == kMsgAbort) {
@@ -328,12 +338,26 @@ void Engine::onCtrlLost() {
 }
 
 void Engine::readerLoop() {
+  // The coordinator pings at least every Coordinator::pingInterval(), so a
+  // longer silence means rank 0 is stopped or hung.
+  const double limit = Coordinator::silenceLimit(cfg_.timeout_s);
   for (;;) {
     std::vector<uint8_t> msg;
     try {
-      // No deadline while idle: the coordinator may legitimately be silent.
-      msg = wire::recvFrame(ctrl_fd_, Deadline::in(1e9), "the coordinator (rank 0)");
-    } catch (const Error&) {
+      msg = wire::recvFrame(ctrl_fd_, Deadline::in(limit), "the coordinator (rank 0)");
+    } catch (const Error& e) {
+      if (e.status().code() == Code::kTimeout) {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!stopping_)
+          AbortState::get().abort(Status(
+              Code::kPeerFailure,
+              strCat("the coordinator (rank 0) has sent nothing for ", int(limit),
+                     " s, not even its pings: rank 0 is stopped or hung (SIGSTOP, swapped "
+                     "out, a debugger) although its connection is up")));
+        reader_done_ = true;
+        cv_.notify_all();
+        return;
+      }
       onCtrlLost();
       return;
     }
@@ -349,10 +373,7 @@ void Engine::reportFatal(const Status& s) {
     wire::Writer w;
     w.put<uint8_t>(kMsgError);
     w.putStr(strCat("rank ", links_->topology().rank, " failed: ", s.message()));
-    if (local_coord_)
-      local_coord_->postLocal(w.bytes());
-    else
-      wire::sendFrame(ctrl_fd_, w.bytes(), Deadline::in(2.0), "the coordinator (rank 0)");
+    sendCtrl(w.bytes(), 2.0);
   } catch (const Error&) {
   }
 }
@@ -384,10 +405,7 @@ void Engine::stop() {
   try {
     wire::Writer w;
     w.put<uint8_t>(kMsgBye);
-    if (local_coord_)
-      local_coord_->postLocal(w.bytes());
-    else if (ctrl_fd_ >= 0)
-      wire::sendFrame(ctrl_fd_, w.bytes(), Deadline::in(2.0), "the coordinator (rank 0)");
+    sendCtrl(w.bytes(), 2.0);
   } catch (const Error&) {
   }
   if (ctrl_fd_ >= 0) {
@@ -395,6 +413,7 @@ void Engine::stop() {
     // wakes the reader thread out of its recv.
     ::shutdown(ctrl_fd_, SHUT_RDWR);
     if (reader_.joinable()) reader_.join();
+    std::lock_guard<std::mutex> lk(ctrl_send_mu_);
     net::closeFd(ctrl_fd_);
     ctrl_fd_ = -1;
   }

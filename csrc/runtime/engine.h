@@ -97,7 +97,7 @@ class Engine {
   void wakeLocal();
   void failAll(const Status& s);
   void reportFatal(const Status& s);
-  void sendCtrl(const std::vector<uint8_t>& payload);
+  void sendCtrl(const std::vector<uint8_t>& payload, double timeout_s = -1);
   Status runInline(Entry& e);  // size-1 jobs: no negotiation, no thread
   // One step of progress: a round when there is news or a peer started
   // one, else an idle wait (when `block`). Returns true if a round ran.
@@ -171,7 +171,8 @@ class Engine {
   std::vector<char> scratch_;
   std::unique_ptr<gpu::Executor> gpu_;  // created at the first GPU group
 
-  std::mutex inline_mu_;  // size-1 jobs
+  std::mutex inline_mu_;      // size-1 jobs
+  std::mutex ctrl_send_mu_;  // writes to ctrl_fd_
   std::thread thread_, reader_;
 };
 

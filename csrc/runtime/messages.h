@@ -36,11 +36,13 @@ enum MsgType : uint8_t {
   kMsgDone = 2,      // u64 response sequence number executed
   kMsgBye = 3,       // clean shutdown
   kMsgError = 4,     // str: a fatal local error; the job must stop
+  kMsgPong = 5,      // answers kMsgPing (sent by the reader thread)
   // coordinator -> engine
   kMsgResponse = 10,  // see Response
   kMsgStall = 11,     // str: warning text
   kMsgAbort = 12,     // i32 culprit rank, str message
   kMsgLeft = 13,      // i32 rank that shut down
+  kMsgPing = 14,      // liveness: a process that cannot answer is stopped
 };
 
 // One unit of execution, identical on every rank.

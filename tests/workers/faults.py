@@ -76,6 +76,23 @@ elif scenario == "die_fast":
         for i in range(10 ** 7):
             _core.allreduce(x, name="fast", out=x)
     attempt(fast_loop)
+elif scenario == "stopped":
+    # The victim is stopped (SIGSTOP), not dead: its connections stay up, so
+    # only its silence gives it away. A helper process kills it later so the
+    # test can end.
+    import subprocess
+    victim = int(os.environ["VICTIM"])
+    x = np.ones(1024, np.float32)
+    for _ in range(3):
+        _core.allreduce(x, name="stop.warm", out=x)
+    if rank == victim:
+        subprocess.Popen(["sh", "-c", f"sleep 20; kill -9 {os.getpid()}"])
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    def stop_loop():
+        for i in range(10 ** 7):
+            _core.allreduce(x, name="stop.warm", out=x)
+    attempt(stop_loop)
 elif scenario == "cached_shape":
     # A name every rank has run before comes back with a new shape on one
     # rank only: that rank leaves the fast path, and the others must follow
