@@ -10,12 +10,21 @@
 // That buffer is the tensor itself when its allocation can be exported
 // (cudaMalloc memory, e.g. CuPy's or PyTorch's pools) and a staging copy in
 // a buffer of ours otherwise (stream-ordered or virtual-memory allocations).
-// Mapped allocations are cached by handle, since opening one costs far more
-// than a collective step.
+// Mapped allocations are cached, since opening one costs far more than a
+// collective step: by (peer, allocation base, size) in the peer's address
+// space, checked against the handle. A peer may free an allocation and
+// reuse its range (a memory pool growing a chunk, a tensor freed and
+// another allocated), and CUDA refuses to map an allocation overlapping one
+// still mapped from that peer (cudaErrorAlreadyMapped), so a new export
+// drops every cached mapping it overlaps. Should the driver still refuse,
+// every mapping of that peer is dropped and the open retried once; if that
+// fails too, the neighbour is asked (through our control block) to stage
+// its buffers in its own staging area from the next collective on.
 #include <cuda_runtime_api.h>
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -48,10 +57,14 @@ struct CtlBlock {
   cudaIpcMemHandle_t mem;
   uint64_t offset;
   uint64_t remote_base;  // the allocation's address in its owner's process
+  uint64_t remote_size;  // and its size
+  // Set by the right neighbour when it could not map our buffer: from then
+  // on we hand it our staging buffer, whose mapping it keeps.
+  std::atomic<int32_t> refuse_user_buffers{0};
 };
 
-std::string handleKey(const cudaIpcMemHandle_t& h) {
-  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+bool sameHandle(const cudaIpcMemHandle_t& a, const cudaIpcMemHandle_t& b) {
+  return memcmp(&a, &b, sizeof(a)) == 0;
 }
 
 class IpcRingComm;
@@ -176,7 +189,9 @@ class IpcRingComm : public GpuComm {
     size_t size = 0;
     cudaIpcMemHandle_t h;
     char* buf = static_cast<char*>(data);
-    bool exported = c_.cfg.ipc_user_buffers && allocationRange(data, &base, &size) &&
+    bool exported = c_.cfg.ipc_user_buffers &&
+                    !right_->refuse_user_buffers.load(std::memory_order_acquire) &&
+                    allocationRange(data, &base, &size) &&
                     cudaIpcGetMemHandle(&h, base) == cudaSuccess;
     if (!exported) {
       cudaGetLastError();  // not sticky; clear it
@@ -191,6 +206,7 @@ class IpcRingComm : public GpuComm {
     self_->mem = h;
     self_->offset = static_cast<uint64_t>(buf - static_cast<char*>(base));
     self_->remote_base = reinterpret_cast<uint64_t>(base);
+    self_->remote_size = size;
     self_->counters.desc_epoch.store(state_.epoch + 1, std::memory_order_release);
     return buf;
   }
@@ -206,41 +222,59 @@ class IpcRingComm : public GpuComm {
     const uint64_t want = state_.epoch + 1;
     waitForPeer([&] { return left_->counters.desc_epoch.load(std::memory_order_acquire) >= want; },
                 deadline, left_rank_, left_->counters.pid, "GPU ring setup");
-    char* base = static_cast<char*>(import(left_->mem, left_->remote_base));
+    char* base = static_cast<char*>(import(left_->mem, left_->remote_base, left_->remote_size));
     return base + left_->offset;
   }
 
-  void* import(const cudaIpcMemHandle_t& h, uint64_t remote_base) {
-    const std::string key = handleKey(h);
+  void closeImport(size_t i) {
+    cudaIpcCloseMemHandle(imports_[i].ptr);
+    imports_.erase(imports_.begin() + i);
+  }
+
+  // The left's allocation [remote_base, +size) mapped here, from the cache
+  // when it holds that allocation (same range, same handle).
+  void* import(const cudaIpcMemHandle_t& h, uint64_t remote_base, uint64_t size) {
     ++use_;
-    for (auto& im : imports_)
-      if (im.key == key) {
+    for (size_t i = 0; i < imports_.size();) {
+      Import& im = imports_[i];
+      if (im.peer == left_rank_ && im.remote_base == remote_base && im.size == size &&
+          sameHandle(im.handle, h)) {
         im.last_use = use_;
         return im.ptr;
       }
-    // A new handle for an address we have mapped: that allocation was freed
-    // and the address reused. Drop the stale mapping; then keep the cache
-    // small.
-    for (size_t i = 0; i < imports_.size();) {
-      if (imports_[i].remote_base == remote_base) {
-        cudaIpcCloseMemHandle(imports_[i].ptr);
-        imports_.erase(imports_.begin() + i);
-      } else {
+      // Overlapping a new export: the allocation it maps was freed and its
+      // range reused.
+      if (im.peer == left_rank_ && im.remote_base < remote_base + size &&
+          remote_base < im.remote_base + im.size)
+        closeImport(i);
+      else
         ++i;
-      }
     }
     if (imports_.size() >= kMaxImports) {
       size_t lru = 0;
       for (size_t i = 1; i < imports_.size(); ++i)
         if (imports_[i].last_use < imports_[lru].last_use) lru = i;
-      cudaIpcCloseMemHandle(imports_[lru].ptr);
-      imports_.erase(imports_.begin() + lru);
+      closeImport(lru);
     }
     void* p = nullptr;
-    TFRING_CUDA_CHECK(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
-                      "mapping the buffer of rank ", left_rank_,
-                      " (set TFRING_GPU_IPC_USER_BUFFERS=0 or TFRING_GPU_IPC=0 to avoid it)");
-    imports_.push_back({key, p, remote_base, use_});
+    cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e == cudaErrorAlreadyMapped) {
+      cudaGetLastError();
+      for (size_t i = 0; i < imports_.size();) {
+        if (imports_[i].peer == left_rank_)
+          closeImport(i);
+        else
+          ++i;
+      }
+      e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    }
+    if (e != cudaSuccess) {
+      self_->refuse_user_buffers.store(1, std::memory_order_release);
+      TFRING_CUDA_CHECK(e, "mapping the buffer of rank ", left_rank_,
+                        " (it will stage its buffers from the next collective on; "
+                        "TFRING_GPU_IPC_USER_BUFFERS=0 does so from the start)");
+    }
+    imports_.push_back({left_rank_, remote_base, size, h, p, use_});
     return p;
   }
 
@@ -269,9 +303,11 @@ class IpcRingComm : public GpuComm {
   }
 
   struct Import {
-    std::string key;
+    int peer;
+    uint64_t remote_base;  // the allocation in the peer's address space
+    uint64_t size;
+    cudaIpcMemHandle_t handle;
     void* ptr;
-    uint64_t remote_base;
     uint64_t last_use;
   };
 

@@ -30,6 +30,7 @@
   X(cudaErrorInvalidDevice, 101, "invalid device ordinal")                          \
   X(cudaErrorDeviceUninitialized, 201, "invalid device context")                    \
   X(cudaErrorMapBufferObjectFailed, 205, "mapping of buffer object failed")         \
+  X(cudaErrorAlreadyMapped, 208, "resource already mapped")                         \
   X(cudaErrorInvalidResourceHandle, 400, "invalid resource handle")                 \
   X(cudaErrorNotReady, 600, "device not ready")                                     \
   X(cudaErrorIllegalAddress, 700, "an illegal memory access was encountered")       \
