@@ -47,6 +47,9 @@ class GpuComm {
   // Called while the executor waits for the GPU; throws on an asynchronous
   // backend failure.
   virtual void poll() {}
+  // A collective failed: release GPU work that waits on peers, so the
+  // stream drains.
+  virtual void abort() {}
 };
 
 std::unique_ptr<GpuComm> makeLocalComm(const CommContext& ctx);

@@ -16,6 +16,7 @@
 #include "gpu/backend_select.h"
 #include "gpu/cuda/comm.h"
 #include "gpu/cuda/cuda_util.h"
+#include "gpu/cuda/peer_allreduce.h"
 #include "gpu/device.h"
 #include "gpu/nccl_loader.h"
 #include "kernels/cuda/kernels.h"
@@ -50,6 +51,7 @@ class CudaExecutor : public Executor {
     // hangs (cudaFree synchronizes the device) and unmapping under it
     // faults. Give it a moment to drain; if it does not, leave the stream,
     // mappings and buffers to process exit.
+    if (comm_) comm_->abort();
     if (stream_ && !drainStream(stream_, 5.0)) {
       TFRING_LOG(kWarning, "GPU work of a failed collective is still queued on GPU ", device_,
                  "; its buffers and IPC mappings are left in place");
@@ -167,7 +169,12 @@ class CudaExecutor : public Executor {
           cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(b.ready.get()), 0));
   }
   void finish(const char* what) {
-    waitStream(stream_, Deadline::in(host_.timeout_s), what, [this] { comm_->poll(); });
+    try {
+      waitStream(stream_, Deadline::in(host_.timeout_s), what, [this] { comm_->poll(); });
+    } catch (...) {
+      comm_->abort();  // kernels waiting on peers give up, the stream drains
+      throw;
+    }
   }
 
   int device_;
@@ -260,6 +267,12 @@ Status acceptTensor(const std::string& name, int device, void* stream,
   return Status::OK();
 }
 
+uint64_t allreduceAlgorithmCount(const std::string& algo) {
+  for (PeerAlgo a : {PeerAlgo::kRing, PeerAlgo::kOneShot, PeerAlgo::kTwoShot})
+    if (algo == peerAlgoName(a)) return peerAlgoCount(a);
+  return 0;
+}
+
 std::string activeBackend() {
   std::lock_guard<std::mutex> lk(g_mu);
   return g_backend;
@@ -269,6 +282,11 @@ Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor
   const transport::Topology& T = *host.topo;
   TFRING_CUDA_CHECK(cudaSetDevice(device), "GPU ", device);
   const GpuConfig cfg = GpuConfig::fromEnv();
+  if (cfg.allreduce_algo != "auto" && cfg.allreduce_algo != "ring" &&
+      cfg.allreduce_algo != "oneshot" && cfg.allreduce_algo != "twoshot")
+    return Status(Code::kInvalidArgument,
+                  strCat("TFRING_GPU_ALLREDUCE_ALGO='", cfg.allreduce_algo,
+                         "' is not one of auto, ring, oneshot, twoshot"));
 
   // 1. Facts from every rank, then one decision every rank computes alike.
   RankGpu mine;

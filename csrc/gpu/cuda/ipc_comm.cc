@@ -34,6 +34,7 @@
 #include "common/logging.h"
 #include "gpu/cuda/comm.h"
 #include "gpu/cuda/cuda_util.h"
+#include "gpu/cuda/peer_allreduce.h"
 #include "gpu/pull_ring.h"
 #include "kernels/cuda/kernels.h"
 #include "transport/ring_links.h"
@@ -114,6 +115,11 @@ class IpcRingComm : public GpuComm {
   void allreduce(void* data, size_t count, DataType dt, ReduceOp op, double post) override {
     if (count == 0) return;
     const size_t es = dtypeSize(dt), bytes = count * es;
+    if (peer_) {
+      const PeerAlgo a = peer_->choose(bytes);
+      if (a != PeerAlgo::kRing) return peer_->allreduce(a, data, count, dt, op, post);
+    }
+    countPeerAlgo(PeerAlgo::kRing);
     const int n = n_;
     char* buf = begin(data, bytes, true);
     run([=](int p) { return pullAllreduce(n, p, count, es, post); }, buf, es, dt, op,
@@ -149,6 +155,13 @@ class IpcRingComm : public GpuComm {
     run([=](int p) { return pullBroadcast(n, p, root_pos, bytes); }, buf, 1, DataType::kUInt8,
         ReduceOp::kSum, "broadcast");
     if (me_ != root) end(data, buf, 0, bytes);
+  }
+
+  void poll() override {
+    if (peer_) peer_->poll();
+  }
+  void abort() override {
+    if (peer_) peer_->abort();
   }
 
   void reducescatter(void* work, const std::vector<size_t>& counts, DataType dt, ReduceOp op,
@@ -326,6 +339,7 @@ class IpcRingComm : public GpuComm {
   DeviceBuffer work_;
   std::vector<Import> imports_;
   uint64_t use_ = 0;
+  std::unique_ptr<PeerAllreduce> peer_;  // one-shot/two-shot, when usable
 };
 
 void IpcRingComm::createOwn(const std::string& job) {
@@ -428,10 +442,16 @@ std::unique_ptr<GpuComm> IpcRingComm::create(const CommContext& ctx, std::string
       return nullptr;
     }
   }
+  // The same-host peer allreduces (collective; identical outcome everywhere).
+  std::string peer_why;
+  r->peer_ = PeerAllreduce::create(ctx, &peer_why);
+  if (!r->peer_ && r->me_ == 0 && ctx.cfg.allreduce_algo != "ring")
+    TFRING_LOG(kInfo, "GPU allreduce: ring only (", peer_why, ")");
   return std::unique_ptr<GpuComm>(r.release());
 }
 
 IpcRingComm::~IpcRingComm() {
+  peer_.reset();
   for (auto& im : imports_) cudaIpcCloseMemHandle(im.ptr);
   for (int i = 0; i < kEvents; ++i) {
     if (events_[i]) cudaEventDestroy(events_[i]);
