@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "collectives/ring.h"
 #include "common/logging.h"
@@ -89,25 +90,26 @@ class CudaExecutor : public Executor {
       }
     } else {
       // Fused: pack every input into one buffer (each at a 64-byte aligned
-      // offset, the same layout on every rank), reduce it once, unpack.
-      std::vector<size_t> off;
+      // offset, the same layout on every rank), reduce it once, unpack. The
+      // pack and unpack tables are built in one pass into vectors kept
+      // across groups: no allocation per tensor once they have grown.
       size_t total = 0;
-      for (auto& b : bufs) {
-        off.push_back(total);
-        total += alignUp(b.count * es);
-      }
+      for (auto& b : bufs) total += alignUp(b.count * es);
       char* f = fusion().reserve(total);
-      std::vector<kernels::cuda::CopyDesc> copies;
-      for (size_t i = 0; i < bufs.size(); ++i)
-        copies.push_back({f + off[i], bufs[i].input, bufs[i].count * es});
-      kernels::cuda::batchedCopy(copies.data(), copies.size(), stream_);
+      pack_.resize(bufs.size());
+      unpack_.resize(bufs.size());
+      size_t off = 0;
+      for (size_t i = 0; i < bufs.size(); ++i) {
+        const size_t bytes = bufs[i].count * es;
+        pack_[i] = {f + off, bufs[i].input, bytes};
+        unpack_[i] = {bufs[i].output, f + off, bytes};
+        off += alignUp(bytes);
+      }
+      kernels::cuda::batchedCopy(pack_.data(), pack_.size(), stream_);
       const size_t count = total / es;
       if (pre != 1.0) kernels::cuda::scale(f, f, count, dt, pre, stream_);
       comm_->allreduce(f, count, dt, kop, fin);
-      copies.clear();
-      for (size_t i = 0; i < bufs.size(); ++i)
-        copies.push_back({bufs[i].output, f + off[i], bufs[i].count * es});
-      kernels::cuda::batchedCopy(copies.data(), copies.size(), stream_);
+      kernels::cuda::batchedCopy(unpack_.data(), unpack_.size(), stream_);
     }
     finish("allreduce");
   }
@@ -182,6 +184,7 @@ class CudaExecutor : public Executor {
   cudaStream_t stream_;
   std::unique_ptr<GpuComm> comm_;
   std::unique_ptr<DeviceBuffer> fusion_;
+  std::vector<kernels::cuda::CopyDesc> pack_, unpack_;  // reused by every fused group
 };
 
 // For calibration: `reps` allreduces of `count` floats, waited for.

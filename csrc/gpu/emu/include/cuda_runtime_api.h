@@ -155,6 +155,12 @@ cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count,
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+#define CUDART_CB
+typedef void (*cudaHostFn_t)(void* userData);
+// Runs fn(userData) on the stream's worker once the work queued before it is
+// done, in order with the stream's later work (which waits for it), as
+// CUDA's host function does; fn must not call the runtime.
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData);
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
                                 unsigned int flags TFRING_EMU_DEFAULT(0));
 
