@@ -238,6 +238,18 @@ def run_peer():
         check(f"back-to-back allreduce {i}", got.astype(np.float64),
               (np.arange(count) + i) * (n * (n + 1) / 2), 0)
         outs.append(got)
+    # Scaling on the way in and out, into a separate out= buffer, unaligned
+    # counts (the kernels' head/vector/tail split).
+    for count in [5, 3001, 9001]:
+        x = (np.arange(count) % 13).astype(np.float32) * (rank + 1)
+        dst = to_gpu(np.zeros(count, np.float32))
+        got = _core.allreduce(to_gpu(x), op="sum", name=f"pscale.{count}", prescale=2.0,
+                              postscale=0.25, out=dst)
+        want = (np.arange(count) % 13) * (n * (n + 1) / 2) * 0.5
+        check(f"scaled out-of-place allreduce {count}", to_host(dst).astype(np.float64), want, 0)
+        if got is not dst:
+            failures.append("allreduce(out=y) should return y")
+        outs.append(to_host(dst))
     # Fused batches, small and across the thresholds.
     for batch, (count_each, tensors) in enumerate([(37, 6), (1500, 9), (333, 40)]):
         xs = [(np.arange(count_each) % 97).astype(np.float32) * (rank + 1) + i

@@ -117,7 +117,7 @@ class IpcRingComm : public GpuComm {
     const size_t es = dtypeSize(dt), bytes = count * es;
     if (peer_) {
       const PeerAlgo a = peer_->choose(bytes);
-      if (a != PeerAlgo::kRing) return peer_->allreduce(a, data, count, dt, op, post);
+      if (a != PeerAlgo::kRing) return peer_->allreduce(a, data, data, count, dt, op, 1.0, post);
     }
     countPeerAlgo(PeerAlgo::kRing);
     const int n = n_;
@@ -155,6 +155,15 @@ class IpcRingComm : public GpuComm {
     run([=](int p) { return pullBroadcast(n, p, root_pos, bytes); }, buf, 1, DataType::kUInt8,
         ReduceOp::kSum, "broadcast");
     if (me_ != root) end(data, buf, 0, bytes);
+  }
+
+  bool allreduceFrom(const void* in, void* out, size_t count, DataType dt, ReduceOp op,
+                     double pre, double post) override {
+    if (!peer_ || count == 0) return false;
+    const PeerAlgo a = peer_->choose(count * dtypeSize(dt));
+    if (a == PeerAlgo::kRing) return false;
+    peer_->allreduce(a, in, out, count, dt, op, pre, post);
+    return true;
   }
 
   void poll() override {
@@ -283,9 +292,11 @@ class IpcRingComm : public GpuComm {
     }
     if (e != cudaSuccess) {
       self_->refuse_user_buffers.store(1, std::memory_order_release);
-      TFRING_CUDA_CHECK(e, "mapping the buffer of rank ", left_rank_,
-                        " (it will stage its buffers from the next collective on; "
-                        "TFRING_GPU_IPC_USER_BUFFERS=0 does so from the start)");
+      cudaGetLastError();
+      cudaFail(e, "cudaIpcOpenMemHandle",
+               strCat("mapping the buffer of rank ", left_rank_,
+                      " (it will stage its buffers from the next collective on; "
+                      "TFRING_GPU_IPC_USER_BUFFERS=0 does so from the start)"));
     }
     imports_.push_back({left_rank_, remote_base, size, h, p, use_});
     return p;

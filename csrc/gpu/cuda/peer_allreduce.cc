@@ -176,30 +176,30 @@ void PeerAllreduce::barrier() {
                              static_cast<uint64_t>(t * 1e9), c_.stream);
 }
 
-void PeerAllreduce::allreduce(PeerAlgo algo, void* data, size_t count, DataType dt, ReduceOp op,
-                              double post) {
+void PeerAllreduce::allreduce(PeerAlgo algo, const void* in, void* out, size_t count, DataType dt,
+                              ReduceOp op, double pre, double post) {
   if (count == 0) return;
   countPeerAlgo(algo);
   const size_t es = dtypeSize(dt);
   const size_t piece = cap_ / es;  // elements per collective
-  char* d = static_cast<char*>(data);
+  const char* i = static_cast<const char*>(in);
+  char* o = static_cast<char*>(out);
   for (size_t done = 0; done < count; done += piece)
-    runOne(algo, d + done * es, std::min(piece, count - done), dt, op, post);
+    runOne(algo, i + done * es, o + done * es, std::min(piece, count - done), dt, op, pre, post);
 }
 
-void PeerAllreduce::runOne(PeerAlgo algo, char* data, size_t count, DataType dt, ReduceOp op,
-                           double post) {
-  const size_t es = dtypeSize(dt), bytes = count * es;
+void PeerAllreduce::runOne(PeerAlgo algo, const char* in, char* out, size_t count, DataType dt,
+                           ReduceOp op, double pre, double post) {
+  const size_t es = dtypeSize(dt);
   const size_t parity = (collective_++ & 1) * cap_;
   auto stage = [&](int r) { return peers_[r] + kHeader + parity; };
   kernels::cuda::PeerSrcs srcs;
   srcs.n = n_;
   for (int r = 0; r < n_; ++r) srcs.src[r] = stage(r);
-  TFRING_CUDA_CHECK(cudaMemcpyAsync(stage(me_), data, bytes, cudaMemcpyDeviceToDevice, c_.stream),
-                    "staging an allreduce");
+  kernels::cuda::scale(stage(me_), in, count, dt, pre, c_.stream);  // a copy when pre is 1
   barrier();
   if (algo == PeerAlgo::kOneShot) {
-    kernels::cuda::peerReduce(data, srcs, 0, count, dt, op, post, c_.stream);
+    kernels::cuda::peerReduce(out, srcs, 0, count, dt, op, post, c_.stream);
     return;
   }
   // Two-shot: rank r owns elements [begin(r), begin(r + 1)).
@@ -209,7 +209,7 @@ void PeerAllreduce::runOne(PeerAlgo algo, char* data, size_t count, DataType dt,
   barrier();
   kernels::cuda::CopyDesc copies[kernels::cuda::kMaxPeers];
   for (int r = 0; r < n_; ++r)
-    copies[r] = {data + begin(r) * es, stage(r) + begin(r) * es, (begin(r + 1) - begin(r)) * es};
+    copies[r] = {out + begin(r) * es, stage(r) + begin(r) * es, (begin(r + 1) - begin(r)) * es};
   kernels::cuda::batchedCopy(copies, n_, c_.stream);
 }
 

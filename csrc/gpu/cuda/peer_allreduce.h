@@ -10,7 +10,7 @@
 // mapping or host wait.
 //
 // One-shot (collective c, parity p = c & 1):
-//   copy the input into my data[p]; barrier; every rank reduces data[p] of
+//   copy the input (times the prescale) into my data[p]; barrier; every rank reduces data[p] of
 //   ranks 0..N-1 in rank order into its output.
 // Two-shot:
 //   copy in; barrier; reduce segment `me` of every rank's data[p] into my
@@ -58,7 +58,9 @@ class PeerAllreduce {
 
   // The algorithm for an allreduce of `bytes` (identical on every rank).
   PeerAlgo choose(size_t bytes) const;
-  void allreduce(PeerAlgo algo, void* data, size_t count, DataType dt, ReduceOp op, double post);
+  // out = allreduce(in * pre) * post; in may be out.
+  void allreduce(PeerAlgo algo, const void* in, void* out, size_t count, DataType dt, ReduceOp op,
+                 double pre, double post);
   // Throws PeerFailureError if a peer died (and releases waiting kernels).
   void poll();
   // Releases waiting kernels (teardown after a failure).
@@ -67,7 +69,8 @@ class PeerAllreduce {
  private:
   explicit PeerAllreduce(const CommContext& c) : c_(c) {}
   void barrier();
-  void runOne(PeerAlgo algo, char* data, size_t count, DataType dt, ReduceOp op, double post);
+  void runOne(PeerAlgo algo, const char* in, char* out, size_t count, DataType dt, ReduceOp op,
+              double pre, double post);
 
   CommContext c_;
   int n_ = 1, me_ = 0;

@@ -51,26 +51,60 @@ __global__ void peerBarrierKernel(const PeerFlags f, uint64_t value, const int32
 }
 
 template <class S, class Op>
-__global__ void __launch_bounds__(kThreads)
-    peerReduceKernel(S* dst, const PeerSrcs s, size_t begin, size_t count, bool do_scale,
-                     typename Factor<S>::type f) {
+__device__ __forceinline__ S reduceOne(S acc, S x) {
   using E = Elem<S>;
+  return E::store(Op::template apply<S>(E::load(acc), E::load(x)));
+}
+
+// Elements [begin, begin + count): `nvec` 16-byte packs from begin + head,
+// the head before them and the tail after them element by element.
+template <class S, class Op>
+__global__ void __launch_bounds__(kThreads)
+    peerReduceKernel(S* dst, const PeerSrcs s, size_t begin, size_t count, size_t head,
+                     size_t nvec, bool do_scale, typename Factor<S>::type f) {
+  constexpr int V = Pack16<S>::kN;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = begin + static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < begin + count; i += stride) {
-    S acc = static_cast<const S*>(s.src[0])[i];
-    for (int r = 1; r < s.n; ++r)
-      acc = E::store(Op::template apply<S>(E::load(acc), E::load(static_cast<const S*>(s.src[r])[i])));
-    dst[i] = do_scale ? scaleOne<S>(acc, f) : acc;
+  const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t vbase = begin + head;
+  for (size_t i = tid; i < nvec; i += stride) {
+    Pack16<S> acc, x;
+    acc.raw = reinterpret_cast<const uint4*>(static_cast<const S*>(s.src[0]) + vbase)[i];
+    for (int r = 1; r < s.n; ++r) {
+      x.raw = reinterpret_cast<const uint4*>(static_cast<const S*>(s.src[r]) + vbase)[i];
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc.e[k] = reduceOne<S, Op>(acc.e[k], x.e[k]);
+    }
+    if (do_scale) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc.e[k] = scaleOne<S>(acc.e[k], f);
+    }
+    reinterpret_cast<uint4*>(dst + vbase)[i] = acc.raw;
+  }
+  const size_t tail = head + nvec * V;
+  const size_t nscalar = head + (count - tail);
+  for (size_t i = tid; i < nscalar; i += stride) {
+    const size_t j = begin + (i < head ? i : tail + (i - head));
+    S acc = static_cast<const S*>(s.src[0])[j];
+    for (int r = 1; r < s.n; ++r) acc = reduceOne<S, Op>(acc, static_cast<const S*>(s.src[r])[j]);
+    dst[j] = do_scale ? scaleOne<S>(acc, f) : acc;
   }
 }
 
 template <class S, class Op>
 void launchPeerReduce(void* dst, const PeerSrcs& s, size_t begin, size_t count, double factor,
                       Stream st) {
+  // Packs only where every source and dst reach 16-byte alignment together.
+  constexpr size_t V = Pack16<S>::kN;
+  size_t head = headToAlign<S>(static_cast<const S*>(s.src[0]) + begin);
+  bool ok = head != SIZE_MAX && head <= count;
+  for (int r = 1; ok && r < s.n; ++r) ok = aligned16(static_cast<const S*>(s.src[r]) + begin + head);
+  ok = ok && aligned16(static_cast<const S*>(dst) + begin + head);
+  const size_t nvec = ok ? (count - head) / V : 0;
+  if (!ok) head = count;
+  const size_t scalar = count - nvec * V;
   using F = typename Factor<S>::type;
-  TFRING_LAUNCH(blocksFor(count), kThreads, st, peerReduceKernel<S, Op>)(
-      static_cast<S*>(dst), s, begin, count, factor != 1.0, static_cast<F>(factor));
+  TFRING_LAUNCH(blocksFor(nvec > scalar ? nvec : scalar), kThreads, st, peerReduceKernel<S, Op>)(
+      static_cast<S*>(dst), s, begin, count, head, nvec, factor != 1.0, static_cast<F>(factor));
   checkLaunch("peer reduce");
 }
 
