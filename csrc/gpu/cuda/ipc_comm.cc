@@ -1,5 +1,7 @@
 // IpcRingComm: the ring collectives between GPUs of one host through CUDA
-// IPC, with the pull protocol of gpu/pull_ring.h. Several ranks may share a
+// IPC, with the pull protocol of gpu/pull_ring.h. Allreduces up to
+// TFRING_GPU_TWOSHOT_MAX go to the one-shot/two-shot peer allreduce instead
+// (gpu/cuda/peer_allreduce.h), which it creates beside the ring. Several ranks may share a
 // GPU (each process maps the others' memory through IPC all the same);
 // ranks on different GPUs need peer access between them.
 //
