@@ -97,7 +97,8 @@ void launchPeerReduce(void* dst, const PeerSrcs& s, size_t begin, size_t count, 
   constexpr size_t V = Pack16<S>::kN;
   size_t head = headToAlign<S>(static_cast<const S*>(s.src[0]) + begin);
   bool ok = head != SIZE_MAX && head <= count;
-  for (int r = 1; ok && r < s.n; ++r) ok = aligned16(static_cast<const S*>(s.src[r]) + begin + head);
+  for (int r = 1; ok && r < s.n; ++r)
+    ok = aligned16(static_cast<const S*>(s.src[r]) + begin + head);
   ok = ok && aligned16(static_cast<const S*>(dst) + begin + head);
   const size_t nvec = ok ? (count - head) / V : 0;
   if (!ok) head = count;
