@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "collectives/ring.h"
@@ -31,6 +32,46 @@ namespace {
 std::mutex g_mu;
 std::string g_backend;
 std::atomic<int> g_device{-1};  // the one GPU this process's tensors use
+
+// Readiness events of submitted tensors (one per tensor with a producer
+// stream), reused instead of created and destroyed per tensor. A returned
+// event may still have a record pending: recording it again is allowed.
+constexpr size_t kMaxPooledEvents = 4096;
+struct EventPool {
+  std::mutex mu;
+  std::vector<std::pair<int, cudaEvent_t>> free;  // (device, event)
+};
+EventPool& eventPool() {
+  static EventPool* p = new EventPool();  // never destroyed: tensors may outlive statics
+  return *p;
+}
+
+cudaEvent_t takeEvent(int device) {
+  EventPool& P = eventPool();
+  {
+    std::lock_guard<std::mutex> lk(P.mu);
+    for (size_t i = P.free.size(); i-- > 0;)
+      if (P.free[i].first == device) {
+        cudaEvent_t ev = P.free[i].second;
+        P.free[i] = P.free.back();
+        P.free.pop_back();
+        return ev;
+      }
+  }
+  cudaEvent_t ev;
+  TFRING_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  return ev;
+}
+
+void giveEvent(int device, cudaEvent_t ev) {
+  EventPool& P = eventPool();
+  std::lock_guard<std::mutex> lk(P.mu);
+  if (P.free.size() < kMaxPooledEvents) {
+    P.free.emplace_back(device, ev);
+    return;
+  }
+  cudaEventDestroy(ev);
+}
 
 constexpr size_t kFusionAlign = 64;  // fused tensors start 64-byte aligned
 
@@ -256,14 +297,15 @@ Status acceptTensor(const std::string& name, int device, void* stream,
   if (!stream) return Status::OK();
   try {
     DeviceGuard g(device);
-    cudaEvent_t ev;
-    TFRING_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    cudaEvent_t ev = takeEvent(device);
     cudaError_t e = cudaEventRecord(ev, static_cast<cudaStream_t>(stream));
     if (e != cudaSuccess) {
       cudaEventDestroy(ev);
       cudaFail(e, "cudaEventRecord", strCat("on the stream of tensor '", name, "'"));
     }
-    *ready = std::shared_ptr<void>(ev, [](void* p) { cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
+    *ready = std::shared_ptr<void>(ev, [device](void* p) {
+      giveEvent(device, static_cast<cudaEvent_t>(p));
+    });
   } catch (const Error& e) {
     return e.status();
   }
