@@ -471,6 +471,78 @@ def test_gpu_collectives_auto_on_a_shared_gpu_picks_the_ring():
 
 
 @requires_gpu
+def test_gpu_ipc_mapping_cache_with_reused_ranges():
+    # Every collective over the ring maps the peers' user buffers; tensors
+    # are freed and their ranges reused with other sizes, so stale cached
+    # mappings overlap new exports (the driver then refuses to map).
+    res = _gpu_job(2, "quick", {"TFRING_GPU_BACKEND": "ring", "TFRING_GPU_ALLREDUCE_ALGO": "ring"})
+    assert {r["backend"] for r in res} == {"ring-ipc"}
+    assert all(r["algos"]["oneshot"] == r["algos"]["twoshot"] == 0 < r["algos"]["ring"]
+               for r in res)
+
+
+# Thresholds low enough that a few KiB cross them (the staging area is then
+# 2 x 32 KiB per rank, so larger forced collectives run in pieces).
+_PEER_ENV = {"TFRING_GPU_BACKEND": "ring", "TFRING_GPU_ONESHOT_MAX": "4K",
+             "TFRING_GPU_TWOSHOT_MAX": "32K"}
+
+
+def _check_algos(res, algo):
+    for r in res:
+        a = r["algos"]
+        if algo == "auto":
+            assert a["oneshot"] > 0 and a["twoshot"] > 0 and a["ring"] > 0, a
+        else:
+            assert a[algo] > 0 and sum(a.values()) == a[algo], a
+
+
+@requires_gpu
+@pytest.mark.parametrize("algo", ["oneshot", "twoshot"])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_gpu_peer_allreduce_shared_gpu(algo, n):
+    # Every rank reads the peers' staging areas directly: results against
+    # numpy float64, identical bits on every rank (the digest).
+    res = _gpu_job(n, "peer", dict(_PEER_ENV, TFRING_GPU_ALLREDUCE_ALGO=algo))
+    if n > 1:
+        _check_algos(res, algo)
+
+
+@requires_gpu
+def test_gpu_peer_allreduce_auto_picks_by_size():
+    res = _gpu_job(3, "peer", dict(_PEER_ENV, TFRING_GPU_ALLREDUCE_ALGO="auto"))
+    _check_algos(res, "auto")
+
+
+@requires_gpu
+@pytest.mark.parametrize("algo", ["oneshot", "twoshot", "auto"])
+def test_gpu_peer_allreduce_a_gpu_per_rank(algo):
+    if _core.cuda_device_count() < 2:
+        pytest.skip("needs two GPUs")
+    res = _gpu_job(2, "peer", dict(_PEER_ENV, TFRING_GPU_ALLREDUCE_ALGO=algo), gpu_per_rank=True)
+    assert [r["device"] for r in res] == [0, 1]
+    _check_algos(res, algo)
+
+
+@requires_gpu
+def test_gpu_peer_allreduce_unknown_algorithm_is_refused():
+    res = _gpu_job(2, "refuse", {"TFRING_GPU_BACKEND": "ring",
+                                 "TFRING_GPU_ALLREDUCE_ALGO": "threeshot"})
+    for r in res:
+        assert r["error"] and "TFRING_GPU_ALLREDUCE_ALGO" in r["error"], r["error"]
+
+
+@requires_gpu
+@pytest.mark.parametrize("victim", [0, 2])
+@pytest.mark.parametrize("algo", ["oneshot", "twoshot"])
+def test_gpu_peer_allreduce_dead_peer_fails_every_rank_fast(victim, algo):
+    # Killed while the survivors' barrier kernels wait for its flag.
+    env = {"VICTIM": victim, "TFRING_TIMEOUT": "60", "TFRING_TEST_DEVICE": "0",
+           "TFRING_GPU_BACKEND": "ring", "TFRING_GPU_ALLREDUCE_ALGO": algo}
+    res = run_ranks(3, "faults.py", ["gpu_die_busy"], timeout=90, env=env)
+    check_peer_failure(res, victim, within=15)
+
+
+@requires_gpu
 def test_gpu_collectives_staged_copies():
     # The tensor cannot be exported: staging copies in our own buffer.
     res = _gpu_job(3, "quick", {"TFRING_GPU_BACKEND": "ring", "TFRING_GPU_IPC_USER_BUFFERS": "0"})

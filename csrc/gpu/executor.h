@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -89,6 +90,10 @@ Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor
 // The backend of this process's GPU executor ("nccl", "ring-ipc",
 // "ring-host", "local"), or "" before the first GPU collective.
 std::string activeBackend();
+
+// How many allreduces this process ran with each algorithm of the CUDA-IPC
+// backend: "ring", "oneshot", "twoshot" (gpu_config.h); 0 for others.
+uint64_t allreduceAlgorithmCount(const std::string& algo);
 
 }  // namespace gpu
 }  // namespace tfring

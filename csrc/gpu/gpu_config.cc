@@ -19,6 +19,13 @@ GpuConfig GpuConfig::fromEnv() {
   c.ipc_user_buffers = env::getInt("TFRING_GPU_IPC_USER_BUFFERS", 1) != 0;
   c.autotune = env::getInt("TFRING_GPU_AUTOTUNE", 1) != 0;
   c.nccl_lib = env::getString("TFRING_NCCL_LIB", "");
+  c.allreduce_algo = env::getString("TFRING_GPU_ALLREDUCE_ALGO", c.allreduce_algo);
+  std::transform(c.allreduce_algo.begin(), c.allreduce_algo.end(), c.allreduce_algo.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  c.oneshot_max = env::parseBytes(env::getString("TFRING_GPU_ONESHOT_MAX", ""), c.oneshot_max);
+  c.twoshot_max = env::parseBytes(env::getString("TFRING_GPU_TWOSHOT_MAX", ""), c.twoshot_max);
+  if (c.oneshot_max < 0) c.oneshot_max = 0;
+  if (c.twoshot_max < 0) c.twoshot_max = 0;
   return c;
 }
 

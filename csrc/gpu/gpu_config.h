@@ -19,6 +19,25 @@ struct GpuConfig {
   bool ipc_user_buffers = true;    // TFRING_GPU_IPC_USER_BUFFERS=0: always copy to our buffer
   bool autotune = true;            // TFRING_GPU_AUTOTUNE=0: auto prefers NCCL without timing
   std::string nccl_lib;            // TFRING_NCCL_LIB: libnccl.so.2 file or directory
+  // The allreduce of the CUDA-IPC backend (ranks of one host), by size:
+  // TFRING_GPU_ALLREDUCE_ALGO = auto | ring | oneshot | twoshot.
+  //   oneshot  every rank reads every peer's staging buffer and reduces all
+  //            of it: one launch and one cross-process wait; reads (N-1)x
+  //            the data per rank, so it pays for small tensors only;
+  //   twoshot  reduce-scatter then allgather by direct peer reads: two
+  //            waits, each rank reads 2(N-1)/N of the data;
+  //   ring     the pipelined pull ring (gpu/pull_ring.h): bandwidth-optimal
+  //            for large tensors, 2(N-1) dependent steps.
+  // auto: oneshot up to TFRING_GPU_ONESHOT_MAX bytes (default 256 KiB),
+  // twoshot up to TFRING_GPU_TWOSHOT_MAX (default 8 MiB), the ring above.
+  // Rank 0's values are used by every rank. oneshot/twoshot need every
+  // rank on one host, at most 8 ranks, and peer access between all their
+  // GPUs; otherwise the ring is used. The staging area they use is 2x
+  // max(ONESHOT_MAX, TWOSHOT_MAX) per rank (larger forced collectives run
+  // in pieces of that size).
+  std::string allreduce_algo = "auto";
+  int64_t oneshot_max = int64_t(256) << 10;
+  int64_t twoshot_max = int64_t(8) << 20;
 
   static GpuConfig fromEnv();
 };

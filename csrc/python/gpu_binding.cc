@@ -22,6 +22,7 @@
 //   cuda_describe(device) -> str
 //   gpu_backend() -> str | None       "nccl", "ring-ipc", "ring-host" or
 //                                     "local", once a GPU collective ran
+//   gpu_allreduce_algorithms() -> dict  allreduces run per CUDA-IPC algorithm
 //   nccl_info() -> dict               where NCCL was found, or why not
 //   choose_gpu_backend(requested, ranks, autotune=True) -> (name, calibrate, reason)
 //   cuda_reduce / cuda_scale / cuda_cast / cuda_batched_copy (kernels)
@@ -466,6 +467,11 @@ void bindGpu(py::module_& m) {
     return py::str(b);
   }, "The GPU backend of this process ('nccl', 'ring-ipc', 'ring-host', 'local'), "
      "or None before the first GPU collective.");
+  m.def("gpu_allreduce_algorithms", [] {
+    py::dict d;
+    for (const char* a : {"ring", "oneshot", "twoshot"}) d[a] = gpu::allreduceAlgorithmCount(a);
+    return d;
+  }, "How many GPU allreduces this process ran with each CUDA-IPC algorithm.");
   m.def("nccl_info", [] {
     const gpu::nccl::Library& lib = gpu::nccl::load();
     py::dict d;

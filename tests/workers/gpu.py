@@ -12,6 +12,8 @@ Modes:
   refuse   TFRING_GPU_BACKEND that cannot work: the GPU collective fails on
            every rank with the same error and the job goes on (CPU tensors)
   stream   inputs written on a side stream are read after that work
+  peer     allreduce of every dtype/op across the one-shot/two-shot/ring
+           thresholds, back-to-back calls, fused batches
 """
 
 import os
@@ -223,6 +225,44 @@ def run_stream():
         failures.append(f"stream ordering, in place: got {inplace[:4]} ... want {want2}")
 
 
+def run_peer():
+    # Sizes on both sides of the thresholds the test sets (TFRING_GPU_ONESHOT_MAX,
+    # TFRING_GPU_TWOSHOT_MAX), counts not divisible by the ranks, and more than
+    # the staging area holds (forced algorithms run it in pieces).
+    run_allreduce(DTYPES, [0, 1, max(n - 1, 1), 2 * n + 1, 1000, 4097, 20001])
+    # Back to back: the flags and both staging parities are reused many times.
+    for i in range(40):
+        count = 257 + 613 * (i % 3)
+        x = (np.arange(count, dtype=np.float32) + i) * (rank + 1)
+        got = to_host(_core.allreduce(to_gpu(x), op="sum", name=f"b2b.{i}"))
+        check(f"back-to-back allreduce {i}", got.astype(np.float64),
+              (np.arange(count) + i) * (n * (n + 1) / 2), 0)
+        outs.append(got)
+    # Scaling on the way in and out, into a separate out= buffer, unaligned
+    # counts (the kernels' head/vector/tail split).
+    for count in [5, 3001, 9001]:
+        x = (np.arange(count) % 13).astype(np.float32) * (rank + 1)
+        dst = to_gpu(np.zeros(count, np.float32))
+        got = _core.allreduce(to_gpu(x), op="sum", name=f"pscale.{count}", prescale=2.0,
+                              postscale=0.25, out=dst)
+        want = (np.arange(count) % 13) * (n * (n + 1) / 2) * 0.5
+        check(f"scaled out-of-place allreduce {count}", to_host(dst).astype(np.float64), want, 0)
+        if got is not dst:
+            failures.append("allreduce(out=y) should return y")
+        outs.append(to_host(dst))
+    # Fused batches, small and across the thresholds.
+    for batch, (count_each, tensors) in enumerate([(37, 6), (1500, 9), (333, 40)]):
+        xs = [(np.arange(count_each) % 97).astype(np.float32) * (rank + 1) + i
+              for i in range(tensors)]
+        hs = [_core.allreduce_async(to_gpu(x), op="average", name=f"pfused.{batch}.{i}")
+              for i, x in enumerate(xs)]
+        for i, h in enumerate(hs):
+            got = to_host(h.wait())
+            want = sum((np.arange(count_each) % 97) * (r + 1) + i for r in range(n)) / n
+            check(f"fused peer allreduce {batch}.{i}", got.astype(np.float64), want, 1e-6 * n)
+            outs.append(got)
+
+
 class ProducedOn:
     """A device array whose producer stream is `stream` (interface v3)."""
 
@@ -249,11 +289,13 @@ elif mode == "quick":
     run_reducescatter()
 elif mode == "special":
     run_special()
+elif mode == "peer":
+    run_peer()
 elif mode == "refuse":
     error = run_refuse()
 elif mode == "stream":
     run_stream()
 
 report({"failures": failures, "digest": digest(outs), "backend": _core.gpu_backend(),
-        "error": error, "device": device})
+        "error": error, "device": device, "algos": _core.gpu_allreduce_algorithms()})
 basics.shutdown()

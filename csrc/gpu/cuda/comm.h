@@ -38,6 +38,13 @@ class GpuComm {
   virtual std::string name() const = 0;
   virtual void allreduce(void* data, size_t count, DataType dtype, ReduceOp op,
                          double postscale) = 0;
+  // out = allreduce(in * prescale) when the backend can read `in` directly
+  // (saving the copy into place); false, with nothing queued, otherwise.
+  virtual bool allreduceFrom(const void* /*in*/, void* /*out*/, size_t /*count*/,
+                             DataType /*dtype*/, ReduceOp /*op*/, double /*prescale*/,
+                             double /*postscale*/) {
+    return false;
+  }
   // This rank's block must already be in place in `out`.
   virtual void allgather(void* out, const std::vector<size_t>& rank_bytes) = 0;
   virtual void broadcast(void* data, size_t bytes, int root_rank) = 0;
@@ -47,6 +54,9 @@ class GpuComm {
   // Called while the executor waits for the GPU; throws on an asynchronous
   // backend failure.
   virtual void poll() {}
+  // A collective failed: release GPU work that waits on peers, so the
+  // stream drains.
+  virtual void abort() {}
 };
 
 std::unique_ptr<GpuComm> makeLocalComm(const CommContext& ctx);

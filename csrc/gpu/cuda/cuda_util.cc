@@ -4,7 +4,11 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <memory>
+#include <mutex>
 #include <functional>
 
 #include "common/abort.h"
@@ -70,44 +74,86 @@ char* PinnedBuffer::reserve(size_t bytes) {
   return p_;
 }
 
+namespace {
+
+// Completion of a stream's queued work, signalled by a host function queued
+// behind it. Shared with the callback, which may run after the waiter gave
+// up (an abort) or never (a stream stuck behind a dead peer: then it leaks,
+// a few bytes).
+struct HostSignal {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  static void CUDART_CB fire(void* p) {
+    auto* sp = static_cast<std::shared_ptr<HostSignal>*>(p);
+    {
+      std::lock_guard<std::mutex> lk((*sp)->mu);
+      (*sp)->done = true;
+    }
+    (*sp)->cv.notify_all();
+    delete sp;
+  }
+};
+
+constexpr double kSpinSeconds = 100e-6;  // short collectives: no wake-up latency
+constexpr double kCheckSeconds = 0.01;   // abort/deadline/peer checks while blocked
+
+// Waits until `ev` (recorded on `stream`) completes: spins on the event for
+// up to kSpinSeconds, then blocks on a host function queued on the stream,
+// waking every kCheckSeconds for `check` (which may throw) and to surface a
+// stream error. Returns false if `check` says to stop waiting.
+bool waitEvent(cudaStream_t stream, cudaEvent_t ev, const std::string& what,
+               const std::function<bool()>& check) {
+  const double spin_until = nowSeconds() + kSpinSeconds;
+  for (uint32_t i = 0;; ++i) {
+    cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) return true;
+    if (e != cudaErrorNotReady) cudaFail(e, "waiting for the GPU", what);
+    if ((i & 15) == 15 && nowSeconds() > spin_until) break;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  auto sig = std::make_shared<HostSignal>();
+  auto* arg = new std::shared_ptr<HostSignal>(sig);
+  cudaError_t e = cudaLaunchHostFunc(stream, &HostSignal::fire, arg);
+  if (e != cudaSuccess) {
+    delete arg;
+    cudaFail(e, "cudaLaunchHostFunc", what);
+  }
+  std::unique_lock<std::mutex> lk(sig->mu);
+  for (;;) {
+    if (sig->cv.wait_for(lk, std::chrono::duration<double>(kCheckSeconds),
+                         [&] { return sig->done; }))
+      return true;
+    lk.unlock();
+    e = cudaEventQuery(ev);
+    if (e == cudaSuccess) return true;
+    if (e != cudaErrorNotReady) cudaFail(e, "waiting for the GPU", what);
+    if (!check()) return false;
+    lk.lock();
+  }
+}
+
+}  // namespace
+
 void waitStream(cudaStream_t stream, const Deadline& deadline, const std::string& what,
                 const std::function<void()>& poll) {
   cudaEvent_t ev;
   TFRING_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-  cudaError_t e = cudaEventRecord(ev, stream);
-  if (e != cudaSuccess) {
-    cudaEventDestroy(ev);
-    cudaFail(e, "cudaEventRecord", what);
-  }
-  uint64_t rounds = 0;
-  double next_check = nowSeconds() + 0.1;
-  for (;;) {
-    e = cudaEventQuery(ev);
-    if (e == cudaSuccess) break;
-    if (e != cudaErrorNotReady) {
-      cudaEventDestroy(ev);
-      cudaFail(e, "waiting for the GPU", what);
-    }
-    ++rounds;
-    if (rounds < 64) continue;
-    if (rounds < 256) {
-      sched_yield();
-      continue;
-    }
-    usleep(rounds < 2048 ? 20 : 200);
-    double now = nowSeconds();
-    if (now < next_check) continue;
-    next_check = now + 0.1;
-    try {
-      AbortState::get().check();
+  try {
+    TFRING_CUDA_CHECK(cudaEventRecord(ev, stream), what);
+    waitEvent(stream, ev, what, [&] {
       if (poll) poll();
+      AbortState::get().check();
       if (deadline.expired())
         fail(Code::kTimeout, "timed out waiting for the GPU to finish ", what,
              " (TFRING_TIMEOUT; a peer may be stuck)");
-    } catch (...) {
-      cudaEventDestroy(ev);  // the stream may never reach it; that is fine
-      throw;
-    }
+      return true;
+    });
+  } catch (...) {
+    cudaEventDestroy(ev);  // the stream may never reach it; that is fine
+    throw;
   }
   cudaEventDestroy(ev);
 }
@@ -119,17 +165,13 @@ bool drainStream(cudaStream_t stream, double seconds) {
     return false;
   }
   bool done = false;
-  if (cudaEventRecord(ev, stream) == cudaSuccess) {
-    const double until = nowSeconds() + seconds;
-    for (;;) {
-      cudaError_t e = cudaEventQuery(ev);
-      if (e == cudaSuccess) {
-        done = true;
-        break;
-      }
-      if (e != cudaErrorNotReady || nowSeconds() > until) break;
-      usleep(1000);
+  try {
+    if (cudaEventRecord(ev, stream) == cudaSuccess) {
+      const double until = nowSeconds() + seconds;
+      done = waitEvent(stream, ev, "teardown", [&] { return nowSeconds() < until; });
     }
+  } catch (const Error&) {
+    done = false;
   }
   cudaGetLastError();
   cudaEventDestroy(ev);

@@ -78,15 +78,18 @@ class PinnedBuffer {
   size_t cap_ = 0;
 };
 
-// Blocks until the work queued on `stream` so far is done. Polls, so a job
-// abort (a dead peer) or the deadline ends the wait with an error instead of
-// a hang; `poll` (may be null) runs between checks, e.g. to surface NCCL's
-// asynchronous errors.
+// Blocks until the work queued on `stream` so far is done, without fixed
+// sleeps: spins on an event for ~100 us (short collectives), then sleeps on
+// a host function (cudaLaunchHostFunc) queued behind the work, which wakes
+// it the moment the stream gets there. While blocked it wakes every 10 ms
+// so a job abort (a dead peer) or the deadline ends the wait with an error
+// instead of a hang; `poll` (may be null) runs then, e.g. to surface NCCL's
+// asynchronous errors or a dead peer of the peer allreduce.
 void waitStream(cudaStream_t stream, const Deadline& deadline, const std::string& what,
                 const std::function<void()>& poll = nullptr);
 
-// Waits up to `seconds` for the work queued on `stream` to finish, whatever
-// the job's state (for teardown); false if it did not.
+// Waits (the same way) up to `seconds` for the work queued on `stream` to
+// finish, whatever the job's state (for teardown); false if it did not.
 bool drainStream(cudaStream_t stream, double seconds);
 
 // "GPU-xxxxxxxx-xxxx-..." identity of a device, unique per physical GPU.

@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "collectives/ring.h"
 #include "common/logging.h"
@@ -16,6 +18,7 @@
 #include "gpu/backend_select.h"
 #include "gpu/cuda/comm.h"
 #include "gpu/cuda/cuda_util.h"
+#include "gpu/cuda/peer_allreduce.h"
 #include "gpu/device.h"
 #include "gpu/mps.h"
 #include "gpu/nccl_loader.h"
@@ -30,6 +33,46 @@ namespace {
 std::mutex g_mu;
 std::string g_backend;
 std::atomic<int> g_device{-1};  // the one GPU this process's tensors use
+
+// Readiness events of submitted tensors (one per tensor with a producer
+// stream), reused instead of created and destroyed per tensor. A returned
+// event may still have a record pending: recording it again is allowed.
+constexpr size_t kMaxPooledEvents = 4096;
+struct EventPool {
+  std::mutex mu;
+  std::vector<std::pair<int, cudaEvent_t>> free;  // (device, event)
+};
+EventPool& eventPool() {
+  static EventPool* p = new EventPool();  // never destroyed: tensors may outlive statics
+  return *p;
+}
+
+cudaEvent_t takeEvent(int device) {
+  EventPool& P = eventPool();
+  {
+    std::lock_guard<std::mutex> lk(P.mu);
+    for (size_t i = P.free.size(); i-- > 0;)
+      if (P.free[i].first == device) {
+        cudaEvent_t ev = P.free[i].second;
+        P.free[i] = P.free.back();
+        P.free.pop_back();
+        return ev;
+      }
+  }
+  cudaEvent_t ev;
+  TFRING_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  return ev;
+}
+
+void giveEvent(int device, cudaEvent_t ev) {
+  EventPool& P = eventPool();
+  std::lock_guard<std::mutex> lk(P.mu);
+  if (P.free.size() < kMaxPooledEvents) {
+    P.free.emplace_back(device, ev);
+    return;
+  }
+  cudaEventDestroy(ev);
+}
 
 constexpr size_t kFusionAlign = 64;  // fused tensors start 64-byte aligned
 
@@ -51,6 +94,7 @@ class CudaExecutor : public Executor {
     // hangs (cudaFree synchronizes the device) and unmapping under it
     // faults. Give it a moment to drain; if it does not, leave the stream,
     // mappings and buffers to process exit.
+    if (comm_) comm_->abort();
     if (stream_ && !drainStream(stream_, 5.0)) {
       TFRING_LOG(kWarning, "GPU work of a failed collective is still queued on GPU ", device_,
                  "; its buffers and IPC mappings are left in place");
@@ -82,31 +126,32 @@ class CudaExecutor : public Executor {
     for (auto& b : bufs) waitReady(b);
     if (bufs.size() == 1) {
       const Buffer& b = bufs[0];
-      if (b.count) {
+      if (b.count && !comm_->allreduceFrom(b.input, b.output, b.count, dt, kop, pre, fin)) {
         kernels::cuda::scale(b.output, b.input, b.count, dt, pre, stream_);
         comm_->allreduce(b.output, b.count, dt, kop, fin);
       }
     } else {
       // Fused: pack every input into one buffer (each at a 64-byte aligned
-      // offset, the same layout on every rank), reduce it once, unpack.
-      std::vector<size_t> off;
+      // offset, the same layout on every rank), reduce it once, unpack. The
+      // pack and unpack tables are built in one pass into vectors kept
+      // across groups: no allocation per tensor once they have grown.
       size_t total = 0;
-      for (auto& b : bufs) {
-        off.push_back(total);
-        total += alignUp(b.count * es);
-      }
+      for (auto& b : bufs) total += alignUp(b.count * es);
       char* f = fusion().reserve(total);
-      std::vector<kernels::cuda::CopyDesc> copies;
-      for (size_t i = 0; i < bufs.size(); ++i)
-        copies.push_back({f + off[i], bufs[i].input, bufs[i].count * es});
-      kernels::cuda::batchedCopy(copies.data(), copies.size(), stream_);
+      pack_.resize(bufs.size());
+      unpack_.resize(bufs.size());
+      size_t off = 0;
+      for (size_t i = 0; i < bufs.size(); ++i) {
+        const size_t bytes = bufs[i].count * es;
+        pack_[i] = {f + off, bufs[i].input, bytes};
+        unpack_[i] = {bufs[i].output, f + off, bytes};
+        off += alignUp(bytes);
+      }
+      kernels::cuda::batchedCopy(pack_.data(), pack_.size(), stream_);
       const size_t count = total / es;
       if (pre != 1.0) kernels::cuda::scale(f, f, count, dt, pre, stream_);
       comm_->allreduce(f, count, dt, kop, fin);
-      copies.clear();
-      for (size_t i = 0; i < bufs.size(); ++i)
-        copies.push_back({bufs[i].output, f + off[i], bufs[i].count * es});
-      kernels::cuda::batchedCopy(copies.data(), copies.size(), stream_);
+      kernels::cuda::batchedCopy(unpack_.data(), unpack_.size(), stream_);
     }
     finish("allreduce");
   }
@@ -168,7 +213,12 @@ class CudaExecutor : public Executor {
           cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(b.ready.get()), 0));
   }
   void finish(const char* what) {
-    waitStream(stream_, Deadline::in(host_.timeout_s), what, [this] { comm_->poll(); });
+    try {
+      waitStream(stream_, Deadline::in(host_.timeout_s), what, [this] { comm_->poll(); });
+    } catch (...) {
+      comm_->abort();  // kernels waiting on peers give up, the stream drains
+      throw;
+    }
   }
 
   int device_;
@@ -176,6 +226,7 @@ class CudaExecutor : public Executor {
   cudaStream_t stream_;
   std::unique_ptr<GpuComm> comm_;
   std::unique_ptr<DeviceBuffer> fusion_;
+  std::vector<kernels::cuda::CopyDesc> pack_, unpack_;  // reused by every fused group
 };
 
 // For calibration: `reps` allreduces of `count` floats, waited for.
@@ -247,18 +298,25 @@ Status acceptTensor(const std::string& name, int device, void* stream,
   if (!stream) return Status::OK();
   try {
     DeviceGuard g(device);
-    cudaEvent_t ev;
-    TFRING_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    cudaEvent_t ev = takeEvent(device);
     cudaError_t e = cudaEventRecord(ev, static_cast<cudaStream_t>(stream));
     if (e != cudaSuccess) {
       cudaEventDestroy(ev);
       cudaFail(e, "cudaEventRecord", strCat("on the stream of tensor '", name, "'"));
     }
-    *ready = std::shared_ptr<void>(ev, [](void* p) { cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
+    *ready = std::shared_ptr<void>(ev, [device](void* p) {
+      giveEvent(device, static_cast<cudaEvent_t>(p));
+    });
   } catch (const Error& e) {
     return e.status();
   }
   return Status::OK();
+}
+
+uint64_t allreduceAlgorithmCount(const std::string& algo) {
+  for (PeerAlgo a : {PeerAlgo::kRing, PeerAlgo::kOneShot, PeerAlgo::kTwoShot})
+    if (algo == peerAlgoName(a)) return peerAlgoCount(a);
+  return 0;
 }
 
 std::string activeBackend() {
@@ -270,6 +328,11 @@ Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor
   const transport::Topology& T = *host.topo;
   TFRING_CUDA_CHECK(cudaSetDevice(device), "GPU ", device);
   const GpuConfig cfg = GpuConfig::fromEnv();
+  if (cfg.allreduce_algo != "auto" && cfg.allreduce_algo != "ring" &&
+      cfg.allreduce_algo != "oneshot" && cfg.allreduce_algo != "twoshot")
+    return Status(Code::kInvalidArgument,
+                  strCat("TFRING_GPU_ALLREDUCE_ALGO='", cfg.allreduce_algo,
+                         "' is not one of auto, ring, oneshot, twoshot"));
 
   // 1. Facts from every rank, then one decision every rank computes alike.
   RankGpu mine;

@@ -1,5 +1,7 @@
 // IpcRingComm: the ring collectives between GPUs of one host through CUDA
-// IPC, with the pull protocol of gpu/pull_ring.h. Several ranks may share a
+// IPC, with the pull protocol of gpu/pull_ring.h. Allreduces up to
+// TFRING_GPU_TWOSHOT_MAX go to the one-shot/two-shot peer allreduce instead
+// (gpu/cuda/peer_allreduce.h), which it creates beside the ring. Several ranks may share a
 // GPU (each process maps the others' memory through IPC all the same);
 // ranks on different GPUs need peer access between them.
 //
@@ -10,12 +12,21 @@
 // That buffer is the tensor itself when its allocation can be exported
 // (cudaMalloc memory, e.g. CuPy's or PyTorch's pools) and a staging copy in
 // a buffer of ours otherwise (stream-ordered or virtual-memory allocations).
-// Mapped allocations are cached by handle, since opening one costs far more
-// than a collective step.
+// Mapped allocations are cached, since opening one costs far more than a
+// collective step: by (peer, allocation base, size) in the peer's address
+// space, checked against the handle. A peer may free an allocation and
+// reuse its range (a memory pool growing a chunk, a tensor freed and
+// another allocated), and CUDA refuses to map an allocation overlapping one
+// still mapped from that peer (cudaErrorAlreadyMapped), so a new export
+// drops every cached mapping it overlaps. Should the driver still refuse,
+// every mapping of that peer is dropped and the open retried once; if that
+// fails too, the neighbour is asked (through our control block) to stage
+// its buffers in its own staging area from the next collective on.
 #include <cuda_runtime_api.h>
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -25,6 +36,7 @@
 #include "common/logging.h"
 #include "gpu/cuda/comm.h"
 #include "gpu/cuda/cuda_util.h"
+#include "gpu/cuda/peer_allreduce.h"
 #include "gpu/pull_ring.h"
 #include "kernels/cuda/kernels.h"
 #include "transport/ring_links.h"
@@ -48,10 +60,14 @@ struct CtlBlock {
   cudaIpcMemHandle_t mem;
   uint64_t offset;
   uint64_t remote_base;  // the allocation's address in its owner's process
+  uint64_t remote_size;  // and its size
+  // Set by the right neighbour when it could not map our buffer: from then
+  // on we hand it our staging buffer, whose mapping it keeps.
+  std::atomic<int32_t> refuse_user_buffers{0};
 };
 
-std::string handleKey(const cudaIpcMemHandle_t& h) {
-  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+bool sameHandle(const cudaIpcMemHandle_t& a, const cudaIpcMemHandle_t& b) {
+  return memcmp(&a, &b, sizeof(a)) == 0;
 }
 
 class IpcRingComm;
@@ -101,6 +117,11 @@ class IpcRingComm : public GpuComm {
   void allreduce(void* data, size_t count, DataType dt, ReduceOp op, double post) override {
     if (count == 0) return;
     const size_t es = dtypeSize(dt), bytes = count * es;
+    if (peer_) {
+      const PeerAlgo a = peer_->choose(bytes);
+      if (a != PeerAlgo::kRing) return peer_->allreduce(a, data, data, count, dt, op, 1.0, post);
+    }
+    countPeerAlgo(PeerAlgo::kRing);
     const int n = n_;
     char* buf = begin(data, bytes, true);
     run([=](int p) { return pullAllreduce(n, p, count, es, post); }, buf, es, dt, op,
@@ -136,6 +157,22 @@ class IpcRingComm : public GpuComm {
     run([=](int p) { return pullBroadcast(n, p, root_pos, bytes); }, buf, 1, DataType::kUInt8,
         ReduceOp::kSum, "broadcast");
     if (me_ != root) end(data, buf, 0, bytes);
+  }
+
+  bool allreduceFrom(const void* in, void* out, size_t count, DataType dt, ReduceOp op,
+                     double pre, double post) override {
+    if (!peer_ || count == 0) return false;
+    const PeerAlgo a = peer_->choose(count * dtypeSize(dt));
+    if (a == PeerAlgo::kRing) return false;
+    peer_->allreduce(a, in, out, count, dt, op, pre, post);
+    return true;
+  }
+
+  void poll() override {
+    if (peer_) peer_->poll();
+  }
+  void abort() override {
+    if (peer_) peer_->abort();
   }
 
   void reducescatter(void* work, const std::vector<size_t>& counts, DataType dt, ReduceOp op,
@@ -176,7 +213,9 @@ class IpcRingComm : public GpuComm {
     size_t size = 0;
     cudaIpcMemHandle_t h;
     char* buf = static_cast<char*>(data);
-    bool exported = c_.cfg.ipc_user_buffers && allocationRange(data, &base, &size) &&
+    bool exported = c_.cfg.ipc_user_buffers &&
+                    !right_->refuse_user_buffers.load(std::memory_order_acquire) &&
+                    allocationRange(data, &base, &size) &&
                     cudaIpcGetMemHandle(&h, base) == cudaSuccess;
     if (!exported) {
       cudaGetLastError();  // not sticky; clear it
@@ -191,6 +230,7 @@ class IpcRingComm : public GpuComm {
     self_->mem = h;
     self_->offset = static_cast<uint64_t>(buf - static_cast<char*>(base));
     self_->remote_base = reinterpret_cast<uint64_t>(base);
+    self_->remote_size = size;
     self_->counters.desc_epoch.store(state_.epoch + 1, std::memory_order_release);
     return buf;
   }
@@ -206,41 +246,61 @@ class IpcRingComm : public GpuComm {
     const uint64_t want = state_.epoch + 1;
     waitForPeer([&] { return left_->counters.desc_epoch.load(std::memory_order_acquire) >= want; },
                 deadline, left_rank_, left_->counters.pid, "GPU ring setup");
-    char* base = static_cast<char*>(import(left_->mem, left_->remote_base));
+    char* base = static_cast<char*>(import(left_->mem, left_->remote_base, left_->remote_size));
     return base + left_->offset;
   }
 
-  void* import(const cudaIpcMemHandle_t& h, uint64_t remote_base) {
-    const std::string key = handleKey(h);
+  void closeImport(size_t i) {
+    cudaIpcCloseMemHandle(imports_[i].ptr);
+    imports_.erase(imports_.begin() + i);
+  }
+
+  // The left's allocation [remote_base, +size) mapped here, from the cache
+  // when it holds that allocation (same range, same handle).
+  void* import(const cudaIpcMemHandle_t& h, uint64_t remote_base, uint64_t size) {
     ++use_;
-    for (auto& im : imports_)
-      if (im.key == key) {
+    for (size_t i = 0; i < imports_.size();) {
+      Import& im = imports_[i];
+      if (im.peer == left_rank_ && im.remote_base == remote_base && im.size == size &&
+          sameHandle(im.handle, h)) {
         im.last_use = use_;
         return im.ptr;
       }
-    // A new handle for an address we have mapped: that allocation was freed
-    // and the address reused. Drop the stale mapping; then keep the cache
-    // small.
-    for (size_t i = 0; i < imports_.size();) {
-      if (imports_[i].remote_base == remote_base) {
-        cudaIpcCloseMemHandle(imports_[i].ptr);
-        imports_.erase(imports_.begin() + i);
-      } else {
+      // Overlapping a new export: the allocation it maps was freed and its
+      // range reused.
+      if (im.peer == left_rank_ && im.remote_base < remote_base + size &&
+          remote_base < im.remote_base + im.size)
+        closeImport(i);
+      else
         ++i;
-      }
     }
     if (imports_.size() >= kMaxImports) {
       size_t lru = 0;
       for (size_t i = 1; i < imports_.size(); ++i)
         if (imports_[i].last_use < imports_[lru].last_use) lru = i;
-      cudaIpcCloseMemHandle(imports_[lru].ptr);
-      imports_.erase(imports_.begin() + lru);
+      closeImport(lru);
     }
     void* p = nullptr;
-    TFRING_CUDA_CHECK(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
-                      "mapping the buffer of rank ", left_rank_,
-                      " (set TFRING_GPU_IPC_USER_BUFFERS=0 or TFRING_GPU_IPC=0 to avoid it)");
-    imports_.push_back({key, p, remote_base, use_});
+    cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e == cudaErrorAlreadyMapped) {
+      cudaGetLastError();
+      for (size_t i = 0; i < imports_.size();) {
+        if (imports_[i].peer == left_rank_)
+          closeImport(i);
+        else
+          ++i;
+      }
+      e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    }
+    if (e != cudaSuccess) {
+      self_->refuse_user_buffers.store(1, std::memory_order_release);
+      cudaGetLastError();
+      cudaFail(e, "cudaIpcOpenMemHandle",
+               strCat("mapping the buffer of rank ", left_rank_,
+                      " (it will stage its buffers from the next collective on; "
+                      "TFRING_GPU_IPC_USER_BUFFERS=0 does so from the start)"));
+    }
+    imports_.push_back({left_rank_, remote_base, size, h, p, use_});
     return p;
   }
 
@@ -269,9 +329,11 @@ class IpcRingComm : public GpuComm {
   }
 
   struct Import {
-    std::string key;
+    int peer;
+    uint64_t remote_base;  // the allocation in the peer's address space
+    uint64_t size;
+    cudaIpcMemHandle_t handle;
     void* ptr;
-    uint64_t remote_base;
     uint64_t last_use;
   };
 
@@ -290,6 +352,7 @@ class IpcRingComm : public GpuComm {
   DeviceBuffer work_;
   std::vector<Import> imports_;
   uint64_t use_ = 0;
+  std::unique_ptr<PeerAllreduce> peer_;  // one-shot/two-shot, when usable
 };
 
 void IpcRingComm::createOwn(const std::string& job) {
@@ -392,10 +455,16 @@ std::unique_ptr<GpuComm> IpcRingComm::create(const CommContext& ctx, std::string
       return nullptr;
     }
   }
+  // The same-host peer allreduces (collective; identical outcome everywhere).
+  std::string peer_why;
+  r->peer_ = PeerAllreduce::create(ctx, &peer_why);
+  if (!r->peer_ && r->me_ == 0 && ctx.cfg.allreduce_algo != "ring")
+    TFRING_LOG(kInfo, "GPU allreduce: ring only (", peer_why, ")");
   return std::unique_ptr<GpuComm>(r.release());
 }
 
 IpcRingComm::~IpcRingComm() {
+  peer_.reset();
   for (auto& im : imports_) cudaIpcCloseMemHandle(im.ptr);
   for (int i = 0; i < kEvents; ++i) {
     if (events_[i]) cudaEventDestroy(events_[i]);

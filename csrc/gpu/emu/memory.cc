@@ -136,7 +136,7 @@ cudaError_t cudaMalloc(void** devPtr, size_t size) {
   char* p = map + (file_len - data_len);
   Region r{Kind::Device, t_dev, want, map, file_len + kPage, fd, std::string(), 0, {}};
   HandleData h{kMagic, kMemHandle, getpid(), fd, t_dev, 0, R->nonce, gen, file_len,
-               file_len - data_len, want};
+               reinterpret_cast<uint64_t>(p), want};
   fillHandle(r.handle.reserved, h);
   {
     std::lock_guard<std::mutex> g(R->mu);
@@ -235,13 +235,19 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* devPtr) {
 
 // Maps another process's allocation; the same handle opened again gives the
 // same mapping, reference counted (CUDA 11.x+). CUDA refuses handles from
-// the opening process itself with cudaErrorDeviceUninitialized.
+// the opening process itself with cudaErrorDeviceUninitialized, and a
+// handle whose allocation overlaps, in the exporter's address space, an
+// allocation of the same exporter this process still has mapped (a freed
+// allocation whose range the exporter has reused) with
+// cudaErrorAlreadyMapped: a real H100 driver did, so a cache of mappings
+// must drop stale ones before opening new ones.
 cudaError_t cudaIpcOpenMemHandle(void** devPtr, cudaIpcMemHandle_t handle, unsigned int flags) {
   RUNTIME(R);
   if (!devPtr || flags != cudaIpcMemLazyEnablePeerAccess) return ret(cudaErrorInvalidValue);
   HandleData h;
-  if (!readHandle(handle.reserved, kMemHandle, &h) || h.offset + h.size > h.file_len)
+  if (!readHandle(handle.reserved, kMemHandle, &h) || roundUp(h.size, kAlign) > h.file_len)
     return ret(cudaErrorInvalidResourceHandle);
+  const uint64_t offset = h.file_len - roundUp(h.size, kAlign);
   if (h.pid == getpid()) return ret(cudaErrorDeviceUninitialized);
   const std::string key(handle.reserved, sizeof(handle.reserved));
   std::lock_guard<std::mutex> g(R->mu);
@@ -251,15 +257,22 @@ cudaError_t cudaIpcOpenMemHandle(void** devPtr, cudaIpcMemHandle_t handle, unsig
     *devPtr = reinterpret_cast<void*>(it->second);
     return cudaSuccess;
   }
+  for (const auto& kv : R->regions) {
+    const Region& r = kv.second;
+    if (r.kind == Kind::Imported && r.remote_pid == h.pid && r.remote_nonce == h.nonce &&
+        r.remote_base < h.base + h.size && h.base < r.remote_base + r.size)
+      return ret(cudaErrorAlreadyMapped);
+  }
   int fd = openExported(h, h.file_len);
   if (fd < 0) return ret(cudaErrorMapBufferObjectFailed);
   char* map = mapWithGuard(fd, h.file_len);
   close(fd);  // the mapping keeps the memory
   if (!map) return ret(cudaErrorMapBufferObjectFailed);
-  char* p = map + h.offset;
+  char* p = map + offset;
   const int dev = validDevice(R, h.device) ? h.device : t_dev;
   R->regions.emplace(reinterpret_cast<uintptr_t>(p),
-                     Region{Kind::Imported, dev, h.size, map, h.file_len + kPage, -1, key, 1, {}});
+                     Region{Kind::Imported, dev, h.size, map, h.file_len + kPage, -1, key, 1, {},
+                            h.pid, h.nonce, h.base});
   R->imports.emplace(key, reinterpret_cast<uintptr_t>(p));
   *devPtr = p;
   return cudaSuccess;

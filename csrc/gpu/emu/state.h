@@ -89,10 +89,12 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared events need lo
 // /proc/<pid>/fd/<fd> is still the exported object and not a reused fd or
 // pid; `gen` also makes a new allocation at a freed one's address get a new
 // handle, as CUDA documents.
+// `base` is the allocation's address in the exporter (its offset in the
+// mapping is file_len - size rounded up to 256).
 struct HandleData {
   uint32_t magic, kind;
   int32_t pid, fd, device, pad;
-  uint64_t nonce, gen, file_len, offset, size;
+  uint64_t nonce, gen, file_len, base, size;
 };
 static_assert(sizeof(HandleData) <= 64, "must fit cudaIpc*Handle_t");
 
@@ -153,6 +155,9 @@ struct Region {
   std::string key;  // Imported: the handle's bytes
   int refs;         // Imported: opens not yet closed
   cudaIpcMemHandle_t handle;  // Device: its one IPC handle
+  int32_t remote_pid = 0;     // Imported: the exporter
+  uint64_t remote_nonce = 0;  // Imported: the exporter's runtime
+  uint64_t remote_base = 0;   // Imported: the allocation's address in the exporter
 };
 
 struct Device {

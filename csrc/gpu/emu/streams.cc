@@ -221,6 +221,15 @@ extern "C" {
 
 // ---- streams -----------------------------------------------------------------------
 
+// Unlike a launch, allowed on a stream of another device than the current.
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData) {
+  RUNTIME(R);
+  if (!fn) return ret(cudaErrorInvalidValue);
+  StreamP s;
+  if (cudaError_t e = resolve(R, stream, &s)) return ret(e);
+  return ret(submit(R, s, [fn, userData] { fn(userData); }));
+}
+
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
   RUNTIME(R);
   if (!pStream || (flags & ~unsigned(cudaStreamNonBlocking))) return ret(cudaErrorInvalidValue);

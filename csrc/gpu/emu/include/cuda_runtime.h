@@ -8,7 +8,10 @@
 // stream: the stream's thread then calls the kernel once per (block, thread)
 // with blockIdx/threadIdx set. That is faithful for kernels with no shared
 // memory and no __syncthreads, which is all of ours: every thread's work is
-// independent of the order in which threads run.
+// independent of the order in which threads run. A thread may spin on memory
+// another process writes (the peer barrier of kernels/cuda/peer.cu) as long
+// as what it waits for does not depend on a later thread of its own grid;
+// the streams of different processes run concurrently, as on a GPU.
 #pragma once
 
 #include <cstring>
@@ -94,6 +97,10 @@ Launch<P...> launcher(dim3 grid, dim3 block, cudaStream_t stream, void (*kernel)
 #define threadIdx (::tfring_emu::grid_context.threadIdx)
 #define blockDim (::tfring_emu::grid_context.blockDim)
 #define gridDim (::tfring_emu::grid_context.gridDim)
+
+// Orders this thread's memory accesses for every observer (other processes
+// included), like CUDA's system-scope fence.
+inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 inline float __uint_as_float(unsigned int u) {
   float f;

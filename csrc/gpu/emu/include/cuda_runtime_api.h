@@ -30,6 +30,7 @@
   X(cudaErrorInvalidDevice, 101, "invalid device ordinal")                          \
   X(cudaErrorDeviceUninitialized, 201, "invalid device context")                    \
   X(cudaErrorMapBufferObjectFailed, 205, "mapping of buffer object failed")         \
+  X(cudaErrorAlreadyMapped, 208, "resource already mapped")                         \
   X(cudaErrorInvalidResourceHandle, 400, "invalid resource handle")                 \
   X(cudaErrorNotReady, 600, "device not ready")                                     \
   X(cudaErrorIllegalAddress, 700, "an illegal memory access was encountered")       \
@@ -154,6 +155,12 @@ cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count,
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+#define CUDART_CB
+typedef void (*cudaHostFn_t)(void* userData);
+// Runs fn(userData) on the stream's worker once the work queued before it is
+// done, in order with the stream's later work (which waits for it), as
+// CUDA's host function does; fn must not call the runtime.
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData);
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
                                 unsigned int flags TFRING_EMU_DEFAULT(0));
 
