@@ -3,6 +3,7 @@
 // reducescatter, and the calls into the ring collectives.
 #include <cstring>
 
+#include "collectives/allreduce.h"
 #include "common/logging.h"
 #include "kernels/cpu/reduce.h"
 #include "runtime/engine.h"
@@ -43,6 +44,7 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
   const int N = comm_.size;
   const DataType dt = m0.dtype;
   const double post = finalScale(m0, N);
+  comm_.host = links_->host();  // the segment and cross ring for allreduce()
   if (es.size() == 1) {
     Entry& e = *es[0];
     size_t n = static_cast<size_t>(m0.numElements());
@@ -52,7 +54,7 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
       kernels::scale(e.req.output, n, dt, m0.prescale);
       in = e.req.output;
     }
-    collectives::ringAllreduce(comm_, in, e.req.output, n, dt, kernelOp(m0.op), post);
+    collectives::allreduce(comm_, in, e.req.output, n, dt, kernelOp(m0.op), post);
     return;
   }
   // Fused: pack every input into one buffer, reduce it once, unpack.
@@ -69,8 +71,7 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
   for (auto& e : es) timeline_.end(e->meta.name);
   size_t count = total / dtypeSize(dt);
   if (m0.prescale != 1.0) kernels::scale(fusion_.data(), count, dt, m0.prescale);
-  collectives::ringAllreduce(comm_, fusion_.data(), fusion_.data(), count, dt, kernelOp(m0.op),
-                             post);
+  collectives::allreduce(comm_, fusion_.data(), fusion_.data(), count, dt, kernelOp(m0.op), post);
   for (auto& e : es) timeline_.begin(e->meta.name, "MEMCPY_OUT_FUSION_BUFFER");
   off = 0;
   for (auto& e : es) {
