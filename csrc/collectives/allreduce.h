@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "collectives/ring.h"
 
@@ -34,6 +35,8 @@ enum class AllreduceAlgo { kRing, kOneShot, kSmall, kHier };
 
 const char* allreduceAlgoName(AllreduceAlgo a);
 AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes);
+// How many allreduce() calls ran each algorithm in this process.
+uint64_t allreduceCalls(AllreduceAlgo a);
 
 // Same contract as ringAllreduce (ring.h): `out` may alias `in`; `out` ends
 // with op over every rank's `in`, times `postscale`.

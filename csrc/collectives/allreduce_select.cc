@@ -2,6 +2,7 @@
 // enter the choice: the byte size (every rank reduces the same shape), the
 // topology every rank computed from the same store records, and rank 0's
 // settings that RingLinks::connect distributed.
+#include <atomic>
 #include <cstring>
 
 #include "collectives/allreduce.h"
@@ -9,6 +10,14 @@
 
 namespace tfring {
 namespace collectives {
+
+namespace {
+std::atomic<uint64_t> g_calls[4];
+}
+
+uint64_t allreduceCalls(AllreduceAlgo a) {
+  return g_calls[static_cast<int>(a)].load(std::memory_order_relaxed);
+}
 
 const char* allreduceAlgoName(AllreduceAlgo a) {
   switch (a) {
@@ -45,7 +54,9 @@ AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes) {
 void allreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
                ReduceOp op, double postscale) {
   if (count == 0) return;
-  switch (chooseAllreduce(c, count * dtypeSize(dtype))) {
+  const AllreduceAlgo a = chooseAllreduce(c, count * dtypeSize(dtype));
+  g_calls[static_cast<int>(a)].fetch_add(1, std::memory_order_relaxed);
+  switch (a) {
     case AllreduceAlgo::kOneShot:
       return oneshotAllreduce(c, in, out, count, dtype, op, postscale);
     case AllreduceAlgo::kSmall:
