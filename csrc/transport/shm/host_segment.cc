@@ -22,8 +22,11 @@ namespace transport {
 namespace {
 
 constexpr uint64_t kMagic = 0x74736f68676e6972ull;  // "ringhost"
-constexpr int kSpinRounds = 2000;    // cheap polls before yielding
-constexpr int kYieldRounds = 50;     // sched_yield()s before sleeping
+// Waits poll for kSpinSeconds, then poll and sched_yield() (which hands the
+// core to a runnable peer when ranks outnumber cores) until kYieldSeconds,
+// then sleep on the doorbell's futex.
+constexpr double kSpinSeconds = 10e-6;
+constexpr double kYieldSeconds = 300e-6;
 constexpr double kMaxSleep = 0.05;   // seconds: abort is seen at least this often
 constexpr double kHealthInterval = 0.2;
 
@@ -144,13 +147,16 @@ void HostSegment::waitAll(std::atomic<uint64_t> HostRankWords::*field, uint64_t 
       if ((words_[q].*field).load(std::memory_order_acquire) < step) return q;
     return -1;
   };
-  for (int i = 0; i < kSpinRounds; ++i) {
+  if (lagging() < 0) return;
+  const double start = nowSeconds();
+  for (int i = 1;; ++i) {
     if (lagging() < 0) return;
     cpuRelax();
+    if ((i & 63) == 0 && nowSeconds() - start > kSpinSeconds) break;
   }
   Doorbell& bell = header_->bell;
-  double next_health = 0;
-  for (int round = 0;; ++round) {
+  double next_health = start + kHealthInterval;
+  for (;;) {
     uint32_t ticket = bell.seq.load(std::memory_order_seq_cst);
     int q = lagging();
     if (q < 0) return;
@@ -171,7 +177,7 @@ void HostSegment::waitAll(std::atomic<uint64_t> HostRankWords::*field, uint64_t 
         fail(Code::kTimeout, "timed out in ", what, " waiting for rank ", ranks[q],
              " (shared memory; TFRING_TIMEOUT; a peer may be stuck or much slower)");
     }
-    if (round < kYieldRounds) {
+    if (now - start < kYieldSeconds) {
       sched_yield();
       continue;
     }
