@@ -15,6 +15,8 @@ ranks; a second table gives each column's fastest loop), the columns are:
 - ``engine``: ``_core.allreduce(buf, out=buf)``, the full path through the
   engine with the algorithm TFRING_ALLREDUCE_ALGO selects (default auto).
 
+With ``--hosts K`` the ranks pretend to sit on K hosts (TFRING_HOSTNAME), so
+``oneshot`` runs the small cross-host scheme and ``hier`` the hierarchical one.
 TFRING_SMALL_THRESHOLD (default here: the largest size swept) sizes the host
 segment, so the one-shot column moves every size in one step.
 """
@@ -50,6 +52,8 @@ def worker(args):
     comm = MPI.COMM_WORLD
     sync = MpiSync(comm)
     rank, n = comm.Get_rank(), comm.Get_size()
+    if args.hosts > 1:  # simulated hosts: consecutive ranks share one
+        os.environ["TFRING_HOSTNAME"] = f"host{rank * args.hosts // n}"
     tmp = comm.bcast(tempfile.mkdtemp(prefix="tfring-algo-") if rank == 0 else None)
     secret = comm.bcast(secrets.token_hex(16) if rank == 0 else None)
     direct = _core.DirectAllreduce(_core.FileStore(tmp), rank, n, secret)
@@ -109,6 +113,8 @@ def main():
                    default=parse_sizes("256,1K,4K,16K,32K,64K,128K,256K,1M"))
     p.add_argument("--algos", default="ring,oneshot")
     p.add_argument("--no-engine", action="store_true")
+    p.add_argument("--hosts", type=int, default=1,
+                   help="simulate this many hosts (TFRING_HOSTNAME), ranks split evenly")
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--iters", type=int, default=2000)
@@ -141,7 +147,8 @@ def main():
                    os.path.abspath(__file__), "--worker", "--result", result,
                    "--sizes", ",".join(map(str, args.sizes)), "--algos", args.algos,
                    "--warmup", str(args.warmup), "--reps", str(args.reps),
-                   "--iters", str(args.iters)] + (["--no-engine"] if args.no_engine else []),
+                   "--iters", str(args.iters), "--hosts", str(args.hosts)]
+                   + (["--no-engine"] if args.no_engine else []),
                    mpirun=mpirun)
             rc, rows = run_ranks(cmd, env, result, args.timeout, f"np={n}")
             if rows is None:
