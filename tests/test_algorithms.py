@@ -99,3 +99,21 @@ def test_rank_killed_in_oneshot(victim):
         assert out["error"] == "PeerFailureError", out
         assert f"rank {victim}" in out["message"], out["message"]
         assert out["elapsed"] < 10, out
+
+
+def test_rank_killed_in_small_cross_host_scheme():
+    # Rank 3 (host B) dies: rank 2 sees it through the host segment, rank 1
+    # through its cross-host link, rank 0 through the job's abort.
+    victim = 3
+    res = run_ranks(4, "algorithms.py", ["kill"], timeout=60, per_rank_env=two_hosts,
+                    env=dict(BASE, TFRING_ALLREDUCE_ALGO="oneshot", VICTIM=victim))
+    for r in res:
+        if r.rank == victim:
+            assert r.returncode != 0, "the victim was to die"
+            continue
+        assert r.returncode == 0, r.stderr[-3000:]
+        out = r.result
+        assert out["counts"]["small"] > 10, out
+        assert out["error"] == "PeerFailureError", out
+        assert f"rank {victim}" in out["message"], out["message"]
+        assert out["elapsed"] < 10, out

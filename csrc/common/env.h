@@ -37,7 +37,9 @@ struct Config {
   // Rank 0's value, and rank 0's threshold, are used by every rank.
   std::string allreduce_algo = "auto";    // TFRING_ALLREDUCE_ALGO
   // auto: buffers of at most this many bytes take the one-shot (one host) or
-  // the small cross-host scheme; also sizes the host's shared segment.
+  // the small cross-host scheme; also sizes the host's shared segment. The
+  // default is where the one-shot stops beating the ring at 2 ranks in
+  // benchmarks/algo_bench.py (at 4 ranks it wins further up).
   int64_t small_threshold = 64ll << 10;   // TFRING_SMALL_THRESHOLD
 
   static Config fromEnv();
