@@ -117,3 +117,11 @@ def test_rank_killed_in_small_cross_host_scheme():
         assert out["error"] == "PeerFailureError", out
         assert f"rank {victim}" in out["message"], out["message"]
         assert out["elapsed"] < 10, out
+
+
+@pytest.mark.parametrize("hosts", [1, 2])
+def test_tcp_transport_keeps_off_shared_memory(hosts):
+    # TFRING_TRANSPORT=tcp: no host segment, so every size takes the ring.
+    res = _run(4, "auto", "quick", extra={"TFRING_TRANSPORT": "tcp"},
+               per_rank_env=two_hosts if hosts == 2 else None)
+    assert _used(res) == {"ring"}

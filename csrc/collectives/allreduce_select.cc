@@ -33,7 +33,8 @@ AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes) {
   const transport::HostLinks* H = c.host;
   if (!H || c.size == 1) return AllreduceAlgo::kRing;
   const bool spans = H->num_hosts > 1;
-  const bool cross = spans && H->uniform;  // the cross ring exists
+  // The cross ring exists, and each host can share within itself.
+  const bool cross = spans && H->uniform && (H->local_size == 1 || H->segment);
   // Host-local schemes without a segment only make sense with one rank per
   // host, and then only across hosts.
   auto small = [&]() {

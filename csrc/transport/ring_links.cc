@@ -98,16 +98,19 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     job = buf;
     // Rank 0's algorithm settings hold for every rank, so a mismatch in the
     // environment cannot make ranks run different algorithms.
-    store.setString("job/allreduce", strCat(cfg.allreduce_algo, "|", cfg.small_threshold));
+    store.setString("job/allreduce", strCat(cfg.allreduce_algo, "|", cfg.small_threshold, "|",
+                                            cfg.transport));
     store.setString("job/id", job);
   } else {
     job = store.getString("job/id", timeout);
   }
+  bool host_shm = true;  // TFRING_TRANSPORT=tcp (rank 0's) keeps off shared memory
   {
     auto f = splitBar(store.getString("job/allreduce", timeout));
-    if (f.size() != 2) fail(Code::kInternal, "malformed allreduce settings from rank 0");
+    if (f.size() != 3) fail(Code::kInternal, "malformed allreduce settings from rank 0");
     H.algo = f[0];
     H.small_threshold = std::stoll(f[1]);
+    host_shm = f[2] != "tcp";
     if (!knownAlgo(H.algo))
       fail(Code::kInvalidArgument, "TFRING_ALLREDUCE_ALGO=", H.algo,
            " (rank 0's value) is not one of auto, ring, oneshot, hier");
@@ -177,7 +180,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   // 3b. The host segment: local rank 0 creates it, the others open it once
   // it is published; unlinked after the barrier below.
   const std::string host_seg_name = strCat("/tfring-", job, "-host", mine[0]);
-  if (T.local_size > 1) {
+  if (T.local_size > 1 && host_shm) {
     if (T.local_rank == 0) {
       H.segment = HostSegment::create(host_seg_name, T.local_size, hostSlotBytes(H, cfg));
       store.setString(strCat("hostseg/", rank), "1");
