@@ -39,8 +39,9 @@ struct Config {
   // auto: buffers of at most this many bytes take the one-shot (one host) or
   // the small cross-host scheme; also sizes the host's shared segment. The
   // default is where the one-shot stops beating the ring at 2 ranks in
-  // benchmarks/algo_bench.py (at 4 ranks it wins further up).
-  int64_t small_threshold = 64ll << 10;   // TFRING_SMALL_THRESHOLD
+  // benchmarks/algo_bench.py (between 16 and 64 KiB; at 4 ranks it wins up
+  // to 256 KiB).
+  int64_t small_threshold = 32ll << 10;   // TFRING_SMALL_THRESHOLD
 
   static Config fromEnv();
 };
