@@ -133,9 +133,13 @@ HostSegment::~HostSegment() {
   if (header_) ::munmap(header_, mapped_);
 }
 
+// Publishing costs no read-modify-write while nobody sleeps: the word is
+// stored, then `sleeping` read (both seq_cst). A waiter raises `sleeping`
+// and then re-reads the words before it sleeps, so either it sees the word
+// or this sees the sleeper and rings (which changes the futex word and wakes).
 void HostSegment::publish(std::atomic<uint64_t>& word, uint64_t step) {
-  word.store(step, std::memory_order_release);
-  header_->bell.ring();
+  word.store(step, std::memory_order_seq_cst);
+  if (header_->bell.sleeping.load(std::memory_order_seq_cst)) header_->bell.ring();
 }
 
 void HostSegment::waitAll(std::atomic<uint64_t> HostRankWords::*field, uint64_t step,
@@ -181,10 +185,11 @@ void HostSegment::waitAll(std::atomic<uint64_t> HostRankWords::*field, uint64_t 
       sched_yield();
       continue;
     }
-    // Announce the sleeper, then re-check the ticket: a ring in between is
-    // either seen here or sees the sleeper (Doorbell::ring wakes on nonzero).
+    // Announce the sleeper, then re-check the words and the ticket: a
+    // publish in between is either seen here or sees the sleeper (publish()).
     bell.sleeping.fetch_add(1, std::memory_order_seq_cst);
-    if (bell.seq.load(std::memory_order_seq_cst) == ticket) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (lagging() >= 0 && bell.seq.load(std::memory_order_seq_cst) == ticket) {
       double rem = deadline.remaining();
       double t = rem < kMaxSleep ? (rem > 0.001 ? rem : 0.001) : kMaxSleep;
       futexWait(&bell.seq, ticket, t);

@@ -16,8 +16,8 @@
 // Step s uses bank s % 2. Before writing anything into bank s % 2 a rank
 // waits until every local rank's `done` is at least s - 2, so a fast rank
 // never overwrites a bank a slow rank still reads. Every store of a progress
-// word is a release store followed by a ring of the segment's doorbell;
-// waiters spin briefly and then sleep on the doorbell's futex.
+// word is a store that rings the segment's doorbell only when a waiter
+// sleeps; waiters spin briefly, yield, and then sleep on the doorbell's futex.
 //
 // Local rank 0 creates the segment at init; the others open it by name once
 // it is published through the store, and it is unlinked as soon as every
