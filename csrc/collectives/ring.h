@@ -11,6 +11,7 @@
 
 #include "common/types.h"
 #include "transport/channel.h"
+#include "transport/host_links.h"
 #include "transport/waiter.h"
 
 namespace tfring {
@@ -25,6 +26,9 @@ struct RingComm {
   transport::Waiter* waiter = nullptr;
   size_t chunk_bytes = 1 << 20;     // pipeline unit
   double timeout_s = 300;
+  // The host segment and cross-host ring for the host-aware allreduce
+  // algorithms (collectives/allreduce.h); null means ring only.
+  transport::HostLinks* host = nullptr;
 };
 
 // Splits `count` elements into `parts` nearly equal pieces (the first

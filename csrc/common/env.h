@@ -33,6 +33,15 @@ struct Config {
   std::string iface_addr;                 // TFRING_IFACE_ADDR: address to bind
   int log_level = 1;                      // TFRING_LOG_LEVEL: 0 debug..3 error
   bool cache_enabled = true;              // TFRING_CACHE (0 disables)
+  // Allreduce algorithm: auto|ring|oneshot|hier (collectives/allreduce.h).
+  // Rank 0's value, and rank 0's threshold, are used by every rank.
+  std::string allreduce_algo = "auto";    // TFRING_ALLREDUCE_ALGO
+  // auto: buffers of at most this many bytes take the one-shot (one host) or
+  // the small cross-host scheme; also sizes the host's shared segment. The
+  // default is where the one-shot stops beating the ring at 2 ranks in
+  // benchmarks/algo_bench.py (between 16 and 64 KiB; at 4 ranks it wins up
+  // to 256 KiB).
+  int64_t small_threshold = 32ll << 10;   // TFRING_SMALL_THRESHOLD
 
   static Config fromEnv();
 };

@@ -28,6 +28,7 @@ Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordin
   comm_.waiter = waiter_.get();
   comm_.chunk_bytes = static_cast<size_t>(cfg.chunk_bytes);
   comm_.timeout_s = cfg.timeout_s;
+  comm_.host = links_->host();  // the host segment and cross ring for allreduce()
   if (!cfg.timeline.empty()) timeline_.open(cfg.timeline, T.rank);
   // Without a doorbell to ring (the left link is TCP, or there is no link),
   // local wake-ups go through an eventfd the idle wait polls.

@@ -3,6 +3,7 @@
 // reducescatter, and the calls into the ring collectives.
 #include <cstring>
 
+#include "collectives/allreduce.h"
 #include "common/logging.h"
 #include "kernels/cpu/reduce.h"
 #include "runtime/engine.h"
@@ -52,18 +53,19 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
       kernels::scale(e.req.output, n, dt, m0.prescale);
       in = e.req.output;
     }
-    collectives::ringAllreduce(comm_, in, e.req.output, n, dt, kernelOp(m0.op), post);
+    collectives::allreduce(comm_, in, e.req.output, n, dt, kernelOp(m0.op), post);
     return;
   }
   if (m0.prescale == 1.0) {
-    // Fused without packing: the ring reads every input and writes every
-    // output where they are, cutting its steps at tensor boundaries.
+    // Fused: the ring reads every input and writes every output where they
+    // are, cutting its steps at tensor boundaries; the other algorithms
+    // get one packed buffer.
     std::vector<collectives::Span> spans;
     spans.reserve(es.size());
     for (auto& e : es)
       spans.push_back({static_cast<const char*>(e->req.input), static_cast<char*>(e->req.output),
                        static_cast<size_t>(e->meta.numElements())});
-    collectives::ringAllreduceSpans(comm_, spans, dt, kernelOp(m0.op), post);
+    collectives::allreduceSpans(comm_, spans, dt, kernelOp(m0.op), post, &fusion_);
     return;
   }
   // Fused with a prescale: pack every input into one buffer (scaling it
@@ -81,8 +83,7 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
   for (auto& e : es) timeline_.end(e->meta.name);
   size_t count = total / dtypeSize(dt);
   kernels::scale(fusion_.data(), count, dt, m0.prescale);
-  collectives::ringAllreduce(comm_, fusion_.data(), fusion_.data(), count, dt, kernelOp(m0.op),
-                             post);
+  collectives::allreduce(comm_, fusion_.data(), fusion_.data(), count, dt, kernelOp(m0.op), post);
   for (auto& e : es) timeline_.begin(e->meta.name, "MEMCPY_OUT_FUSION_BUFFER");
   off = 0;
   for (auto& e : es) {

@@ -17,6 +17,20 @@ namespace transport {
 namespace {
 
 constexpr uint32_t kRingPurpose = 1;
+constexpr uint32_t kCrossPurpose = 3;
+
+bool knownAlgo(const std::string& a) {
+  return a == "auto" || a == "ring" || a == "oneshot" || a == "hier";
+}
+
+// Bytes of each slot of the host segment: the small threshold, and when the
+// job spans hosts at least one pipeline chunk, so the hierarchical allreduce
+// moves large buffers in few steps.
+uint64_t hostSlotBytes(const HostLinks& H, const Config& cfg) {
+  uint64_t b = static_cast<uint64_t>(std::max<int64_t>(H.small_threshold, 4096));
+  if (H.num_hosts > 1) b = std::max<uint64_t>(b, static_cast<uint64_t>(cfg.chunk_bytes));
+  return b;
+}
 
 uint64_t roundUpPow2(uint64_t v) {
   uint64_t p = 8;
@@ -53,7 +67,16 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   Topology& T = L->topo_;
   T.rank = rank;
   T.size = size;
+  L->host_.reset(new HostLinks());
+  HostLinks& H = *L->host_;
+  H.algo = cfg.allreduce_algo;
+  H.small_threshold = cfg.small_threshold;
+  H.local_ranks = {rank};
+  H.cross_ranks = {rank};
   if (size == 1) {  // a job of one: no store, no links
+    if (!knownAlgo(H.algo))
+      fail(Code::kInvalidArgument, "TFRING_ALLREDUCE_ALGO=", H.algo,
+           " is not one of auto, ring, oneshot, hier");
     T.ring = {0};
     T.peers = {PeerInfo{net::hostIdentity(), static_cast<int>(::getpid()), "127.0.0.1", 0}};
     return L;
@@ -73,9 +96,28 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     auto t = static_cast<unsigned long long>(nowSeconds() * 1e6);
     snprintf(buf, sizeof(buf), "%x-%llx", static_cast<unsigned>(::getpid()), t & 0xffffffffffull);
     job = buf;
+    // Rank 0's algorithm settings hold for every rank, so a mismatch in the
+    // environment cannot make ranks run different algorithms.
+    store.setString("job/allreduce", strCat(cfg.allreduce_algo, "|", cfg.small_threshold, "|",
+                                            cfg.transport));
     store.setString("job/id", job);
   } else {
     job = store.getString("job/id", timeout);
+  }
+  bool host_shm = true;  // TFRING_TRANSPORT=tcp (rank 0's) keeps off shared memory
+  {
+    auto f = splitBar(store.getString("job/allreduce", timeout));
+    if (f.size() != 3) fail(Code::kInternal, "malformed allreduce settings from rank 0");
+    H.algo = f[0];
+    H.small_threshold = std::stoll(f[1]);
+    host_shm = f[2] != "tcp";
+    if (!knownAlgo(H.algo))
+      fail(Code::kInvalidArgument, "TFRING_ALLREDUCE_ALGO=", H.algo,
+           " (rank 0's value) is not one of auto, ring, oneshot, hier");
+    if (H.algo != cfg.allreduce_algo || H.small_threshold != cfg.small_threshold)
+      TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_ALLREDUCE_ALGO=", H.algo,
+                 " and TFRING_SMALL_THRESHOLD=", H.small_threshold, " instead of this rank's ",
+                 cfg.allreduce_algo, " and ", cfg.small_threshold);
   }
   std::string my_addr = cfg.iface_addr.empty() ? net::localAddress() : cfg.iface_addr;
   store.setString(strCat("peer/", rank),
@@ -112,6 +154,17 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   T.left = T.ring[(T.ring_pos + size - 1) % size];
   T.right = T.ring[(T.ring_pos + 1) % size];
 
+  H.num_hosts = static_cast<int>(hosts.size());
+  H.local_rank = T.local_rank;
+  H.local_size = T.local_size;
+  H.local_ranks = mine;
+  for (const auto& h : hosts)
+    if (by_host[h].size() != mine.size()) H.uniform = false;
+  H.cross_rank = T.cross_rank;
+  H.cross_ranks.clear();
+  if (H.uniform)
+    for (const auto& h : hosts) H.cross_ranks.push_back(by_host[h][T.local_rank]);
+
   bool force_tcp = cfg.transport == "tcp";
   L->right_shm_ = !force_tcp && T.peers[T.right].host == T.peers[rank].host;
   L->left_shm_ = !force_tcp && T.peers[T.left].host == T.peers[rank].host;
@@ -123,6 +176,29 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     L->self_seg_ = ShmSegment::create(job, rank, cap);
   }
   store.setString(strCat("shm/", rank), L->self_seg_ ? "1" : "0");
+
+  // 3b. The host segment: local rank 0 creates it, the others open it once
+  // it is published; unlinked after the barrier below.
+  const std::string host_seg_name = strCat("/tfring-", job, "-host", mine[0]);
+  if (T.local_size > 1 && host_shm) {
+    if (T.local_rank == 0) {
+      H.segment = HostSegment::create(host_seg_name, T.local_size, hostSlotBytes(H, cfg));
+      store.setString(strCat("hostseg/", rank), "1");
+    } else {
+      store.wait({strCat("hostseg/", mine[0])}, deadline.remaining());
+      H.segment = HostSegment::open(host_seg_name, T.local_size);
+      H.segment->words(T.local_rank).pid = static_cast<int32_t>(::getpid());
+    }
+  }
+
+  // 3c. The cross ring: with every host holding the same number of ranks,
+  // the ranks with my local rank form a TCP ring in host order.
+  int cross_listen = -1, cross_port = 0;
+  const bool want_cross = H.num_hosts > 1 && H.uniform;
+  if (want_cross) {
+    cross_listen = net::listenOn(bind_host, 0, &cross_port);
+    store.setString(strCat("cross/", rank), std::to_string(cross_port));
+  }
 
   // 4. TCP: connect to the right, accept from the left. The hello goes out
   // before we accept, and its ack is read after, so no ring of ranks can
@@ -156,6 +232,41 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   if (right_fd >= 0) wire::expectHelloAck(right_fd, deadline, right_name);
   if (listen_fd >= 0) net::closeFd(listen_fd);
 
+  // 4b. Cross ring links, the same way: connect right, accept left, ack.
+  if (want_cross) {
+    const int nh = H.num_hosts;
+    const int xr = H.cross_ranks[(H.cross_rank + 1) % nh];
+    const int xl = H.cross_ranks[(H.cross_rank + nh - 1) % nh];
+    int xport = std::stoi(store.getString(strCat("cross/", xr), deadline.remaining()));
+    std::string xr_name = strCat("rank ", xr, " at ", T.peers[xr].addr, ":", xport);
+    int xr_fd = net::connectTo(T.peers[xr].addr, xport, deadline);
+    net::setNoDelay(xr_fd);
+    net::setBufferSizes(xr_fd, 4 << 20);
+    wire::sendHello(xr_fd, kCrossPurpose, rank, secret, deadline, xr_name);
+    int xl_fd = -1;
+    while (xl_fd < 0) {
+      int fd = net::acceptWithDeadline(cross_listen, deadline);
+      if (fd < 0)
+        fail(Code::kTimeout, "timed out waiting for rank ", xl,
+             " (left cross-host neighbour) to connect");
+      int who = wire::acceptHello(fd, kCrossPurpose, secret, deadline);
+      if (who != xl) {
+        TFRING_LOG(kWarning, "rejected a cross-host connection (claimed rank ", who,
+                   ", expected ", xl, " with the job secret)");
+        net::closeFd(fd);
+        continue;
+      }
+      xl_fd = fd;
+    }
+    net::setNoDelay(xl_fd);
+    net::setBufferSizes(xl_fd, 4 << 20);
+    wire::expectHelloAck(xr_fd, deadline, xr_name);
+    net::closeFd(cross_listen);
+    H.cross_send.reset(new TcpSendChannel(xr_fd, xr, xr_name));
+    H.cross_recv.reset(new TcpRecvChannel(xl_fd, xl, strCat(T.peers[xl].addr), 1 << 20));
+    H.cross_waiter.reset(new Waiter(nullptr, H.cross_send.get(), H.cross_recv.get()));
+  }
+
   // 5. Map the neighbours' segments, then unlink ours once both have it.
   if (L->right_shm_) {
     store.wait({strCat("shm/", T.right)}, deadline.remaining());
@@ -171,6 +282,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   }
   storeBarrier(store, "shm-mapped", rank, size, deadline.remaining());
   if (L->self_seg_) L->self_seg_->unlink();
+  if (H.segment) H.segment->unlink();
 
   std::string left_addr = strCat(T.peers[T.left].addr, ":", T.peers[T.left].port);
   if (L->right_shm_)
@@ -194,6 +306,7 @@ Doorbell* RingLinks::bell() const {
 
 void RingLinks::wake() const {
   if (self_seg_) self_seg_->header()->bell.ring();
+  if (host_ && host_->segment) host_->segment->wake();
 }
 
 std::string RingLinks::transportName() const {

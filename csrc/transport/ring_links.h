@@ -5,7 +5,8 @@
 // local_size, cross_rank, cross_size) and ordered into a ring host by host,
 // so only host boundaries cross TCP. Each ring edge then uses shared memory
 // when both ends share a host (unless TFRING_TRANSPORT=tcp) and TCP
-// otherwise.
+// otherwise. Besides the ring, connect() sets up the HostLinks the
+// host-aware allreduce algorithms use (transport/host_links.h).
 #pragma once
 
 #include <memory>
@@ -15,6 +16,7 @@
 #include "common/env.h"
 #include "rendezvous/store.h"
 #include "transport/channel.h"
+#include "transport/host_links.h"
 #include "transport/waiter.h"
 
 namespace tfring {
@@ -51,8 +53,11 @@ class RingLinks {
   RecvChannel* left() const { return recv_.get(); }
   Doorbell* bell() const;
   std::string transportName() const;
-  // Wakes this rank's engine if it sleeps in a Waiter (abort path).
+  // Wakes this rank's engine if it sleeps in a Waiter or on the host
+  // segment (abort path).
   void wake() const;
+  // The host segment, the cross ring and the job-wide algorithm settings.
+  HostLinks* host() const { return host_.get(); }
 
  private:
   RingLinks() = default;
@@ -61,6 +66,7 @@ class RingLinks {
   std::unique_ptr<SendChannel> send_;
   std::unique_ptr<RecvChannel> recv_;
   bool right_shm_ = false, left_shm_ = false;
+  std::unique_ptr<HostLinks> host_;
 };
 
 // A barrier through the store: every rank sets its key, then waits for all.

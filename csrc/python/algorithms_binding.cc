@@ -1,0 +1,125 @@
+// tfring._core allreduce algorithms outside the engine, for tests and
+// benchmarks that measure an algorithm by itself:
+//
+//   allreduce_algorithm_counts() -> dict   allreduce calls per algorithm in
+//                                          this process (ring, oneshot,
+//                                          small, hier), engine calls included
+//   DirectAllreduce(store, rank, size, secret)
+//       connects this rank's own ring links and host segment through `store`
+//       (TFRING_* tunables read as at init), with no engine or coordinator.
+//     .allreduce(arr, algo="auto")   in-place float32 sum allreduce
+//     .time(nbytes, algo, iters)     seconds per call, back to back, float32
+//     .algorithm(nbytes, algo="auto") the algorithm that size would take
+//     .close()
+// Every rank must make the same calls in the same order.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/allreduce.h"
+#include "common/env.h"
+#include "python/bindings.h"
+#include "python/errors.h"
+#include "rendezvous/store.h"
+#include "transport/ring_links.h"
+
+namespace py = pybind11;
+
+namespace tfring {
+namespace python {
+namespace {
+
+class DirectAllreduce {
+ public:
+  DirectAllreduce(std::shared_ptr<rendezvous::Store> store, int rank, int size,
+                  const std::string& secret)
+      : store_(std::move(store)), cfg_(Config::fromEnv()) {
+    links_ = transport::RingLinks::connect(store_.get(), rank, size, secret, cfg_);
+    const auto& T = links_->topology();
+    waiter_.reset(new transport::Waiter(links_->bell(), links_->right(), links_->left()));
+    comm_.size = T.size;
+    comm_.pos = T.ring_pos;
+    comm_.ring = T.ring;
+    comm_.right = links_->right();
+    comm_.left = links_->left();
+    comm_.waiter = waiter_.get();
+    comm_.chunk_bytes = static_cast<size_t>(cfg_.chunk_bytes);
+    comm_.timeout_s = cfg_.timeout_s;
+    comm_.host = links_->host();
+    default_algo_ = comm_.host->algo;
+  }
+
+  void run(float* data, size_t count, const std::string& algo) {
+    live();
+    comm_.host->algo = algo == "auto" ? default_algo_ : algo;
+    collectives::allreduce(comm_, data, data, count, DataType::kFloat32, ReduceOp::kSum, 1.0);
+    comm_.host->algo = default_algo_;
+  }
+
+  std::string algorithm(size_t nbytes, const std::string& algo) {
+    live();
+    comm_.host->algo = algo == "auto" ? default_algo_ : algo;
+    auto a = collectives::chooseAllreduce(comm_, nbytes);
+    comm_.host->algo = default_algo_;
+    return collectives::allreduceAlgoName(a);
+  }
+
+  double time(size_t nbytes, const std::string& algo, int iters) {
+    std::vector<float> buf(nbytes / 4, 1.0f);
+    run(buf.data(), buf.size(), algo);  // warm up
+    double t0 = nowSeconds();
+    for (int i = 0; i < iters; ++i) run(buf.data(), buf.size(), algo);
+    return (nowSeconds() - t0) / iters;
+  }
+
+  void close() { links_.reset(); }
+
+ private:
+  void live() {
+    if (!links_) fail(Code::kAborted, "DirectAllreduce is closed");
+  }
+  std::shared_ptr<rendezvous::Store> store_;
+  Config cfg_;
+  std::unique_ptr<transport::RingLinks> links_;
+  std::unique_ptr<transport::Waiter> waiter_;
+  collectives::RingComm comm_;
+  std::string default_algo_;
+};
+
+}  // namespace
+
+void bindAlgorithms(py::module_& m) {
+  m.def("allreduce_algorithm_counts", [] {
+    std::map<std::string, uint64_t> out;
+    for (auto a : {collectives::AllreduceAlgo::kRing, collectives::AllreduceAlgo::kOneShot,
+                   collectives::AllreduceAlgo::kSmall, collectives::AllreduceAlgo::kHier})
+      out[collectives::allreduceAlgoName(a)] = collectives::allreduceCalls(a);
+    return out;
+  });
+  using Release = py::call_guard<py::gil_scoped_release>;
+  py::class_<DirectAllreduce>(m, "DirectAllreduce")
+      .def(py::init<std::shared_ptr<rendezvous::Store>, int, int, const std::string&>(),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("secret"), Release())
+      .def("allreduce",
+           [](DirectAllreduce& d, py::array_t<float, py::array::c_style> arr,
+              const std::string& algo) {
+             float* p = arr.mutable_data();
+             size_t n = static_cast<size_t>(arr.size());
+             py::gil_scoped_release nogil;
+             d.run(p, n, algo);
+           },
+           py::arg("arr"), py::arg("algo") = "auto")
+      .def("time", &DirectAllreduce::time, py::arg("nbytes"), py::arg("algo"),
+           py::arg("iters"), Release())
+      .def("algorithm", &DirectAllreduce::algorithm, py::arg("nbytes"),
+           py::arg("algo") = "auto")
+      .def("close", &DirectAllreduce::close, Release());
+}
+
+}  // namespace python
+}  // namespace tfring

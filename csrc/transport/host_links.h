@@ -1,0 +1,45 @@
+// HostLinks: what the host-aware allreduce algorithms use besides the ring
+// (collectives/allreduce.h): the host's shared segment and a TCP ring among
+// the ranks that have the same local rank on every host ("cross ring").
+// Set up by RingLinks::connect; every field that steers the choice of
+// algorithm holds the same value on every rank.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/channel.h"
+#include "transport/shm/host_segment.h"
+#include "transport/waiter.h"
+
+namespace tfring {
+namespace transport {
+
+struct HostLinks {
+  // Job-wide settings, rank 0's values (agreed through the store at init).
+  std::string algo = "auto";          // TFRING_ALLREDUCE_ALGO
+  int64_t small_threshold = 0;        // TFRING_SMALL_THRESHOLD, bytes
+  // Topology: hosts in order of their first rank; uniform when every host
+  // has the same number of ranks (the host-aware algorithms need that).
+  int num_hosts = 1;
+  bool uniform = true;
+  int local_rank = 0, local_size = 1;
+  int cross_rank = 0;                 // my host's index
+  std::vector<int> local_ranks;       // global rank of each local rank here
+  std::vector<int> cross_ranks;       // global rank of my local rank per host
+
+  // Null on a host with one rank.
+  std::unique_ptr<HostSegment> segment;
+  uint64_t step = 0;                  // segment steps taken so far
+
+  // Null unless num_hosts > 1 and uniform.
+  std::unique_ptr<SendChannel> cross_send;
+  std::unique_ptr<RecvChannel> cross_recv;
+  std::unique_ptr<Waiter> cross_waiter;
+  std::vector<char> scratch;          // the small cross-host exchange
+};
+
+}  // namespace transport
+}  // namespace tfring
