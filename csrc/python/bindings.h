@@ -10,6 +10,7 @@ void bindStore(pybind11::module_& m);    // store_binding.cc
 void bindKernels(pybind11::module_& m);  // kernels_binding.cc
 void bindRuntime(pybind11::module_& m);  // runtime_binding.cc
 void bindGpu(pybind11::module_& m);      // gpu_binding.cc
+void bindSecurity(pybind11::module_& m); // security_binding.cc
 
 }  // namespace python
 }  // namespace tfring

@@ -8,4 +8,5 @@ PYBIND11_MODULE(_core, m) {
   tfring::python::bindKernels(m);
   tfring::python::bindRuntime(m);
   tfring::python::bindGpu(m);
+  tfring::python::bindSecurity(m);
 }

@@ -22,8 +22,6 @@ namespace runtime {
 
 namespace {
 
-constexpr uint32_t kCtrlPurpose = 2;
-
 struct Global {
   std::mutex mu;
   bool initialized = false;
@@ -83,9 +81,7 @@ Status init(const InitOptions& opts) {
     int listen_fd = -1, port = 0;
     std::string coord_host = "127.0.0.1";
     if (opts.rank == 0) {
-      listen_fd = net::listenOn(opts.size > 1 ? (g.cfg.iface_addr.empty() ? "0.0.0.0" : g.cfg.iface_addr)
-                                              : "127.0.0.1",
-                                0, &port);
+      listen_fd = net::listenOn(T.peers[0].addr, 0, &port);  // the address rank 0 published
       if (opts.size > 1) store->setString("coord/port", std::to_string(port));
     } else {
       port = std::stoi(store->getString("coord/port", g.cfg.timeout_s));
@@ -94,7 +90,8 @@ Status init(const InitOptions& opts) {
     int ctrl = net::connectTo(coord_host, port, deadline);
     net::setNoDelay(ctrl);
     setKeepAlive(ctrl, g.cfg.heartbeat_timeout_s);
-    wire::sendHello(ctrl, kCtrlPurpose, opts.rank, opts.secret, deadline, "the coordinator (rank 0)");
+    wire::HelloClient hello(ctrl, wire::kPurposeControl, opts.rank, opts.secret, deadline,
+                            "the coordinator (rank 0)");
     std::unique_ptr<Coordinator> coord;
     if (opts.rank == 0) {
       std::vector<int> fds(opts.size, -1);
@@ -108,8 +105,11 @@ Status init(const InitOptions& opts) {
           fail(Code::kTimeout, "timed out waiting for ranks [", missing,
                "] to connect to the coordinator");
         }
-        int who = wire::acceptHello(fd, kCtrlPurpose, opts.secret, deadline);
-        if (who < 0 || who >= opts.size || fds[who] >= 0) {
+        int who = -1;
+        std::string why;
+        if (!wire::acceptHello(fd, wire::kPurposeControl, opts.secret, deadline, &who, &why) ||
+            who < 0 || who >= opts.size || fds[who] >= 0) {
+          TFRING_LOG(kWarning, "coordinator: ", why.empty() ? strCat("duplicate or invalid rank ", who) : why);
           net::closeFd(fd);
           continue;
         }
@@ -124,7 +124,7 @@ Status init(const InitOptions& opts) {
       coord.reset(new Coordinator(std::move(fds), std::move(desc), g.cfg));
       coord->start();
     }
-    wire::expectHelloAck(ctrl, deadline, "the coordinator (rank 0)");
+    hello.finish();
 
     g.topo = T;
     g.transport = links->transportName();

@@ -16,8 +16,6 @@ namespace transport {
 
 namespace {
 
-constexpr uint32_t kRingPurpose = 1;
-
 uint64_t roundUpPow2(uint64_t v) {
   uint64_t p = 8;
   while (p < v) p <<= 1;
@@ -64,8 +62,11 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
 
   // 1. Publish who and where I am.
   int port = 0;
-  std::string bind_host = cfg.iface_addr.empty() ? "0.0.0.0" : cfg.iface_addr;
-  int listen_fd = size > 1 ? net::listenOn(bind_host, 0, &port) : -1;
+  // Listen only on the address the peers are told to use (never on every
+  // interface): TFRING_IFACE(_ADDR), loopback on single-host jobs, see
+  // net::localAddress.
+  const std::string my_addr = net::localAddress();
+  int listen_fd = size > 1 ? net::listenOn(my_addr, 0, &port) : -1;
   std::string job;
   if (rank == 0) {
     // Unique per job on this host: names the shared-memory segments.
@@ -77,7 +78,6 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   } else {
     job = store.getString("job/id", timeout);
   }
-  std::string my_addr = cfg.iface_addr.empty() ? net::localAddress() : cfg.iface_addr;
   store.setString(strCat("peer/", rank),
                   strCat(net::hostIdentity(), "|", ::getpid(), "|", my_addr, "|", port));
   T.peers.resize(size);
@@ -129,22 +129,29 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   // wait on each other in a cycle.
   int right_fd = -1, left_fd = -1;
   std::string right_name = strCat("rank ", T.right, " at ", T.peers[T.right].addr, ":", T.peers[T.right].port);
+  std::unique_ptr<wire::HelloClient> right_hello;
   if (!L->right_shm_) {
     right_fd = net::connectTo(T.peers[T.right].addr, T.peers[T.right].port, deadline);
     net::setNoDelay(right_fd);
     net::setBufferSizes(right_fd, 4 << 20);
-    wire::sendHello(right_fd, kRingPurpose, rank, secret, deadline, right_name);
+    right_hello.reset(new wire::HelloClient(right_fd, wire::kPurposeRing, rank, secret,
+                                            deadline, right_name));
   }
   if (!L->left_shm_) {
+    std::string rejected;
     while (left_fd < 0) {
       int fd = net::acceptWithDeadline(listen_fd, deadline);
       if (fd < 0)
         fail(Code::kTimeout, "timed out waiting for rank ", T.left,
-             " (left ring neighbour) to connect");
-      int who = wire::acceptHello(fd, kRingPurpose, secret, deadline);
-      if (who != T.left) {
-        TFRING_LOG(kWarning, "rejected a ring connection (claimed rank ", who,
-                   ", expected ", T.left, " with the job secret)");
+             " (left ring neighbour) to connect",
+             rejected.empty() ? "" : strCat("; last connection refused: ", rejected));
+      int who = -1;
+      std::string why;
+      if (!wire::acceptHello(fd, wire::kPurposeRing, secret, deadline, &who, &why) ||
+          who != T.left) {
+        if (why.empty()) why = strCat("a ring connection claimed rank ", who, ", expected ", T.left);
+        TFRING_LOG(kWarning, "ring link: ", why);
+        rejected = why;
         net::closeFd(fd);
         continue;
       }
@@ -153,7 +160,16 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     net::setNoDelay(left_fd);
     net::setBufferSizes(left_fd, 4 << 20);
   }
-  if (right_fd >= 0) wire::expectHelloAck(right_fd, deadline, right_name);
+  if (right_hello) {
+    try {
+      right_hello->finish();
+    } catch (...) {
+      net::closeFd(right_fd);
+      if (left_fd >= 0) net::closeFd(left_fd);
+      if (listen_fd >= 0) net::closeFd(listen_fd);
+      throw;
+    }
+  }
   if (listen_fd >= 0) net::closeFd(listen_fd);
 
   // 5. Map the neighbours' segments, then unlink ours once both have it.
