@@ -180,6 +180,7 @@ HelloClient::HelloClient(int fd, uint32_t purpose, int rank, const std::string& 
       clientHandshake(fd, purpose, rank, secret, deadline, peer);
     } catch (...) {
       error_ = std::current_exception();
+      failed_ = true;
     }
   });
 }

@@ -2,6 +2,7 @@
 // negotiation), and length-prefixed frames over a socket with a deadline.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -150,10 +151,14 @@ class HelloClient {
               const Deadline& deadline, const std::string& peer);
   ~HelloClient();
   void finish();
+  // True once the handshake has failed: a caller waiting for other
+  // connections meanwhile should stop and finish() to report why.
+  bool failed() const { return failed_.load(); }
 
  private:
   std::thread thread_;
   std::exception_ptr error_;
+  std::atomic<bool> failed_{false};
 };
 
 // The accepting side. Returns true with the peer's rank (-1 for store

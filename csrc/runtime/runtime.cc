@@ -79,13 +79,12 @@ Status init(const InitOptions& opts) {
     // Coordinator connections: rank 0 accepts one from every engine, its own
     // included (over loopback), so every rank talks to it the same way.
     int listen_fd = -1, port = 0;
-    std::string coord_host = "127.0.0.1";
+    std::string coord_host = T.peers[0].addr;  // rank 0 too: it listens only there
     if (opts.rank == 0) {
       listen_fd = net::listenOn(T.peers[0].addr, 0, &port);  // the address rank 0 published
       if (opts.size > 1) store->setString("coord/port", std::to_string(port));
     } else {
       port = std::stoi(store->getString("coord/port", g.cfg.timeout_s));
-      coord_host = T.peers[0].addr;
     }
     int ctrl = net::connectTo(coord_host, port, deadline);
     net::setNoDelay(ctrl);

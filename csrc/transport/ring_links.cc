@@ -140,7 +140,12 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   if (!L->left_shm_) {
     std::string rejected;
     while (left_fd < 0) {
-      int fd = net::acceptWithDeadline(listen_fd, deadline);
+      // Wake up now and then: if our own connection to the right was
+      // refused (say, a wrong secret), report that instead of waiting on.
+      int fd = net::acceptWithDeadline(
+          listen_fd, Deadline::in(std::min(0.2, std::max(0.0, deadline.remaining()))));
+      if (fd < 0 && right_hello && right_hello->failed()) break;
+      if (fd < 0 && !deadline.expired()) continue;
       if (fd < 0)
         fail(Code::kTimeout, "timed out waiting for rank ", T.left,
              " (left ring neighbour) to connect",
@@ -157,8 +162,10 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
       }
       left_fd = fd;
     }
-    net::setNoDelay(left_fd);
-    net::setBufferSizes(left_fd, 4 << 20);
+    if (left_fd >= 0) {
+      net::setNoDelay(left_fd);
+      net::setBufferSizes(left_fd, 4 << 20);
+    }
   }
   if (right_hello) {
     try {

@@ -228,6 +228,23 @@ def guess_reachable_address(remote_hosts):
     return socket.getfqdn()
 
 
+def _iface_address():
+    """The address TFRING_IFACE_ADDR or TFRING_IFACE names, else None."""
+    if not (os.environ.get("TFRING_IFACE_ADDR") or os.environ.get("TFRING_IFACE")):
+        return None
+    from tfring import _core
+
+    return _core._listen_address()
+
+
+def _is_ip(host):
+    try:
+        socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
+        return True
+    except OSError:
+        return False
+
+
 # --------------------------------------------------------------- output ----
 
 
@@ -532,8 +549,13 @@ def main(argv=None):
     relay = OutputRelay()
     remote_hosts = sorted({s.host for s in specs if not s.local})
     if remote_hosts:
-        bind_host = "0.0.0.0"
-        store_host = args.store_host or guess_reachable_address(remote_hosts)
+        # Listen on the interface the ranks are told to use (TFRING_IFACE /
+        # TFRING_IFACE_ADDR, else the route to the first remote host), not on
+        # every interface; a --store-host name may be an alias: listen wide.
+        chosen = _iface_address()
+        store_host = args.store_host or chosen or guess_reachable_address(remote_hosts)
+        bind_host = chosen or (store_host if not args.store_host and _is_ip(store_host)
+                               else "0.0.0.0")
     else:
         bind_host = args.store_host or "127.0.0.1"
         store_host = bind_host
