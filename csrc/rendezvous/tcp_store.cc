@@ -383,11 +383,16 @@ void TcpStoreServer::handleClient(int fd) {
 }
 
 void TcpStoreServer::logRejection(const std::string& why) {
-  // Strangers may knock often: say so once per distinct reason per server.
+  // Strangers may knock often: log the 1st, 10th, 100th... rejection.
   std::lock_guard<std::mutex> lock(mu_);
-  if (why == last_rejection_) return;
-  last_rejection_ = why;
-  TFRING_LOG(kWarning, "store server on port ", port_, ": ", why);
+  ++rejections_;
+  for (int64_t n = 1; n <= rejections_; n *= 10) {
+    if (n == rejections_) {
+      TFRING_LOG(kWarning, "store server on port ", port_, ": ", why, " (", n,
+                 n == 1 ? " connection" : " connections", " refused so far)");
+      return;
+    }
+  }
 }
 
 void TcpStoreServer::cleanupClient(int fd) {

@@ -50,7 +50,7 @@ class TcpStoreServer {
   std::vector<std::thread> clients_;
   std::vector<int> client_fds_;
   std::vector<std::thread::id> finished_;  // exited, not yet joined
-  std::string last_rejection_;
+  int64_t rejections_ = 0;  // handshakes refused, for rate-limited logging
 };
 
 // Decodes one request frame as the server does and throws on anything
