@@ -15,7 +15,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
