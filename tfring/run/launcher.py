@@ -190,10 +190,17 @@ def rank_env(spec, store_addr, secret):
 
 
 def ssh_command(host, cwd, env, command, ssh_port=None, ssh_args=()):
-    """argv that runs ``command`` in ``cwd`` on ``host`` with ``env`` set."""
-    assignments = [f"{k}={v}" for k, v in env.items()]
-    remote = "cd {} && exec env {} {}".format(
+    """argv that runs ``command`` in ``cwd`` on ``host`` with ``env`` set.
+
+    TFRING_SECRET is not put on the command line, where `ps` on either host
+    would show it: the remote shell reads it from the first line of stdin,
+    which the caller writes (see Job.spawn's stdin_data)."""
+    assignments = [f"{k}={v}" for k, v in env.items() if k != "TFRING_SECRET"]
+    read_secret = ("IFS= read -r TFRING_SECRET && export TFRING_SECRET && "
+                   if "TFRING_SECRET" in env else "")
+    remote = "cd {} && {}exec env {} {}".format(
         shlex.quote(cwd),
+        read_secret,
         " ".join(shlex.quote(a) for a in assignments),
         " ".join(shlex.quote(c) for c in command),
     )
@@ -324,16 +331,22 @@ class Job:
         self.exit_code = None  # decided by the first reason to stop
         self.signals_received = 0
 
-    def spawn(self, rank, argv, env, cwd, output_dir=None):
+    def spawn(self, rank, argv, env, cwd, output_dir=None, stdin_data=None):
         proc = subprocess.Popen(
             argv,
             env=env,
             cwd=cwd,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
+        if stdin_data is not None:
+            # A line or so: fits the pipe buffer, so this never blocks.
+            with contextlib.suppress(OSError):
+                proc.stdin.write(stdin_data)
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
         self.procs.append((rank, proc))
         for name, pipe, stream in (
             ("stdout", proc.stdout, sys.stdout),
@@ -600,8 +613,9 @@ def main(argv=None):
                 argv = ssh_command(spec.host, cwd, remote_env, command, args.ssh_port)
             if job.exit_code is not None:
                 break  # a signal arrived while starting: start no more ranks
+            stdin_data = None if spec.local else (secret + "\n").encode()
             try:
-                job.spawn(spec.rank, argv, env, cwd, args.output_dir)
+                job.spawn(spec.rank, argv, env, cwd, args.output_dir, stdin_data)
             except OSError as e:
                 relay.message(
                     f"cannot start rank {spec.rank} ({shlex.join(argv)}): {e}"
