@@ -200,6 +200,14 @@ def _via_fallback(rank, size, host):
             _serve(secret, _split_addr(addr)[1], bind="0.0.0.0")
         return rank, size, _connect(addr, secret), secret
     if host is not None:
+        if not os.environ.get("TFRING_SECRET") and rank == 0:
+            import warnings
+
+            warnings.warn(
+                "tfring: without mpi4py or TFRING_SECRET the job secret is derived from "
+                "the job id and uid, which other users of these hosts can compute; export "
+                "the same random TFRING_SECRET to every rank (e.g. in the batch script) "
+                "to keep strangers out of the job.", RuntimeWarning, stacklevel=3)
         port = 20000 + int(hashlib.sha256(job.encode()).hexdigest(), 16) % 20000
         if rank == 0:
             _serve(secret, port)
