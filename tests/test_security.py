@@ -336,15 +336,13 @@ def test_store_server_survives_garbage_from_authenticated_clients(server, reques
 def test_store_server_drops_half_sent_frames(server):
     # A hello frame that never completes holds only its own connection, and
     # not for longer than the handshake timeout (10 s).
-    with _raw(server, timeout=30) as s:
-        s.sendall(struct.pack("<I", 45) + b"\x47\x52")
+    with _raw(server, timeout=30) as hello, _raw(server, timeout=30) as request:
+        hello.sendall(struct.pack("<I", 45) + b"\x47\x52")
+        assert wire_util.handshake(request, SECRET)
+        request.sendall(struct.pack("<I", 1000) + b"\x02")  # the body never follows
         _still_serves(server)
-        assert s.recv(64) == b""  # closed by the server
-    with _raw(server, timeout=30) as s:
-        assert wire_util.handshake(s, SECRET)
-        s.sendall(struct.pack("<I", 1000) + b"\x02")  # request body never follows
-        _still_serves(server)
-        assert s.recv(64) == b""
+        assert hello.recv(64) == b""  # closed by the server
+        assert request.recv(64) == b""
 
 
 # ---------------------------------------------------------- live 2-rank job ----

@@ -77,7 +77,8 @@ Status init(const InitOptions& opts) {
     Deadline deadline = Deadline::in(g.cfg.timeout_s);
 
     // Coordinator connections: rank 0 accepts one from every engine, its own
-    // included (over loopback), so every rank talks to it the same way.
+    // included, so every rank talks to it the same way. Its own handshake
+    // runs on a thread (wire::HelloClient) while it accepts.
     int listen_fd = -1, port = 0;
     std::string coord_host = T.peers[0].addr;  // rank 0 too: it listens only there
     if (opts.rank == 0) {

@@ -124,9 +124,9 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   }
   store.setString(strCat("shm/", rank), L->self_seg_ ? "1" : "0");
 
-  // 4. TCP: connect to the right, accept from the left. The hello goes out
-  // before we accept, and its ack is read after, so no ring of ranks can
-  // wait on each other in a cycle.
+  // 4. TCP: connect to the right, accept from the left. The outgoing
+  // handshake (common/wire.h) runs on its own thread while we accept, so no
+  // ring of ranks can wait on each other in a cycle.
   int right_fd = -1, left_fd = -1;
   std::string right_name = strCat("rank ", T.right, " at ", T.peers[T.right].addr, ":", T.peers[T.right].port);
   std::unique_ptr<wire::HelloClient> right_hello;
