@@ -536,3 +536,30 @@ def test_keras_is_an_attribute_of_tfring_loaded_lazily():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, KERAS_BACKEND="tensorflow"))
     assert out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+# ------------------------------------------------- AddressSanitizer fuzz ----
+
+def _have_asan(tmp_path):
+    src = tmp_path / "t.cc"
+    src.write_text("int main() { return 0; }\n")
+    r = subprocess.run(["g++", "-fsanitize=address,undefined", str(src), "-o", str(tmp_path / "t")],
+                       capture_output=True, timeout=120)
+    return r.returncode == 0
+
+
+def test_parsers_under_address_sanitizer(tmp_path):
+    # The mutation fuzzer of tests/fuzz/parsers_asan.cc: each input in a heap
+    # block of exactly its size, so an over-read aborts the run.
+    try:
+        if not _have_asan(tmp_path):
+            pytest.skip("g++ cannot build with -fsanitize=address here")
+    except FileNotFoundError:
+        pytest.skip("no g++")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run(["bash", os.path.join(repo, "tests", "fuzz", "run_asan.sh"), "20000"],
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, TFRING_FUZZ_BUILD=str(tmp_path / "build")))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for kind in ("meta", "response", "hello", "store"):
+        assert f"{kind}: 20000 inputs" in r.stdout
