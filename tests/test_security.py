@@ -168,7 +168,8 @@ def test_secret_never_on_the_wire_and_client_proof_matches_reference():
     fake.close()
     m1, m3 = fake.seen["m1"], fake.seen["m3"]
     magic, version, purpose, rank = struct.unpack("<IBIi", m1[:13])
-    assert (magic, version, purpose, rank) == (wire_util.MAGIC, wire_util.VERSION, PURPOSE_STORE, -1)
+    assert (magic, version, purpose, rank) == (
+        wire_util.MAGIC, wire_util.VERSION, PURPOSE_STORE, -1)
     nonce_c = m1[13:]
     assert m3 == wire_util.proof(SECRET, b"tfring client", nonce_s, nonce_c, PURPOSE_STORE, -1)
     assert SECRET.encode() not in m1 + m3
@@ -393,7 +394,8 @@ def test_wrong_secret_on_a_ring_link_fails_both_ranks_naming_the_peer():
         other = 1 - r
         assert "error" in out, f"rank {r} joined a job with another secret"
         assert "MismatchError" in out["error"], out["error"]
-        assert f"rank {other} at" in out["error"] and "wrong job secret" in out["error"], out["error"]
+        assert f"rank {other} at" in out["error"], out["error"]
+        assert "wrong job secret" in out["error"], out["error"]
 
 
 def _listening_sockets(pid):
@@ -510,7 +512,9 @@ def test_live_job_survives_garbage_and_listens_only_on_its_interface(iface):
 
 
 def test_unknown_interface_is_a_clear_error():
-    code = "from tfring import _core\ntry:\n    _core._listen_address()\nexcept _core.TfringError as e:\n    print(e)"
+    code = ("from tfring import _core\n"
+            "try:\n    _core._listen_address()\n"
+            "except _core.TfringError as e:\n    print(e)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, TFRING_IFACE="nosuchif0"))
     assert "TFRING_IFACE=nosuchif0: no such network interface" in out.stdout, out

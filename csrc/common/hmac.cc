@@ -148,7 +148,8 @@ std::string randomBytes(size_t n) {
   }
   if (done == n) return out;
   int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(Code::kInternal, "no source of random bytes (getrandom and /dev/urandom failed)");
+  if (fd < 0)
+    fail(Code::kInternal, "no source of random bytes (getrandom and /dev/urandom failed)");
   while (done < n) {
     ssize_t r = ::read(fd, &out[done], n - done);
     if (r > 0) {

@@ -98,7 +98,8 @@ crypto::Digest takeDigest(Reader& r) {
 
 std::string versionMismatch(const std::string& peer, unsigned theirs) {
   return strCat(peer, " speaks tfring protocol version ", theirs, " but this build speaks version ",
-                unsigned(kProtocolVersion), ": every host of the job must run the same tfring build");
+                unsigned(kProtocolVersion),
+                ": every host of the job must run the same tfring build");
 }
 
 }  // namespace
@@ -232,8 +233,8 @@ bool acceptHello(int fd, uint32_t purpose, const std::string& secret,
     std::vector<uint8_t> m3 = recvFrame(fd, d, who, kMaxHelloFrame);
     if (m3.size() != 32) fail(Code::kInternal, "malformed handshake proof from ", who);
     Reader r3(m3);
-    bool ok = crypto::digestsEqual(takeDigest(r3),
-                                   proof(secret, "tfring client", nonce_s, h.nonce, purpose, h.rank));
+    crypto::Digest expected = proof(secret, "tfring client", nonce_s, h.nonce, purpose, h.rank);
+    bool ok = crypto::digestsEqual(takeDigest(r3), expected);
     Writer w4;
     w4.put<uint8_t>(ok ? 1 : 0);
     if (ok) {

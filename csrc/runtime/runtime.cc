@@ -109,7 +109,8 @@ Status init(const InitOptions& opts) {
         std::string why;
         if (!wire::acceptHello(fd, wire::kPurposeControl, opts.secret, deadline, &who, &why) ||
             who < 0 || who >= opts.size || fds[who] >= 0) {
-          TFRING_LOG(kWarning, "coordinator: ", why.empty() ? strCat("duplicate or invalid rank ", who) : why);
+          if (why.empty()) why = strCat("duplicate or invalid rank ", who);
+          TFRING_LOG(kWarning, "coordinator: ", why);
           net::closeFd(fd);
           continue;
         }

@@ -154,7 +154,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
       std::string why;
       if (!wire::acceptHello(fd, wire::kPurposeRing, secret, deadline, &who, &why) ||
           who != T.left) {
-        if (why.empty()) why = strCat("a ring connection claimed rank ", who, ", expected ", T.left);
+        if (why.empty())
+          why = strCat("a ring connection claimed rank ", who, ", expected ", T.left);
         TFRING_LOG(kWarning, "ring link: ", why);
         rejected = why;
         net::closeFd(fd);
