@@ -515,7 +515,8 @@ def test_remote_ranks_start_through_ssh(tmp_path):
     assert r.returncode == 0, r.stderr
     argv = json.loads((tmp_path / "ssh_argv.json").read_text())
     assert argv[:3] == ["-o", "BatchMode=yes", "remote-node"]
-    assert argv[3].startswith(f"cd {REPO} && exec env ")
+    assert argv[3].startswith(f"cd {REPO} && IFS= read -r TFRING_SECRET && ")
+    assert "TFRING_SECRET=" not in " ".join(argv)  # the secret travels on stdin
     remote = json.loads((tmp_path / "rank2.json").read_text())
     assert remote["TFRING_RANK"] == "2"
     assert remote["TFRING_HOSTNAME"] == "remote-node"

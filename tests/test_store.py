@@ -13,6 +13,8 @@ import pytest
 
 from tfring import _core
 
+import wire_util
+
 SECRET = "test-secret"
 
 
@@ -199,8 +201,7 @@ def test_server_survives_abrupt_and_garbage_clients(server):
     # An authenticated client that vanishes while its GET blocks server-side
     # (wire format: see csrc/rendezvous/tcp_store.cc).
     with socket.create_connection(("127.0.0.1", server.port), timeout=2) as raw:
-        raw.sendall(_frame(b"\x01" + struct.pack("<I", 0x53524654) + _string(SECRET.encode())))
-        assert raw.recv(5) == b"\x01\x00\x00\x00\x00"  # frame of one byte: OK
+        assert wire_util.handshake(raw, SECRET)
         raw.sendall(_frame(b"\x03" + _string(b"never") + struct.pack("<q", 10_000_000)))
     client = _tcp(server)
     client.set("alive", b"yes")

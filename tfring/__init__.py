@@ -44,10 +44,16 @@ _LAZY = {
     "rewrite": "tfring.rewrite",
 }
 
+# Subpackages reachable as attributes (tfring.keras.callbacks...) without an
+# explicit import; importing one loads its framework, so only on first use.
+_SUBPACKAGES = ("keras",)
+
 __all__ = ["Sum", "Average", "Min", "Max", "Product"] + list(_LAZY)
 
 
 def __getattr__(name):
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"tfring.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'tfring' has no attribute {name!r}")
@@ -57,4 +63,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBPACKAGES))

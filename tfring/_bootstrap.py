@@ -52,15 +52,26 @@ def _connect(addr, secret):
     return _core.TcpStore(host, port, secret, _timeout())
 
 
-def _serve(secret, port=0):
+def _chosen_address():
+    """The address the core binds to when the user or launcher pins one:
+    TFRING_IFACE_ADDR, TFRING_IFACE's address, or loopback when every rank
+    is on this host; else None."""
+    pinned = os.environ.get("TFRING_IFACE_ADDR") or os.environ.get("TFRING_IFACE")
+    local, world = (_env_int("OMPI_COMM_WORLD_LOCAL_SIZE", "TFRING_LOCAL_SIZE"),
+                    _env_int("OMPI_COMM_WORLD_SIZE", "TFRING_SIZE"))
+    if pinned or (local is not None and local == world):
+        return _core._listen_address()
+    return None
+
+
+def _serve(secret, port=0, bind=None):
     global _server
-    bind = os.environ.get("TFRING_IFACE_ADDR", "0.0.0.0")
-    _server = _core.TcpStoreServer(bind, port, secret)
+    _server = _core.TcpStoreServer(bind or _chosen_address() or "0.0.0.0", port, secret)
     return _server.port
 
 
 def _my_address():
-    addr = os.environ.get("TFRING_IFACE_ADDR")
+    addr = _chosen_address()
     if addr:
         return addr
     try:
@@ -185,9 +196,18 @@ def _via_fallback(rank, size, host):
     addr = os.environ.get("TFRING_STORE_ADDR")
     if addr:
         if rank == 0:
-            _serve(secret, _split_addr(addr)[1])
+            # The address was given: listen wherever it may point.
+            _serve(secret, _split_addr(addr)[1], bind="0.0.0.0")
         return rank, size, _connect(addr, secret), secret
     if host is not None:
+        if not os.environ.get("TFRING_SECRET") and rank == 0:
+            import warnings
+
+            warnings.warn(
+                "tfring: without mpi4py or TFRING_SECRET the job secret is derived from "
+                "the job id and uid, which other users of these hosts can compute; export "
+                "the same random TFRING_SECRET to every rank (e.g. in the batch script) "
+                "to keep strangers out of the job.", RuntimeWarning, stacklevel=3)
         port = 20000 + int(hashlib.sha256(job.encode()).hexdigest(), 16) % 20000
         if rank == 0:
             _serve(secret, port)

@@ -336,9 +336,41 @@ void closeFd(int fd) {
   if (fd >= 0) ::close(fd);
 }
 
-std::string localAddress(const std::string& towards) {
+std::string ifaceAddress() {
   std::string forced = env::getString("TFRING_IFACE_ADDR", "");
   if (!forced.empty()) return forced;
+  std::string name = env::getString("TFRING_IFACE", "");
+  if (name.empty()) return "";
+  struct ifaddrs* ifs = nullptr;
+  std::string found;
+  if (getifaddrs(&ifs) == 0) {
+    for (struct ifaddrs* i = ifs; i && found.empty(); i = i->ifa_next) {
+      if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || name != i->ifa_name) continue;
+      char buf[INET_ADDRSTRLEN];
+      auto* sin = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
+      if (inet_ntop(AF_INET, &sin->sin_addr, buf, sizeof(buf))) found = buf;
+    }
+    freeifaddrs(ifs);
+  }
+  if (found.empty())
+    fail(Code::kInvalidArgument, "TFRING_IFACE=", name,
+         ": no such network interface with an IPv4 address on this host");
+  return found;
+}
+
+bool singleHostJob() {
+  for (auto vars : {std::make_pair("TFRING_LOCAL_SIZE", "TFRING_SIZE"),
+                    std::make_pair("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE")}) {
+    int64_t local = env::getInt(vars.first, -1), world = env::getInt(vars.second, -1);
+    if (local > 0 && world > 0) return local == world;
+  }
+  return false;
+}
+
+std::string localAddress(const std::string& towards) {
+  std::string forced = ifaceAddress();
+  if (!forced.empty()) return forced;
+  if (singleHostJob()) return "127.0.0.1";
 
   if (!towards.empty()) {
     // A connected UDP socket sends nothing but makes the kernel pick the

@@ -53,10 +53,21 @@ void setNoDelay(int fd);
 void setBufferSizes(int fd, int bytes);
 void closeFd(int fd);
 
-// The address other hosts should use to reach this one: TFRING_IFACE_ADDR if
-// set, else the address of the interface routing to `towards` (a peer
-// address), else the first non-loopback IPv4 address, else 127.0.0.1.
+// The address other hosts should use to reach this one, which is also the
+// address every listening socket binds to: TFRING_IFACE_ADDR if set, else the
+// IPv4 address of the interface named by TFRING_IFACE, else 127.0.0.1 when
+// the launcher says every rank is on this host, else the address of the
+// interface routing to `towards` (a peer address), else the first
+// non-loopback IPv4 address, else 127.0.0.1.
 std::string localAddress(const std::string& towards = "");
+
+// TFRING_IFACE_ADDR, else the IPv4 address of interface TFRING_IFACE, else
+// "". Throws naming the interface if TFRING_IFACE has no IPv4 address.
+std::string ifaceAddress();
+
+// True when the launcher's environment (tfring-run's TFRING_LOCAL_SIZE,
+// Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE) puts every rank on this host.
+bool singleHostJob();
 
 // A stable identity of this host for grouping ranks into local groups:
 // TFRING_HOSTNAME if set, else the hostname plus the boot id.

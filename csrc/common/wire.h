@@ -2,9 +2,12 @@
 // negotiation), and length-prefixed frames over a socket with a deadline.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/clock.h"
@@ -56,36 +59,117 @@ class Reader {
     return s;
   }
   std::vector<int64_t> getI64s() {
-    uint32_t n = get<uint32_t>();
+    uint32_t n = getCount(sizeof(int64_t));
     std::vector<int64_t> v(n);
     for (auto& x : v) x = get<int64_t>();
     return v;
+  }
+  // An element count read from the message, checked against the bytes left
+  // (each element takes at least min_elem_bytes) so a hostile count cannot
+  // make the reader allocate before the data is seen to be there.
+  uint32_t getCount(size_t min_elem_bytes) {
+    uint32_t n = get<uint32_t>();
+    if (min_elem_bytes && n > (n_ - o_) / min_elem_bytes)
+      fail(Code::kInternal, "malformed control message (count ", n, " exceeds its ", n_,
+           " bytes)");
+    return n;
   }
   bool done() const { return o_ == n_; }
 
  private:
   void need(size_t k) {
-    if (o_ + k > n_) fail(Code::kInternal, "malformed control message (", n_, " bytes)");
+    if (k > n_ - o_) fail(Code::kInternal, "malformed control message (", n_, " bytes)");
   }
   const uint8_t* p_;
   size_t n_;
   size_t o_ = 0;
 };
 
-// Frames: u32 length, then the payload.
+// Frames: u32 length, then the payload. recvFrame refuses a length over
+// max_len before allocating, and once the length has arrived the body must
+// follow within kFrameBodyTimeout (or the deadline, if sooner): a peer that
+// sends half a frame cannot hold the reader forever.
+constexpr uint32_t kMaxFrame = 1u << 30;
+constexpr double kFrameBodyTimeout = 60.0;
 void sendFrame(int fd, const std::vector<uint8_t>& payload, const Deadline& deadline,
                const std::string& peer);
-std::vector<uint8_t> recvFrame(int fd, const Deadline& deadline, const std::string& peer);
+std::vector<uint8_t> recvFrame(int fd, const Deadline& deadline, const std::string& peer,
+                               uint32_t max_len = kMaxFrame);
 
-// Connection handshake shared by every tfring TCP link: the connecting side
-// sends {magic, purpose, rank, secret}; the accepting side checks the secret
-// in constant time and answers one byte (1 accepted, 0 rejected).
-void sendHello(int fd, uint32_t purpose, int rank, const std::string& secret,
-               const Deadline& deadline, const std::string& peer);
-// Returns the peer's rank, or -1 if the hello was invalid (and answers 0).
-int acceptHello(int fd, uint32_t purpose, const std::string& secret,
-                const Deadline& deadline);
-void expectHelloAck(int fd, const Deadline& deadline, const std::string& peer);
+// ---- Connection handshake (every tfring TCP connection: store, control,
+// ring data links). Mutual HMAC-SHA256 challenge-response: each side proves
+// it knows the job secret against a fresh nonce of the other side, so the
+// secret never travels and a recorded handshake cannot be replayed.
+//
+//   1 C->S  u32 magic "TFRG", u8 version, u32 purpose, i32 rank, nonce_c[32]
+//   2 S->C  u32 magic, u8 version, u8 status (0 go on, 1 version, 2 purpose),
+//           nonce_s[32]
+//   3 C->S  mac_c = HMAC(secret, "tfring client" | transcript)
+//   4 S->C  u8 accepted; if accepted, mac_s = HMAC(secret, "tfring server" | transcript)
+//
+// transcript := nonce_s | nonce_c | u32 purpose | i32 rank | u8 version.
+// The server answers 4 only after checking 3 (constant-time compare), so it
+// is no oracle for a stranger; the labels keep one side's proof from being
+// reflected as the other's. Every message is a frame of at most
+// kMaxHelloFrame bytes. A version mismatch is reported as such on both
+// sides; the server gives a silent client kHelloTimeout seconds.
+// Builds before the challenge-response sent the same magic followed by a
+// u32 purpose of 1 or 2, which this format reads as versions 1 and 2.
+constexpr uint32_t kHelloMagic = 0x54465247;
+constexpr uint8_t kProtocolVersion = 3;
+constexpr uint32_t kMaxHelloFrame = 256;
+constexpr double kHelloTimeout = 10.0;
+constexpr size_t kNonceBytes = 32;
+
+// Purposes: a connection opened for one cannot be accepted as another.
+constexpr uint32_t kPurposeRing = 1;
+constexpr uint32_t kPurposeControl = 2;
+constexpr uint32_t kPurposeStore = 3;
+constexpr uint32_t kPurposeCross = 4;  // the cross-host ring of hierarchical allreduce
+
+struct ClientHello {
+  uint8_t version = 0;
+  uint32_t purpose = 0;
+  int32_t rank = -1;
+  std::string nonce;
+};
+// Parses message 1; throws kMismatch naming the versions on a version
+// mismatch and kInternal on anything malformed. Exposed for the fuzz tests.
+ClientHello parseClientHello(const std::vector<uint8_t>& msg);
+
+// The connecting side, run to completion. Throws naming `peer` when the
+// server rejects the secret, cannot prove it knows it, or speaks another
+// protocol version.
+void clientHandshake(int fd, uint32_t purpose, int rank, const std::string& secret,
+                     const Deadline& deadline, const std::string& peer);
+
+// clientHandshake on a thread, for a process that must accept connections
+// (possibly its own) while its outgoing one is authenticated. finish()
+// waits for it and rethrows its error; the destructor waits too.
+class HelloClient {
+ public:
+  HelloClient(int fd, uint32_t purpose, int rank, const std::string& secret,
+              const Deadline& deadline, const std::string& peer);
+  ~HelloClient();
+  void finish();
+  // True once the handshake has failed: a caller waiting for other
+  // connections meanwhile should stop and finish() to report why.
+  bool failed() const { return failed_.load(); }
+
+ private:
+  std::thread thread_;
+  std::exception_ptr error_;
+  std::atomic<bool> failed_{false};
+};
+
+// The accepting side. Returns true with the peer's rank (-1 for store
+// clients) when it proved the secret; false with `why` (naming the peer's
+// address) otherwise. Never waits past the deadline nor kHelloTimeout.
+bool acceptHello(int fd, uint32_t purpose, const std::string& secret,
+                 const Deadline& deadline, int* rank, std::string* why);
+
+// "ip:port" of a connected socket's peer, or "an unknown address".
+std::string peerAddress(int fd);
 
 }  // namespace wire
 }  // namespace tfring

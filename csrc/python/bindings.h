@@ -11,6 +11,7 @@ void bindKernels(pybind11::module_& m);  // kernels_binding.cc
 void bindRuntime(pybind11::module_& m);  // runtime_binding.cc
 void bindGpu(pybind11::module_& m);      // gpu_binding.cc
 void bindAlgorithms(pybind11::module_& m);  // algorithms_binding.cc
+void bindSecurity(pybind11::module_& m); // security_binding.cc
 
 }  // namespace python
 }  // namespace tfring

@@ -9,4 +9,5 @@ PYBIND11_MODULE(_core, m) {
   tfring::python::bindRuntime(m);
   tfring::python::bindGpu(m);
   tfring::python::bindAlgorithms(m);
+  tfring::python::bindSecurity(m);
 }

@@ -4,7 +4,6 @@
 //   request  := u8 op, then the op's fields
 //   string   := u32 length, then bytes (keys, values and the secret alike)
 //
-//   HELLO  u32 magic, string secret     -> u8 OK | u8 REJECT (then close)
 //   SET    string key, string value     -> u8 OK
 //   GET    string key, i64 timeout_us   -> u8 OK, string value | u8 TIMEOUT
 //   ADD    string key, i64 delta        -> u8 OK, i64 new value | u8 ERROR, string why
@@ -12,8 +11,13 @@
 //                                       -> u8 OK | u8 TIMEOUT, u32 n, n missing keys
 //   CHECK  u32 n, n strings             -> u8 OK, u8 all_present
 //
-// The first frame must be HELLO and is capped at 4 KiB so an unauthenticated
-// peer cannot make the server allocate; nothing else is answered before it.
+// Every connection opens with the mutual HMAC handshake of common/wire.h
+// (purpose kPurposeStore): the secret itself never travels, and nothing is
+// answered to a peer that has not proved it knows it. Handshake frames are
+// capped at 256 bytes, requests at kMaxFrame (checked before allocating), and
+// a request's body must arrive within kHelloTimeout of its length; a
+// malformed request (unknown op, truncated or trailing bytes, counts larger
+// than the frame) closes that one connection only.
 // GET and WAIT block on the server until the keys exist or the timeout the
 // client sent passes; the server then answers TIMEOUT and the client raises
 // the error, so both sides agree about what timed out. Counters (ADD) are
@@ -31,20 +35,20 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/logging.h"
 #include "common/net.h"
 #include "common/status.h"
+#include "common/wire.h"
 
 namespace tfring {
 namespace rendezvous {
 namespace {
 
-enum Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kAdd = 4, kWait = 5, kCheck = 6 };
-enum Reply : uint8_t { kOk = 0, kTimedOut = 1, kFailed = 2, kReject = 3 };
+enum Op : uint8_t { kSet = 2, kGet = 3, kAdd = 4, kWait = 5, kCheck = 6 };
+enum Reply : uint8_t { kOk = 0, kTimedOut = 1, kFailed = 2 };
 
-constexpr uint32_t kMagic = 0x53524654;  // "TFRS", bumped if the format changes
-constexpr uint32_t kMaxHelloFrame = 4096;
 constexpr uint32_t kMaxFrame = 256u << 20;
-constexpr double kHelloTimeout = 10.0;    // for a connected peer to say hello
+constexpr double kHelloTimeout = wire::kHelloTimeout;  // also bounds a request's body
 constexpr double kForever = 100.0 * 365 * 24 * 3600;  // idle clients wait this long
 
 class Writer {
@@ -95,10 +99,15 @@ class Reader {
   }
   std::vector<std::string> strs() {
     uint32_t n = u32();
+    if (n > (b_.size() - pos_) / 4)  // every string takes at least its length
+      fail(Code::kInternal, "malformed store frame from ", who_, " (count ", n,
+           " exceeds the frame)");
     std::vector<std::string> r;
     for (uint32_t i = 0; i < n; ++i) r.push_back(str());
     return r;
   }
+
+  bool done() const { return pos_ == b_.size(); }
 
  private:
   uint64_t raw(int n) {
@@ -154,7 +163,38 @@ bool parseCounter(const Bytes& v, int64_t* out) {
   return true;
 }
 
+// One decoded request; parseRequest rejects anything but exactly one
+// well-formed request of a known op.
+struct Request {
+  uint8_t op = 0;
+  std::string key;
+  Bytes value;
+  int64_t num = 0;  // GET/WAIT timeout_us, ADD delta
+  std::vector<std::string> keys;
+};
+
+Request parseRequest(const Bytes& frame, const std::string& peer) {
+  Reader r(frame, peer);
+  Request q;
+  q.op = r.u8();
+  switch (q.op) {
+    case kSet: q.key = r.str(); q.value = r.bytes(); break;
+    case kGet: q.key = r.str(); q.num = r.i64(); break;
+    case kAdd: q.key = r.str(); q.num = r.i64(); break;
+    case kWait: q.keys = r.strs(); q.num = r.i64(); break;
+    case kCheck: q.keys = r.strs(); break;
+    default: fail(Code::kInternal, "unknown store request ", unsigned(q.op), " from ", peer);
+  }
+  if (!r.done()) fail(Code::kInternal, "malformed store frame from ", peer, " (trailing bytes)");
+  // A hostile timeout must not overflow the clock arithmetic below.
+  if ((q.op == kGet || q.op == kWait) && (q.num < 0 || q.num > toMicros(kForever)))
+    q.num = q.num < 0 ? 0 : toMicros(kForever);
+  return q;
+}
+
 }  // namespace
+
+void checkStoreRequest(const Bytes& frame) { parseRequest(frame, "the caller"); }
 
 // ------------------------------------------------------------- server ----
 
@@ -238,114 +278,121 @@ void TcpStoreServer::serve() {
 }
 
 void TcpStoreServer::handleClient(int fd) {
-  const std::string peer = "a tfring store client";
+  std::string peer = "a tfring store client";
   auto reply = [&](const Bytes& payload) {
     sendFrame(fd, payload, Deadline::in(kHelloTimeout), peer);
   };
   try {
     net::setNonBlocking(fd, false);
     net::setNoDelay(fd);
-    Bytes hello = recvFrame(fd, Deadline::in(kHelloTimeout), kHelloTimeout,
-                            kMaxHelloFrame, peer);
-    Reader hr(hello, peer);
-    bool ok = hr.u8() == kHello && hr.u32() == kMagic && net::secretsEqual(hr.str(), secret_);
-    reply(Writer().u8(ok ? kOk : kReject).take());
-    if (ok) {
-      for (;;) {
-        Bytes req = recvFrame(fd, Deadline::in(kForever), kHelloTimeout, kMaxFrame, peer);
-        Reader r(req, peer);
-        Writer w;
-        switch (r.u8()) {
-          case kSet: {
-            std::string key = r.str();
-            Bytes value = r.bytes();
-            {
-              std::lock_guard<std::mutex> lock(mu_);
-              data_[key] = std::move(value);
-            }
-            cv_.notify_all();
-            w.u8(kOk);
-            break;
+    int rank = -1;
+    std::string why;
+    if (!wire::acceptHello(fd, wire::kPurposeStore, secret_, Deadline::in(kHelloTimeout), &rank,
+                           &why)) {
+      logRejection(why);
+      cleanupClient(fd);
+      return;
+    }
+    peer = "the tfring store client at " + wire::peerAddress(fd);
+    for (;;) {
+      Request q = parseRequest(
+          recvFrame(fd, Deadline::in(kForever), kHelloTimeout, kMaxFrame, peer), peer);
+      Writer w;
+      switch (q.op) {
+        case kSet: {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            data_[q.key] = std::move(q.value);
           }
-          case kGet: {
-            std::string key = r.str();
-            auto until = Clock::now() + std::chrono::microseconds(r.i64());
-            std::unique_lock<std::mutex> lock(mu_);
-            bool found = cv_.wait_until(lock, until, [&] { return stop_ || data_.count(key); });
-            if (stop_) fail(Code::kAborted, "the store server is stopping");
-            if (found) {
-              w.u8(kOk).bytes(data_[key]);
-            } else {
-              w.u8(kTimedOut);
-            }
-            break;
-          }
-          case kAdd: {
-            std::string key = r.str();
-            int64_t delta = r.i64();
-            int64_t value = 0;
-            bool bad = false;
-            {
-              std::lock_guard<std::mutex> lock(mu_);
-              auto it = data_.find(key);
-              if (it != data_.end() && !parseCounter(it->second, &value)) {
-                bad = true;
-              } else {
-                value += delta;
-                std::string text = std::to_string(value);
-                data_[key] = Bytes(text.begin(), text.end());
-              }
-            }
-            if (bad) {
-              w.u8(kFailed).str("it holds a value that is not an integer counter");
-            } else {
-              cv_.notify_all();
-              w.u8(kOk).i64(value);
-            }
-            break;
-          }
-          case kWait: {
-            std::vector<std::string> keys = r.strs();
-            auto until = Clock::now() + std::chrono::microseconds(r.i64());
-            std::vector<std::string> missing;
-            std::unique_lock<std::mutex> lock(mu_);
-            auto all = [&] {
-              for (auto& k : keys)
-                if (!data_.count(k)) return false;
-              return true;
-            };
-            bool found = cv_.wait_until(lock, until, [&] { return stop_ || all(); });
-            if (stop_) fail(Code::kAborted, "the store server is stopping");
-            if (found) {
-              w.u8(kOk);
-            } else {
-              for (auto& k : keys)
-                if (!data_.count(k)) missing.push_back(k);
-              w.u8(kTimedOut).strs(missing);
-            }
-            break;
-          }
-          case kCheck: {
-            std::vector<std::string> keys = r.strs();
-            bool all = true;
-            {
-              std::lock_guard<std::mutex> lock(mu_);
-              for (auto& k : keys) all = all && data_.count(k);
-            }
-            w.u8(kOk).u8(all ? 1 : 0);
-            break;
-          }
-          default:
-            fail(Code::kInternal, "unknown store request from ", peer);
+          cv_.notify_all();
+          w.u8(kOk);
+          break;
         }
-        reply(w.take());
+        case kGet: {
+          auto until = Clock::now() + std::chrono::microseconds(q.num);
+          std::unique_lock<std::mutex> lock(mu_);
+          bool found = cv_.wait_until(lock, until, [&] { return stop_ || data_.count(q.key); });
+          if (stop_) fail(Code::kAborted, "the store server is stopping");
+          if (found) {
+            w.u8(kOk).bytes(data_[q.key]);
+          } else {
+            w.u8(kTimedOut);
+          }
+          break;
+        }
+        case kAdd: {
+          int64_t value = 0;
+          bool bad = false;
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            auto it = data_.find(q.key);
+            if (it != data_.end() && !parseCounter(it->second, &value)) {
+              bad = true;
+            } else {
+              value = static_cast<int64_t>(static_cast<uint64_t>(value) +
+                                           static_cast<uint64_t>(q.num));
+              std::string text = std::to_string(value);
+              data_[q.key] = Bytes(text.begin(), text.end());
+            }
+          }
+          if (bad) {
+            w.u8(kFailed).str("it holds a value that is not an integer counter");
+          } else {
+            cv_.notify_all();
+            w.u8(kOk).i64(value);
+          }
+          break;
+        }
+        case kWait: {
+          auto until = Clock::now() + std::chrono::microseconds(q.num);
+          std::vector<std::string> missing;
+          std::unique_lock<std::mutex> lock(mu_);
+          auto all = [&] {
+            for (auto& k : q.keys)
+              if (!data_.count(k)) return false;
+            return true;
+          };
+          bool found = cv_.wait_until(lock, until, [&] { return stop_ || all(); });
+          if (stop_) fail(Code::kAborted, "the store server is stopping");
+          if (found) {
+            w.u8(kOk);
+          } else {
+            for (auto& k : q.keys)
+              if (!data_.count(k)) missing.push_back(k);
+            w.u8(kTimedOut).strs(missing);
+          }
+          break;
+        }
+        case kCheck: {
+          bool all = true;
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            for (auto& k : q.keys) all = all && data_.count(k);
+          }
+          w.u8(kOk).u8(all ? 1 : 0);
+          break;
+        }
       }
+      reply(w.take());
     }
   } catch (const std::exception&) {
     // A client that disconnects, misbehaves or is shut down by stop() ends
     // only its own connection; the server and the other clients go on.
   }
   cleanupClient(fd);
+}
+
+void TcpStoreServer::logRejection(const std::string& why) {
+  // Strangers may knock often: log the 1st, 10th, 100th... rejection.
+  std::lock_guard<std::mutex> lock(mu_);
+  ++rejections_;
+  for (int64_t n = 1; n <= rejections_; n *= 10) {
+    if (n == rejections_) {
+      TFRING_LOG(kWarning, "store server on port ", port_, ": ", why, " (", n,
+                 n == 1 ? " connection" : " connections", " refused so far)");
+      return;
+    }
+  }
 }
 
 void TcpStoreServer::cleanupClient(int fd) {
@@ -392,13 +439,8 @@ int TcpStore::openConnection(double timeout_s) {
          " (is rank 0 running?)");
   }
   try {
-    Deadline d = Deadline::in(std::max(timeout_s, kHelloTimeout));
-    sendFrame(fd, Writer().u8(kHello).u32(kMagic).str(secret_).take(), d, who);
-    Bytes ans = recvFrame(fd, d, kHelloTimeout, kMaxHelloFrame, who);
-    Reader r(ans, who);
-    if (r.u8() != kOk)
-      fail(Code::kMismatch, who, " rejected this process: wrong job secret "
-           "(every process of the job must use the same secret)");
+    wire::clientHandshake(fd, wire::kPurposeStore, -1, secret_,
+                          Deadline::in(std::max(timeout_s, kHelloTimeout)), who);
   } catch (...) {
     net::closeFd(fd);
     throw;

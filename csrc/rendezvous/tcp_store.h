@@ -1,9 +1,9 @@
 // TcpStore: rank 0 runs a TcpStoreServer (a thread serving all clients);
 // every rank, rank 0 included, talks to it through a TcpStore client.
-// Protocol: the client opens with a hello carrying the job secret; the
-// server answers OK or REJECT and closes connections whose secret differs
-// (compared in constant time) so a stray or hostile process cannot join or
-// read the job's keys. Requests are length-prefixed frames: SET, GET and
+// Protocol: every connection opens with the mutual HMAC handshake of
+// common/wire.h, so a stray or hostile process can neither join nor read the
+// job's keys, and the secret never travels. Requests are length-prefixed
+// frames: SET, GET and
 // WAIT (blocking server-side until the keys exist or the client's
 // deadline), ADD, CHECK. The wire format is documented in tcp_store.cc.
 #pragma once
@@ -35,6 +35,7 @@ class TcpStoreServer {
   void handleClient(int fd);
   void cleanupClient(int fd);  // closes fd and marks this thread finished
   void reapFinished();          // joins client threads that have exited
+  void logRejection(const std::string& why);
 
   std::string secret_;
   int listen_fd_ = -1;
@@ -49,7 +50,12 @@ class TcpStoreServer {
   std::vector<std::thread> clients_;
   std::vector<int> client_fds_;
   std::vector<std::thread::id> finished_;  // exited, not yet joined
+  int64_t rejections_ = 0;  // handshakes refused, for rate-limited logging
 };
+
+// Decodes one request frame as the server does and throws on anything
+// malformed; for the fuzz tests.
+void checkStoreRequest(const Bytes& frame);
 
 class TcpStore : public Store {
  public:

@@ -36,10 +36,17 @@ void Meta::write(wire::Writer& w) const {
 Meta Meta::read(wire::Reader& r) {
   Meta m;
   m.name = r.getStr();
-  m.type = static_cast<CollectiveType>(r.get<uint8_t>());
-  m.dtype = static_cast<DataType>(r.get<uint8_t>());
+  uint8_t type = r.get<uint8_t>(), dtype = r.get<uint8_t>();
   m.shape = r.getI64s();
-  m.op = static_cast<ReduceOp>(r.get<uint8_t>());
+  uint8_t op = r.get<uint8_t>();
+  // Enum values index tables later on: refuse what no build would send.
+  if (type > static_cast<uint8_t>(CollectiveType::kBarrier) || dtype >= kNumDataTypes ||
+      op >= kNumReduceOps)
+    fail(Code::kInternal, "malformed tensor description for '", m.name, "' (collective ",
+         unsigned(type), ", dtype ", unsigned(dtype), ", op ", unsigned(op), ")");
+  m.type = static_cast<CollectiveType>(type);
+  m.dtype = static_cast<DataType>(dtype);
+  m.op = static_cast<ReduceOp>(op);
   m.root = r.get<int32_t>();
   m.prescale = r.get<double>();
   m.postscale = r.get<double>();
@@ -69,19 +76,20 @@ void Response::write(wire::Writer& w) const {
 Response Response::read(wire::Reader& r) {
   Response resp;
   resp.seq = r.get<uint64_t>();
-  uint32_t n = r.get<uint32_t>();
+  // Counts are checked against the bytes left before anything is sized.
+  uint32_t n = r.getCount(8);  // i32 id + u32 string length
   for (uint32_t i = 0; i < n; ++i) {
     int32_t id = r.get<int32_t>();
     resp.new_ids.emplace_back(id, r.getStr());
   }
-  uint32_t ng = r.get<uint32_t>();
+  uint32_t ng = r.getCount(14);  // the smallest group: kind, type, 3 counts
   resp.groups.resize(ng);
   for (auto& g : resp.groups) {
     g.kind = static_cast<Group::Kind>(r.get<uint8_t>());
     g.type = static_cast<CollectiveType>(r.get<uint8_t>());
-    uint32_t nn = r.get<uint32_t>();
+    uint32_t nn = r.getCount(4);
     for (uint32_t i = 0; i < nn; ++i) g.names.push_back(r.getStr());
-    uint32_t nd = r.get<uint32_t>();
+    uint32_t nd = r.getCount(4);
     for (uint32_t i = 0; i < nd; ++i) g.dim0s.push_back(r.getI64s());
     g.error = r.getStr();
   }

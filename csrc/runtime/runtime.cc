@@ -22,8 +22,6 @@ namespace runtime {
 
 namespace {
 
-constexpr uint32_t kCtrlPurpose = 2;
-
 struct Global {
   std::mutex mu;
   bool initialized = false;
@@ -80,36 +78,32 @@ Status init(const InitOptions& opts) {
       std::vector<int> fds(opts.size, -1);
       if (opts.size > 1) {
         int port = 0;
-        int listen_fd = net::listenOn(g.cfg.iface_addr.empty() ? "0.0.0.0" : g.cfg.iface_addr,
-                                      0, &port);
+        // The address rank 0 published: it listens nowhere else.
+        int listen_fd = net::listenOn(T.peers[0].addr, 0, &port);
         store->setString("coord/port", std::to_string(port));
         int got = 1;
-        std::vector<bool> have(opts.size, false);
-        have[0] = true;
         while (got < opts.size) {
           int fd = net::acceptWithDeadline(listen_fd, deadline);
           if (fd < 0) {
             net::closeFd(listen_fd);
             std::string missing;
             for (int r = 1; r < opts.size; ++r)
-              if (!have[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+              if (fds[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
             fail(Code::kTimeout, "timed out waiting for ranks [", missing,
                  "] to connect to the coordinator");
           }
           int who = -1;
-          try {
-            who = wire::acceptHello(fd, kCtrlPurpose, opts.secret, deadline);
-          } catch (const Error&) {
-            who = -1;
-          }
-          if (who <= 0 || who >= opts.size || have[who]) {
+          std::string why;
+          if (!wire::acceptHello(fd, wire::kPurposeControl, opts.secret, deadline, &who, &why) ||
+              who <= 0 || who >= opts.size || fds[who] >= 0) {
+            if (why.empty()) why = strCat("duplicate or invalid rank ", who);
+            TFRING_LOG(kWarning, "coordinator: ", why);
             net::closeFd(fd);
             continue;
           }
           net::setNoDelay(fd);
           setKeepAlive(fd, g.cfg.heartbeat_timeout_s);
           fds[who] = fd;
-          have[who] = true;
           ++got;
         }
         net::closeFd(listen_fd);
@@ -122,9 +116,8 @@ Status init(const InitOptions& opts) {
       ctrl = net::connectTo(T.peers[0].addr, port, deadline);
       net::setNoDelay(ctrl);
       setKeepAlive(ctrl, g.cfg.heartbeat_timeout_s);
-      wire::sendHello(ctrl, kCtrlPurpose, opts.rank, opts.secret, deadline,
-                      "the coordinator (rank 0)");
-      wire::expectHelloAck(ctrl, deadline, "the coordinator (rank 0)");
+      wire::clientHandshake(ctrl, wire::kPurposeControl, opts.rank, opts.secret, deadline,
+                            "the coordinator (rank 0)");
     }
 
     g.topo = T;

@@ -16,9 +16,6 @@ namespace transport {
 
 namespace {
 
-constexpr uint32_t kRingPurpose = 1;
-constexpr uint32_t kCrossPurpose = 3;
-
 bool knownAlgo(const std::string& a) {
   return a == "auto" || a == "ring" || a == "oneshot" || a == "hier";
 }
@@ -87,8 +84,11 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
 
   // 1. Publish who and where I am.
   int port = 0;
-  std::string bind_host = cfg.iface_addr.empty() ? "0.0.0.0" : cfg.iface_addr;
-  int listen_fd = size > 1 ? net::listenOn(bind_host, 0, &port) : -1;
+  // Listen only on the address the peers are told to use (never on every
+  // interface): TFRING_IFACE(_ADDR), loopback on single-host jobs, see
+  // net::localAddress.
+  const std::string my_addr = net::localAddress();
+  int listen_fd = size > 1 ? net::listenOn(my_addr, 0, &port) : -1;
   std::string job;
   if (rank == 0) {
     // Unique per job on this host: names the shared-memory segments.
@@ -119,7 +119,6 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
                  " and TFRING_SMALL_THRESHOLD=", H.small_threshold, " instead of this rank's ",
                  cfg.allreduce_algo, " and ", cfg.small_threshold);
   }
-  std::string my_addr = cfg.iface_addr.empty() ? net::localAddress() : cfg.iface_addr;
   store.setString(strCat("peer/", rank),
                   strCat(net::hostIdentity(), "|", ::getpid(), "|", my_addr, "|", port));
   T.peers.resize(size);
@@ -196,43 +195,67 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   int cross_listen = -1, cross_port = 0;
   const bool want_cross = H.num_hosts > 1 && H.uniform;
   if (want_cross) {
-    cross_listen = net::listenOn(bind_host, 0, &cross_port);
+    cross_listen = net::listenOn(my_addr, 0, &cross_port);
     store.setString(strCat("cross/", rank), std::to_string(cross_port));
   }
 
-  // 4. TCP: connect to the right, accept from the left. The hello goes out
-  // before we accept, and its ack is read after, so no ring of ranks can
-  // wait on each other in a cycle.
+  // 4. TCP: connect to the right, accept from the left. The outgoing
+  // handshake (common/wire.h) runs on its own thread while we accept, so no
+  // ring of ranks can wait on each other in a cycle.
   int right_fd = -1, left_fd = -1;
   std::string right_name = strCat("rank ", T.right, " at ", T.peers[T.right].addr, ":", T.peers[T.right].port);
+  std::unique_ptr<wire::HelloClient> right_hello;
   if (!L->right_shm_) {
     right_fd = net::connectTo(T.peers[T.right].addr, T.peers[T.right].port, deadline);
     net::setNoDelay(right_fd);
     net::setBufferSizes(right_fd, 4 << 20);
-    wire::sendHello(right_fd, kRingPurpose, rank, secret, deadline, right_name);
+    right_hello.reset(new wire::HelloClient(right_fd, wire::kPurposeRing, rank, secret,
+                                            deadline, right_name));
   }
   if (!L->left_shm_) {
+    std::string rejected;
     while (left_fd < 0) {
-      int fd = net::acceptWithDeadline(listen_fd, deadline);
+      // Wake up now and then: if our own connection to the right was
+      // refused (say, a wrong secret), report that instead of waiting on.
+      int fd = net::acceptWithDeadline(
+          listen_fd, Deadline::in(std::min(0.2, std::max(0.0, deadline.remaining()))));
+      if (fd < 0 && right_hello && right_hello->failed()) break;
+      if (fd < 0 && !deadline.expired()) continue;
       if (fd < 0)
         fail(Code::kTimeout, "timed out waiting for rank ", T.left,
-             " (left ring neighbour) to connect");
-      int who = wire::acceptHello(fd, kRingPurpose, secret, deadline);
-      if (who != T.left) {
-        TFRING_LOG(kWarning, "rejected a ring connection (claimed rank ", who,
-                   ", expected ", T.left, " with the job secret)");
+             " (left ring neighbour) to connect",
+             rejected.empty() ? "" : strCat("; last connection refused: ", rejected));
+      int who = -1;
+      std::string why;
+      if (!wire::acceptHello(fd, wire::kPurposeRing, secret, deadline, &who, &why) ||
+          who != T.left) {
+        if (why.empty())
+          why = strCat("a ring connection claimed rank ", who, ", expected ", T.left);
+        TFRING_LOG(kWarning, "ring link: ", why);
+        rejected = why;
         net::closeFd(fd);
         continue;
       }
       left_fd = fd;
     }
-    net::setNoDelay(left_fd);
-    net::setBufferSizes(left_fd, 4 << 20);
+    if (left_fd >= 0) {
+      net::setNoDelay(left_fd);
+      net::setBufferSizes(left_fd, 4 << 20);
+    }
   }
-  if (right_fd >= 0) wire::expectHelloAck(right_fd, deadline, right_name);
+  if (right_hello) {
+    try {
+      right_hello->finish();
+    } catch (...) {
+      net::closeFd(right_fd);
+      if (left_fd >= 0) net::closeFd(left_fd);
+      if (listen_fd >= 0) net::closeFd(listen_fd);
+      throw;
+    }
+  }
   if (listen_fd >= 0) net::closeFd(listen_fd);
 
-  // 4b. Cross ring links, the same way: connect right, accept left, ack.
+  // 4b. Cross ring links, the same way: connect right, accept left.
   if (want_cross) {
     const int nh = H.num_hosts;
     const int xr = H.cross_ranks[(H.cross_rank + 1) % nh];
@@ -242,25 +265,41 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     int xr_fd = net::connectTo(T.peers[xr].addr, xport, deadline);
     net::setNoDelay(xr_fd);
     net::setBufferSizes(xr_fd, 4 << 20);
-    wire::sendHello(xr_fd, kCrossPurpose, rank, secret, deadline, xr_name);
+    wire::HelloClient xr_hello(xr_fd, wire::kPurposeCross, rank, secret, deadline, xr_name);
     int xl_fd = -1;
+    std::string rejected;
     while (xl_fd < 0) {
-      int fd = net::acceptWithDeadline(cross_listen, deadline);
+      int fd = net::acceptWithDeadline(
+          cross_listen, Deadline::in(std::min(0.2, std::max(0.0, deadline.remaining()))));
+      if (fd < 0 && xr_hello.failed()) break;
+      if (fd < 0 && !deadline.expired()) continue;
       if (fd < 0)
         fail(Code::kTimeout, "timed out waiting for rank ", xl,
-             " (left cross-host neighbour) to connect");
-      int who = wire::acceptHello(fd, kCrossPurpose, secret, deadline);
-      if (who != xl) {
-        TFRING_LOG(kWarning, "rejected a cross-host connection (claimed rank ", who,
-                   ", expected ", xl, " with the job secret)");
+             " (left cross-host neighbour) to connect",
+             rejected.empty() ? "" : strCat("; last connection refused: ", rejected));
+      int who = -1;
+      std::string why;
+      if (!wire::acceptHello(fd, wire::kPurposeCross, secret, deadline, &who, &why) ||
+          who != xl) {
+        if (why.empty())
+          why = strCat("a cross-host connection claimed rank ", who, ", expected ", xl);
+        TFRING_LOG(kWarning, "cross-host link: ", why);
+        rejected = why;
         net::closeFd(fd);
         continue;
       }
       xl_fd = fd;
     }
+    try {
+      xr_hello.finish();
+    } catch (...) {
+      net::closeFd(xr_fd);
+      if (xl_fd >= 0) net::closeFd(xl_fd);
+      net::closeFd(cross_listen);
+      throw;
+    }
     net::setNoDelay(xl_fd);
     net::setBufferSizes(xl_fd, 4 << 20);
-    wire::expectHelloAck(xr_fd, deadline, xr_name);
     net::closeFd(cross_listen);
     H.cross_send.reset(new TcpSendChannel(xr_fd, xr, xr_name));
     H.cross_recv.reset(new TcpRecvChannel(xl_fd, xl, strCat(T.peers[xl].addr), 1 << 20));

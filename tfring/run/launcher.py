@@ -194,10 +194,17 @@ def rank_env(spec, store_addr, secret):
 
 
 def ssh_command(host, cwd, env, command, ssh_port=None, ssh_args=()):
-    """argv that runs ``command`` in ``cwd`` on ``host`` with ``env`` set."""
-    assignments = [f"{k}={v}" for k, v in env.items()]
-    remote = "cd {} && exec env {} {}".format(
+    """argv that runs ``command`` in ``cwd`` on ``host`` with ``env`` set.
+
+    TFRING_SECRET is not put on the command line, where `ps` on either host
+    would show it: the remote shell reads it from the first line of stdin,
+    which the caller writes (see Job.spawn's stdin_data)."""
+    assignments = [f"{k}={v}" for k, v in env.items() if k != "TFRING_SECRET"]
+    read_secret = ("IFS= read -r TFRING_SECRET && export TFRING_SECRET && "
+                   if "TFRING_SECRET" in env else "")
+    remote = "cd {} && {}exec env {} {}".format(
         shlex.quote(cwd),
+        read_secret,
         " ".join(shlex.quote(a) for a in assignments),
         " ".join(shlex.quote(c) for c in command),
     )
@@ -230,6 +237,23 @@ def guess_reachable_address(remote_hosts):
             except OSError:
                 continue
     return socket.getfqdn()
+
+
+def _iface_address():
+    """The address TFRING_IFACE_ADDR or TFRING_IFACE names, else None."""
+    if not (os.environ.get("TFRING_IFACE_ADDR") or os.environ.get("TFRING_IFACE")):
+        return None
+    from tfring import _core
+
+    return _core._listen_address()
+
+
+def _is_ip(host):
+    try:
+        socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
+        return True
+    except OSError:
+        return False
 
 
 # --------------------------------------------------------------- output ----
@@ -311,16 +335,22 @@ class Job:
         self.exit_code = None  # decided by the first reason to stop
         self.signals_received = 0
 
-    def spawn(self, rank, argv, env, cwd, output_dir=None):
+    def spawn(self, rank, argv, env, cwd, output_dir=None, stdin_data=None):
         proc = subprocess.Popen(
             argv,
             env=env,
             cwd=cwd,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
+        if stdin_data is not None:
+            # A line or so: fits the pipe buffer, so this never blocks.
+            with contextlib.suppress(OSError):
+                proc.stdin.write(stdin_data)
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
         self.procs.append((rank, proc))
         for name, pipe, stream in (
             ("stdout", proc.stdout, sys.stdout),
@@ -564,8 +594,13 @@ def _run_once(parser, args, attempt):
     relay = OutputRelay()
     remote_hosts = sorted({s.host for s in specs if not s.local})
     if remote_hosts:
-        bind_host = "0.0.0.0"
-        store_host = args.store_host or guess_reachable_address(remote_hosts)
+        # Listen on the interface the ranks are told to use (TFRING_IFACE /
+        # TFRING_IFACE_ADDR, else the route to the first remote host), not on
+        # every interface; a --store-host name may be an alias: listen wide.
+        chosen = _iface_address()
+        store_host = args.store_host or chosen or guess_reachable_address(remote_hosts)
+        bind_host = chosen or (store_host if not args.store_host and _is_ip(store_host)
+                               else "0.0.0.0")
     else:
         bind_host = args.store_host or "127.0.0.1"
         store_host = bind_host
@@ -612,8 +647,9 @@ def _run_once(parser, args, attempt):
                 argv = ssh_command(spec.host, cwd, remote_env, command, args.ssh_port)
             if job.exit_code is not None:
                 break  # a signal arrived while starting: start no more ranks
+            stdin_data = None if spec.local else (secret + "\n").encode()
             try:
-                job.spawn(spec.rank, argv, env, cwd, args.output_dir)
+                job.spawn(spec.rank, argv, env, cwd, args.output_dir, stdin_data)
             except OSError as e:
                 relay.message(
                     f"cannot start rank {spec.rank} ({shlex.join(argv)}): {e}"
