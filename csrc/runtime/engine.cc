@@ -106,9 +106,9 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (left_rank_.load() >= 0)
-      return Status(Code::kAborted, strCat("rank ", left_rank_.load(),
-                                           " has shut down (tfring.shutdown()); collectives "
-                                           "that need it can no longer run"));
+      return Status(Code::kAborted,
+                    strCat("tensor '", es[0]->meta.name, "' can never complete: rank ",
+                           left_rank_.load(), " has already shut down (tfring.shutdown())"));
     if (stopping_) return Status(Code::kAborted, "tfring has been shut down");
     for (size_t i = 0; i < es.size(); ++i) {
       const std::string& name = es[i]->meta.name;
@@ -379,7 +379,7 @@ void Engine::reportFatal(const Status& s) {
   }
 }
 
-void Engine::failAll(const Status& s) {
+void Engine::failAll(const Status& s, const std::function<Status(const Entry&)>& per_entry) {
   std::vector<std::shared_ptr<Entry>> es;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -390,7 +390,7 @@ void Engine::failAll(const Status& s) {
   }
   for (auto& f : fast_) f.reset();
   fast_count_ = 0;
-  for (auto& e : es) e->done(s);
+  for (auto& e : es) e->done(per_entry ? per_entry(*e) : s);
 }
 
 void Engine::stop() {

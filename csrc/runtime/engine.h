@@ -25,6 +25,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -95,7 +96,8 @@ class Engine {
   void loop();
   void readerLoop();
   void wakeLocal();
-  void failAll(const Status& s);
+  // Fails every queued entry with `s`, or with per_entry(entry) when given.
+  void failAll(const Status& s, const std::function<Status(const Entry&)>& per_entry = nullptr);
   void reportFatal(const Status& s);
   void sendCtrl(const std::vector<uint8_t>& payload, double timeout_s = -1);
   Status runInline(Entry& e);  // size-1 jobs: no negotiation, no thread

@@ -175,10 +175,11 @@ void Engine::sendSlow(const std::vector<std::shared_ptr<Entry>>& es) {
 
 void Engine::round() {
   if (left_rank_.load() >= 0) {
-    Status s(Code::kAborted, strCat("rank ", left_rank_.load(),
-                                    " has shut down (tfring.shutdown()); collectives that need "
-                                    "it can no longer run"));
-    failAll(s);
+    const int who = left_rank_.load();
+    failAll(Status(), [who](const Entry& e) {
+      return Status(Code::kAborted, strCat("tensor '", e.meta.name, "' can never complete: rank ",
+                                           who, " has already shut down (tfring.shutdown())"));
+    });
     return;
   }
   std::vector<std::shared_ptr<Entry>> fresh;
