@@ -2,6 +2,7 @@
 // agreement protocol itself is in engine_round.cc.
 #include "runtime/engine.h"
 
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -30,6 +31,9 @@ Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordin
   comm_.timeout_s = cfg.timeout_s;
   comm_.host = links_->host();  // the host segment and cross ring for allreduce()
   if (!cfg.timeline.empty()) timeline_.open(cfg.timeline, T.rank);
+  cpu_set_t cpus;
+  int ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  transport::setSpinning(T.local_size <= ncpu);
   // Without a doorbell to ring (the left link is TCP, or there is no link),
   // local wake-ups go through an eventfd the idle wait polls.
   if (T.size > 1 && (links_->left()->pollFd() >= 0 || !links_->bell()))

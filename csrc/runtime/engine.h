@@ -168,7 +168,7 @@ class Engine {
   size_t fast_count_ = 0;
   double fast_oldest_ = 1e300;                               // oldest submitted
   std::unordered_map<std::string, Meta> sent_;               // last Meta sent per name
-  std::vector<int32_t> vote_;
+  std::vector<int32_t> vote_, votes_;
   std::vector<char> fusion_;
   std::vector<char> scratch_;
   std::unique_ptr<gpu::Executor> gpu_;  // created at the first GPU group

@@ -9,8 +9,8 @@
 //             minimum is 0 when any rank does;
 //   [2 + i]   1 when cache id i is ready here with the Meta it last ran
 //             with, else 0; the minimum is 1 when it is ready everywhere.
-// The vector is padded to a multiple of the world size so every ring step
-// carries bytes (an idle rank joins a round when bytes reach it).
+// Votes travel as a ring allgather, and every ring step carries bytes (an
+// idle rank joins a round when bytes reach it).
 //
 // After the vote every rank does the same: executes the received
 // responses, then the ids ready everywhere (fused by fuseReady), and, if
@@ -97,7 +97,7 @@ void Engine::idleWait() {
   }
   transport::Doorbell* bell = links_->bell();
   // Spin: a peer or a local caller usually shows up within microseconds.
-  for (int i = 0; i < kSpinChecks + kYieldChecks; ++i) {
+  for (int i = transport::spinning() ? 0 : kSpinChecks; i < kSpinChecks + kYieldChecks; ++i) {
     if (i >= kSpinChecks) sched_yield(); else cpuRelax();
     if (hasNews() || peerStartedRound()) return;
     if (sync_drivers_.load(std::memory_order_relaxed) > 0 &&
@@ -194,8 +194,7 @@ void Engine::round() {
   // The vote.
   const int N = comm_.size;
   const size_t K = ids_.size();
-  size_t len = kVoteHeader + K;
-  len = (len + N - 1) / N * N;
+  const size_t len = kVoteHeader + K;
   vote_.assign(len, 1);
   posted_seq_ = recv_seq_.load(std::memory_order_acquire);
   vote_[0] = static_cast<int32_t>(std::min<uint64_t>(posted_seq_, INT32_MAX));
@@ -203,8 +202,16 @@ void Engine::round() {
   bool aged = fast_count_ > 0 && nowSeconds() - fast_oldest_ > agingLimit();
   aged_ = aged;
   vote_[1] = (slow_outstanding_ > 0 || aged) ? 0 : 1;
-  collectives::ringAllreduce(comm_, vote_.data(), vote_.data(), len, DataType::kInt32,
-                             ReduceOp::kMin, 1.0);
+  // Every rank's vote goes round the ring (an allgather: N-1 steps, each
+  // carrying bytes, so idle ranks see the round start), then each rank takes
+  // the minimum itself.
+  votes_.resize(len * N);
+  std::memcpy(votes_.data() + static_cast<size_t>(links_->topology().rank) * len, vote_.data(),
+              len * sizeof(int32_t));
+  collectives::ringAllgather(comm_, votes_.data(),
+                             std::vector<size_t>(N, len * sizeof(int32_t)));
+  for (int q = 0; q < N; ++q)
+    for (size_t i = 0; i < len; ++i) vote_[i] = std::min(vote_[i], votes_[q * len + i]);
 
   // 1. Coordinator responses every rank holds, in order.
   const uint64_t upto = static_cast<uint64_t>(vote_[0]);

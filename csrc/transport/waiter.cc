@@ -45,7 +45,12 @@ constexpr uint64_t kYieldRounds = 64;
 constexpr double kMaxSleep = 0.05;       // seconds between health checks
 constexpr double kHealthInterval = 0.2;  // seconds
 
+std::atomic<bool> g_spinning{true};
+
 }  // namespace
+
+void setSpinning(bool on) { g_spinning.store(on); }
+bool spinning() { return g_spinning.load(std::memory_order_relaxed); }
 
 void Doorbell::ring() {
   seq.fetch_add(1, std::memory_order_seq_cst);
@@ -74,6 +79,7 @@ void Waiter::checkHealth() {
 
 void Waiter::idle(uint32_t ticket, bool want_send, bool want_recv) {
   ++idle_rounds_;
+  if (idle_rounds_ == 1 && !spinning()) idle_rounds_ = kSpinRounds;
   if (idle_rounds_ < kSpinRounds) {
     cpuRelax();
     if ((idle_rounds_ & 31) == 0) checkHealth();

@@ -25,6 +25,12 @@
 namespace tfring {
 namespace transport {
 
+// Whether waits spin before yielding: only when every local rank can have
+// a core of its own (set once at init). With more ranks than cores a spin
+// only burns the time slice the awaited peer needs.
+void setSpinning(bool on);
+bool spinning();
+
 struct Doorbell {
   std::atomic<uint32_t> seq;
   std::atomic<uint32_t> sleeping;
