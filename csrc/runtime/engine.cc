@@ -239,6 +239,16 @@ void Engine::drive(const std::function<bool()>& done, const std::function<void()
   while (!done()) wait();
 }
 
+void Engine::tryDrive() {
+  if (comm_.size == 1 || gpu_seen_.load()) return;
+  std::unique_lock<std::mutex> d(drive_mu_, std::try_to_lock);
+  if (!d.owns_lock()) return;
+  // Run what can run now (this rank's news, a round a peer started), never
+  // an idle wait: the submitting thread goes back to its framework after.
+  for (int i = 0; i < 64 && !AbortState::get().aborted(); ++i)
+    if (!pumpGuarded(false)) break;
+}
+
 void Engine::loop() {
   for (;;) {
     {
@@ -253,12 +263,10 @@ void Engine::loop() {
       failAll(AbortState::get().status());
       break;
     }
-    std::unique_lock<std::mutex> d(drive_mu_, std::try_to_lock);
-    if (!d.owns_lock()) {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait_for(lk, std::chrono::microseconds(200));
-      continue;
-    }
+    // Blocks while another thread drives. The engine thread itself lets go
+    // of the seat while it sleeps (idleWait), so callers can take it then.
+    std::unique_lock<std::mutex> d(drive_mu_);
+    engine_lock_ = &d;
     bool quit = false;
     while (sync_drivers_.load() == 0) {
       bool idle_stop;
@@ -273,6 +281,7 @@ void Engine::loop() {
       if (AbortState::get().aborted()) break;
       pumpGuarded(true);
     }
+    engine_lock_ = nullptr;
     if (quit) break;
   }
   std::unique_lock<std::mutex> d(drive_mu_);

@@ -80,6 +80,11 @@ class Engine {
   // another thread drives, waits for it). `wait` is called to sleep a little
   // while another thread drives; it returns early once done.
   void drive(const std::function<bool()>& done, const std::function<void()>& wait);
+  // Runs the protocol on the calling thread while there is something to do
+  // right now, if no other thread drives; never waits for work. Submitters
+  // call it after enqueue so a ready tensor starts without waking the
+  // engine thread.
+  void tryDrive();
   // Says goodbye to the coordinator, fails what is still queued, joins.
   void stop();
   // A message from the coordinator (reader thread, or the coordinator's
@@ -156,6 +161,7 @@ class Engine {
 
   // Driver state (drive_mu_).
   std::mutex drive_mu_;
+  std::unique_lock<std::mutex>* engine_lock_ = nullptr;  // the engine thread's seat
   uint64_t seen_news_ = 0;
   uint64_t posted_seq_ = 0;    // recv_seq_ contributed to the last round
   uint64_t exec_seq_ = 0;      // last response executed

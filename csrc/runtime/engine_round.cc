@@ -109,10 +109,21 @@ void Engine::idleWait() {
   double timeout = kMaxBlock;
   if (fast_count_ > 0 && !aged_)
     timeout = std::min(timeout, std::max(0.0005, fast_oldest_ + agingLimit() - nowSeconds()));
+  // The engine thread gives up the driver's seat while it sleeps, so a
+  // submitting or waiting caller can drive without waking it.
+  const bool release = engine_lock_ && std::this_thread::get_id() == thread_.get_id();
+  struct Reseat {
+    std::unique_lock<std::mutex>* l;
+    ~Reseat() {
+      if (l) l->lock();
+    }
+  };
   const int lfd = links_->left()->pollFd();
   if (lfd >= 0 || !bell) {
     idle_blocked_.store(true, std::memory_order_seq_cst);
     if (!hasNews() && !peerStartedRound()) {
+      Reseat reseat{release ? engine_lock_ : nullptr};
+      if (release) engine_lock_->unlock();
       struct pollfd fds[2];
       int n = 0;
       if (lfd >= 0) fds[n++] = {lfd, POLLIN, 0};
@@ -131,7 +142,11 @@ void Engine::idleWait() {
   uint32_t ticket = bell->seq.load(std::memory_order_seq_cst);
   if (hasNews() || peerStartedRound()) return;
   bell->sleeping.store(1, std::memory_order_seq_cst);
-  if (bell->seq.load(std::memory_order_seq_cst) == ticket) futexWaitShared(&bell->seq, ticket, timeout);
+  if (bell->seq.load(std::memory_order_seq_cst) == ticket) {
+    Reseat reseat{release ? engine_lock_ : nullptr};
+    if (release) engine_lock_->unlock();
+    futexWaitShared(&bell->seq, ticket, timeout);
+  }
   bell->sleeping.store(0, std::memory_order_seq_cst);
 }
 

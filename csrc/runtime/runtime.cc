@@ -191,6 +191,12 @@ void drive(const std::function<bool()>& done, const std::function<void()>& wait)
   e->drive(done, wait);
 }
 
+void tryDrive() {
+  Global& g = G();
+  Engine* e = g.engine.get();
+  if (g.initialized && e) e->tryDrive();
+}
+
 std::vector<int64_t> reducescatterShape(const std::vector<int64_t>& shape, int rank, int size) {
   std::vector<int64_t> out = shape;
   if (out.empty()) return out;

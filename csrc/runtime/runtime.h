@@ -82,6 +82,9 @@ Status enqueueBatch(std::vector<Request> reqs, std::vector<DoneCallback> dones);
 // or, when another thread is driving, calls wait() (which should sleep
 // briefly, returning early when done) until done().
 void drive(const std::function<bool()>& done, const std::function<void()>& wait);
+// After enqueue: runs what can start at once on the calling thread, if no
+// other thread is driving; returns without waiting for peers to show up.
+void tryDrive();
 
 // Output shape rules, shared with the TF shape functions and the binding.
 // reducescatter splits the first dimension as evenly as possible, the first

@@ -182,6 +182,13 @@ void RingOpKernel::submit(tfw::OpKernelContext* ctx,
   if (!s.ok()) {
     // Refused: enqueue calls back for none of them.
     for (int j = 0; j < n; ++j) countdown->finish(s);
+  } else {
+    // If every rank is ready, the collective runs right here instead of
+    // after a wake-up of the engine thread.
+    try {
+      runtime::tryDrive();
+    } catch (...) {
+    }
   }
   countdown->finish(Status::OK());
 }
