@@ -84,3 +84,13 @@ def test_stopped_rank_is_named_within_the_timeout(victim):
         assert out["error"] == "PeerFailureError", out
         assert f"rank {victim}" in out["message"] and "stopped" in out["message"], out
         assert out["elapsed"] < 5 + 2, out
+
+
+def test_rank_0_shutdown_does_not_wait_for_ranks_still_busy():
+    res = run_ranks(3, "faults.py", ["late_ranks"], timeout=90,
+                    env={"TFRING_TIMEOUT": "60", "TFRING_HEARTBEAT_TIMEOUT": "2", "SLEEP": "8"})
+    outs = check_ok(res)
+    # Bounded by TFRING_HEARTBEAT_TIMEOUT, far from TFRING_TIMEOUT (60 s).
+    assert outs[0]["shutdown_s"] < 30, outs[0]
+    for out in outs[1:]:
+        assert "can never complete: rank 0 has already shut down" in out["message"], out

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "common/types.h"
+#include "common/env.h"
 #include "transport/channel.h"
+#include "transport/ring_links.h"
 #include "transport/host_links.h"
 #include "transport/waiter.h"
 
@@ -30,6 +32,10 @@ struct RingComm {
   // algorithms (collectives/allreduce.h); null means ring only.
   transport::HostLinks* host = nullptr;
 };
+
+// The ring of a job's links, as every collective sees it.
+RingComm makeRingComm(const transport::RingLinks& links, transport::Waiter* waiter,
+                      const Config& cfg);
 
 // Splits `count` elements into `parts` nearly equal pieces (the first
 // count % parts get one more). Returns element offsets, parts+1 entries.

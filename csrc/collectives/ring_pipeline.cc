@@ -79,5 +79,21 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
   }
 }
 
+RingComm makeRingComm(const transport::RingLinks& links, transport::Waiter* waiter,
+                      const Config& cfg) {
+  const auto& T = links.topology();
+  RingComm c;
+  c.size = T.size;
+  c.pos = T.ring_pos;
+  c.ring = T.ring;
+  c.right = links.right();
+  c.left = links.left();
+  c.waiter = waiter;
+  c.chunk_bytes = static_cast<size_t>(cfg.chunk_bytes);
+  c.timeout_s = cfg.timeout_s;
+  c.host = links.host();
+  return c;
+}
+
 }  // namespace collectives
 }  // namespace tfring

@@ -40,17 +40,8 @@ class DirectAllreduce {
                   const std::string& secret)
       : store_(std::move(store)), cfg_(Config::fromEnv()) {
     links_ = transport::RingLinks::connect(store_.get(), rank, size, secret, cfg_);
-    const auto& T = links_->topology();
     waiter_.reset(new transport::Waiter(links_->bell(), links_->right(), links_->left()));
-    comm_.size = T.size;
-    comm_.pos = T.ring_pos;
-    comm_.ring = T.ring;
-    comm_.right = links_->right();
-    comm_.left = links_->left();
-    comm_.waiter = waiter_.get();
-    comm_.chunk_bytes = static_cast<size_t>(cfg_.chunk_bytes);
-    comm_.timeout_s = cfg_.timeout_s;
-    comm_.host = links_->host();
+    comm_ = collectives::makeRingComm(*links_, waiter_.get(), cfg_);
     default_algo_ = comm_.host->algo;
   }
 

@@ -21,15 +21,7 @@ Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordin
     : links_(std::move(links)), ctrl_fd_(ctrl_fd), local_coord_(local), cfg_(cfg) {
   const auto& T = links_->topology();
   waiter_.reset(new transport::Waiter(links_->bell(), links_->right(), links_->left()));
-  comm_.size = T.size;
-  comm_.pos = T.ring_pos;
-  comm_.ring = T.ring;
-  comm_.right = links_->right();
-  comm_.left = links_->left();
-  comm_.waiter = waiter_.get();
-  comm_.chunk_bytes = static_cast<size_t>(cfg.chunk_bytes);
-  comm_.timeout_s = cfg.timeout_s;
-  comm_.host = links_->host();  // the host segment and cross ring for allreduce()
+  comm_ = collectives::makeRingComm(*links_, waiter_.get(), cfg);
   if (!cfg.timeline.empty()) timeline_.open(cfg.timeline, T.rank);
   cpu_set_t cpus;
   int ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
@@ -342,7 +334,8 @@ void Engine::onCtrlMessage(const std::vector<uint8_t>& msg) {
 
 void Engine::onCtrlLost() {
   std::lock_guard<std::mutex> lk(mu_);
-  if (!stopping_)
+  // After rank 0 said it shut down, its connection closing is expected.
+  if (!stopping_ && left_rank_.load() != 0)
     AbortState::get().abort(
         Status(Code::kPeerFailure,
                "lost the connection to the coordinator (rank 0): rank 0 died, was killed, "

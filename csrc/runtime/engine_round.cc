@@ -46,21 +46,6 @@ constexpr int kSpinChecks = 2000;    // idle checks before yielding
 constexpr int kYieldChecks = 50;     // then yields before blocking
 constexpr double kMaxBlock = 0.1;    // seconds per block (stop/abort/aging checks)
 
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-void futexWaitShared(std::atomic<uint32_t>* addr, uint32_t expected, double seconds) {
-  struct timespec ts;
-  ts.tv_sec = static_cast<time_t>(seconds);
-  ts.tv_nsec = static_cast<long>((seconds - ts.tv_sec) * 1e9);
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
 }  // namespace
 
 double Engine::agingLimit() const {
@@ -98,7 +83,7 @@ void Engine::idleWait() {
   transport::Doorbell* bell = links_->bell();
   // Spin: a peer or a local caller usually shows up within microseconds.
   for (int i = transport::spinning() ? 0 : kSpinChecks; i < kSpinChecks + kYieldChecks; ++i) {
-    if (i >= kSpinChecks) sched_yield(); else cpuRelax();
+    if (i >= kSpinChecks) sched_yield(); else transport::cpuRelax();
     if (hasNews() || peerStartedRound()) return;
     if (sync_drivers_.load(std::memory_order_relaxed) > 0 &&
         std::this_thread::get_id() == thread_.get_id())
@@ -145,7 +130,7 @@ void Engine::idleWait() {
   if (bell->seq.load(std::memory_order_seq_cst) == ticket) {
     Reseat reseat{release ? engine_lock_ : nullptr};
     if (release) engine_lock_->unlock();
-    futexWaitShared(&bell->seq, ticket, timeout);
+    transport::futexWait(&bell->seq, ticket, timeout);
   }
   bell->sleeping.store(0, std::memory_order_seq_cst);
 }

@@ -149,7 +149,11 @@ void shutdown() {
   std::lock_guard<std::mutex> lk(g.mu);
   if (!g.initialized) return;
   g.engine->stop();
-  if (g.coordinator) g.coordinator->join(g.cfg.timeout_s);
+  // Rank 0 waits for the others' goodbyes so that what it sent them is read,
+  // but not for ranks that keep running without tfring: they have been told
+  // rank 0 left, and anything they still submit fails saying so.
+  if (g.coordinator)
+    g.coordinator->join(std::min(g.cfg.timeout_s, std::max(1.0, g.cfg.heartbeat_timeout_s)));
   g.engine.reset();
   g.coordinator.reset();
   g.initialized = false;

@@ -15,10 +15,6 @@
 namespace tfring {
 namespace transport {
 
-namespace {
-
-// Shared (not PRIVATE) futex ops: the word lives in a segment mapped by
-// several processes.
 void futexWait(std::atomic<uint32_t>* addr, uint32_t expected, double seconds) {
   struct timespec ts;
   ts.tv_sec = static_cast<time_t>(seconds);
@@ -32,13 +28,7 @@ void futexWake(std::atomic<uint32_t>* addr) {
           nullptr, nullptr, 0);
 }
 
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
+namespace {
 
 constexpr uint64_t kSpinRounds = 256;
 constexpr uint64_t kYieldRounds = 64;

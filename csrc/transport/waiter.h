@@ -25,6 +25,18 @@
 namespace tfring {
 namespace transport {
 
+// Shared (not PRIVATE) futex operations on a word that several processes
+// map, and the CPU's spin-wait hint: every wait in the core uses these.
+void futexWait(std::atomic<uint32_t>* addr, uint32_t expected, double seconds);
+void futexWake(std::atomic<uint32_t>* addr);
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 // Whether waits spin before yielding: only when every local rank can have
 // a core of its own (set once at init). With more ranks than cores a spin
 // only burns the time slice the awaited peer needs.

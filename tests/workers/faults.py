@@ -93,6 +93,19 @@ elif scenario == "stopped":
         for i in range(10 ** 7):
             _core.allreduce(x, name="stop.warm", out=x)
     attempt(stop_loop)
+elif scenario == "late_ranks":
+    # Rank 0 shuts down while the others still have work of their own to do
+    # before theirs: its shutdown does not wait for them until TFRING_TIMEOUT,
+    # and what they submit afterwards fails naming rank 0.
+    _core.allreduce(np.ones(4, np.float32), name="late.warm")
+    if rank == 0:
+        t = time.time()
+        basics.shutdown()
+        seen["shutdown_s"] = time.time() - t
+        report(seen)
+        sys.exit(0)
+    time.sleep(float(os.environ.get("SLEEP", "6")))
+    attempt(lambda: _core.allreduce(np.ones(4, np.float32), name="late.after"))
 elif scenario == "cached_shape":
     # A name every rank has run before comes back with a new shape on one
     # rank only: that rank leaves the fast path, and the others must follow

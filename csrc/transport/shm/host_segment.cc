@@ -15,6 +15,7 @@
 #include "common/abort.h"
 #include "common/status.h"
 #include "transport/shm/shm_channel.h"
+#include "transport/waiter.h"
 
 namespace tfring {
 namespace transport {
@@ -33,21 +34,6 @@ constexpr double kHealthInterval = 0.2;
 size_t dataOffset(int local_size) {
   size_t off = sizeof(HostHeader) + static_cast<size_t>(local_size) * sizeof(HostRankWords);
   return (off + 63) & ~size_t(63);
-}
-
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-void futexWait(std::atomic<uint32_t>* addr, uint32_t expected, double seconds) {
-  struct timespec ts;
-  ts.tv_sec = static_cast<time_t>(seconds);
-  ts.tv_nsec = static_cast<long>((seconds - ts.tv_sec) * 1e9);
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 
 }  // namespace
