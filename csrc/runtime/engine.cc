@@ -206,28 +206,31 @@ void Engine::drive(const std::function<bool()>& done, const std::function<void()
     return;
   }
   sync_drivers_.fetch_add(1);
-  wakeLocal();  // an idle engine thread hands over the driver's seat
-  while (!done()) {
-    std::unique_lock<std::mutex> d(drive_mu_, std::try_to_lock);
-    if (!d.owns_lock()) {
-      wait();
-      continue;
-    }
-    bool stop = false;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      stop = stopping_;
-    }
-    if (stop) break;
-    while (!done()) {
-      if (AbortState::get().aborted()) {
-        failAll(AbortState::get().status());
-        break;
+  struct Leave {
+    std::atomic<int>& n;
+    ~Leave() { n.fetch_sub(1); }
+  };
+  {
+    Leave leave{sync_drivers_};
+    wakeLocal();  // an idle engine thread hands over the driver's seat
+    while (!done() && !stop_requested_.load()) {
+      std::unique_lock<std::mutex> d(drive_mu_, std::try_to_lock);
+      if (!d.owns_lock()) {
+        wait();
+        continue;
       }
-      pumpGuarded(true);
+      while (!done()) {
+        if (AbortState::get().aborted()) {
+          failAll(AbortState::get().status());
+          break;
+        }
+        // shutdown() from another thread: the engine thread fails what is
+        // left once this thread gives the seat back.
+        if (stop_requested_.load()) break;
+        pumpGuarded(true);
+      }
     }
   }
-  sync_drivers_.fetch_sub(1);
   while (!done()) wait();
 }
 
@@ -237,7 +240,7 @@ void Engine::tryDrive() {
   if (!d.owns_lock()) return;
   // Run what can run now (this rank's news, a round a peer started), never
   // an idle wait: the submitting thread goes back to its framework after.
-  for (int i = 0; i < 64 && !AbortState::get().aborted(); ++i)
+  for (int i = 0; i < 64 && !AbortState::get().aborted() && !stop_requested_.load(); ++i)
     if (!pumpGuarded(false)) break;
 }
 
@@ -260,6 +263,14 @@ void Engine::loop() {
     std::unique_lock<std::mutex> d(drive_mu_);
     engine_lock_ = &d;
     bool quit = false;
+    // Shutting down: callers still driving give the seat back (drive()).
+    if (stop_requested_.load() && sync_drivers_.load() > 0) {
+      engine_lock_ = nullptr;
+      d.unlock();
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait_for(lk, std::chrono::milliseconds(1));
+      continue;
+    }
     while (sync_drivers_.load() == 0) {
       bool idle_stop;
       {
@@ -405,6 +416,7 @@ void Engine::stop() {
     if (stopped_) return;
     stopped_ = true;
     stopping_ = true;
+    stop_requested_ = true;
   }
   cv_.notify_all();
   wakeLocal();

@@ -157,7 +157,8 @@ class Engine {
   std::atomic<int> sync_drivers_{0};    // callers blocked in drive()
   std::atomic<bool> gpu_seen_{false};   // GPU work is driven by the engine thread only
   std::atomic<bool> idle_blocked_{false};
-  std::atomic<int> left_rank_{-1};      // a rank that shut down (kMsgLeft)
+  std::atomic<int> left_rank_{-1};           // a rank that shut down (kMsgLeft)
+  std::atomic<bool> stop_requested_{false};  // stop() was called
 
   // Driver state (drive_mu_).
   std::mutex drive_mu_;
