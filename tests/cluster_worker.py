@@ -24,8 +24,15 @@ import time
 
 import numpy as np
 
-import tfring.basics as basics
-from tfring import _core
+# Bitwise equality with a single-host run holds when both reduce in the same
+# order: the ring. (Across hosts, auto picks the hierarchical and small
+# cross-host schemes, whose results tests/test_algorithms.py checks against
+# numpy and across ranks.) The launchers do not pass TFRING_* through, so
+# the worker sets it itself.
+os.environ.setdefault("TFRING_ALLREDUCE_ALGO", os.environ.get("CLUSTER_ALGO", "ring"))
+
+import tfring.basics as basics  # noqa: E402
+from tfring import _core  # noqa: E402
 
 SIZES = (1, 7, 1000, 65537, 1 << 20)
 
