@@ -16,6 +16,11 @@
 namespace tfring {
 namespace runtime {
 
+namespace {
+// How long no caller must have driven before the engine thread takes over.
+constexpr double kSeatQuiet = 200e-6;
+}  // namespace
+
 Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordinator* local,
                const Config& cfg)
     : links_(std::move(links)), ctrl_fd_(ctrl_fd), local_coord_(local), cfg_(cfg) {
@@ -208,13 +213,23 @@ void Engine::drive(const std::function<bool()>& done, const std::function<void()
   sync_drivers_.fetch_add(1);
   struct Leave {
     std::atomic<int>& n;
-    ~Leave() { n.fetch_sub(1); }
+    std::atomic<double>& when;
+    ~Leave() {
+      when.store(nowSeconds());
+      n.fetch_sub(1);
+    }
   };
   {
-    Leave leave{sync_drivers_};
+    Leave leave{sync_drivers_, last_drive_end_};
     wakeLocal();  // an idle engine thread hands over the driver's seat
     while (!done() && !stop_requested_.load()) {
       std::unique_lock<std::mutex> d(drive_mu_, std::try_to_lock);
+      // The engine thread hands the seat over within microseconds (it
+      // watches sync_drivers_); a caller that really drives takes longer.
+      for (int i = 0; i < 200 && !d.owns_lock() && !done(); ++i) {
+        sched_yield();
+        d.try_lock();
+      }
       if (!d.owns_lock()) {
         wait();
         continue;
@@ -250,8 +265,18 @@ void Engine::loop() {
       std::unique_lock<std::mutex> lk(mu_);
       // A caller drives: stay out of its way, but look again every
       // millisecond so rounds started by peers are served once it is gone.
-      while (sync_drivers_.load() > 0 && !stopping_ && !AbortState::get().aborted())
-        cv_.wait_for(lk, std::chrono::milliseconds(1));
+      // Back-to-back blocking calls leave sync_drivers_ at zero only for
+      // microseconds: take the seat only after it has stayed free a while.
+      for (;;) {
+        if (stopping_ || AbortState::get().aborted()) break;
+        if (sync_drivers_.load() > 0) {
+          cv_.wait_for(lk, std::chrono::milliseconds(1));
+          continue;
+        }
+        double quiet = nowSeconds() - last_drive_end_.load();
+        if (quiet >= kSeatQuiet) break;
+        cv_.wait_for(lk, std::chrono::duration<double>(kSeatQuiet - quiet));
+      }
     }
     if (AbortState::get().aborted()) {
       std::unique_lock<std::mutex> d(drive_mu_);
