@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -279,6 +280,18 @@ def test_shm_fixture_tells_its_own_segments(tmp_path):
     child = subprocess.Popen(["sleep", "30"])
     other = subprocess.Popen(["sleep", "30"], env={
         k: v for k, v in os.environ.items() if k != conftest.MARKER})
+    # /proc/<pid>/environ shows the environment a process was exec'd with:
+    # wait until both children are `sleep` (not the forked Python any more).
+    deadline = time.time() + 10
+    for p in (child, other):
+        while time.time() < deadline:
+            try:
+                with open(f"/proc/{p.pid}/comm") as f:
+                    if f.read().strip() == "sleep":
+                        break
+            except OSError:
+                pass
+            time.sleep(0.01)
     mine, theirs, orphan = (f"tfring-{pid:x}-0-r0"
                             for pid in (child.pid, other.pid, 0x7ffffffe))
     for name in (mine, theirs, orphan):
