@@ -376,7 +376,6 @@ void Engine::onCtrlLost() {
         Status(Code::kPeerFailure,
                "lost the connection to the coordinator (rank 0): rank 0 died, was killed, "
                "or its host failed"));
-  reader_done_ = true;
   cv_.notify_all();
 }
 
@@ -397,7 +396,6 @@ void Engine::readerLoop() {
               strCat("the coordinator (rank 0) has sent nothing for ", int(limit),
                      " s, not even its pings: rank 0 is stopped or hung (SIGSTOP, swapped "
                      "out, a debugger) although its connection is up")));
-        reader_done_ = true;
         cv_.notify_all();
         return;
       }

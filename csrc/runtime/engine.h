@@ -150,7 +150,6 @@ class Engine {
   std::deque<Response> responses_;
   std::unordered_map<std::string, std::shared_ptr<Entry>> inflight_;  // by name
   bool stopping_ = false;
-  bool reader_done_ = false;
   bool stopped_ = false;
   std::atomic<uint64_t> news_{0};       // bumped by enqueue and the reader
   std::atomic<uint64_t> recv_seq_{0};   // last coordinator response received
@@ -165,7 +164,6 @@ class Engine {
   std::mutex drive_mu_;
   std::unique_lock<std::mutex>* engine_lock_ = nullptr;  // the engine thread's seat
   uint64_t seen_news_ = 0;
-  uint64_t posted_seq_ = 0;    // recv_seq_ contributed to the last round
   uint64_t exec_seq_ = 0;      // last response executed
   size_t slow_outstanding_ = 0;
   bool aged_ = false;          // a fast tensor waited past agingLimit()

@@ -196,8 +196,8 @@ void Engine::round() {
   const size_t K = ids_.size();
   const size_t len = kVoteHeader + K;
   vote_.assign(len, 1);
-  posted_seq_ = recv_seq_.load(std::memory_order_acquire);
-  vote_[0] = static_cast<int32_t>(std::min<uint64_t>(posted_seq_, INT32_MAX));
+  const uint64_t held = recv_seq_.load(std::memory_order_acquire);
+  vote_[0] = static_cast<int32_t>(std::min<uint64_t>(held, INT32_MAX));
   for (size_t i = 0; i < K; ++i) vote_[kVoteHeader + i] = fast_[i] ? 1 : 0;
   bool aged = fast_count_ > 0 && nowSeconds() - fast_oldest_ > agingLimit();
   aged_ = aged;
