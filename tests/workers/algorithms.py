@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from common import DTYPES, OPS, digest, make_input, reference, report, to_f64, tolerance
+from common import DTYPES, OPS, compare, digest, make_input, reference, report, to_f64, tolerance
 
 import tfring.basics as basics
 from tfring import _core
@@ -27,14 +27,7 @@ outs, failures = [], []
 
 
 def check(what, got, want, tol):
-    got = np.asarray(got)
-    if got.shape != want.shape:
-        failures.append(f"{what}: shape {got.shape} != {want.shape}")
-        return
-    ok = np.array_equal(got, want) if tol == 0 else np.allclose(got, want, rtol=tol, atol=tol)
-    if not ok:
-        bad = np.argwhere(~np.isclose(got, want, rtol=tol, atol=tol)).ravel()[:5]
-        failures.append(f"{what}: mismatch at {bad.tolist()}: got {got[bad]} want {want[bad]}")
+    compare(failures, what, got, want, tol)
 
 
 def reduced(dtype, op, count, salt, **kw):

@@ -50,6 +50,20 @@ def checker(results, announce=False):
     return check
 
 
+def compare(failures, what, got, want, tol):
+    """Appends to `failures` how `got` differs from `want` (exactly when tol
+    is 0, else within rtol = atol = tol): the shape, or the first few
+    mismatching elements."""
+    got = np.asarray(got)
+    if got.shape != want.shape:
+        failures.append(f"{what}: shape {got.shape} != {want.shape}")
+        return
+    ok = np.array_equal(got, want) if tol == 0 else np.allclose(got, want, rtol=tol, atol=tol)
+    if not ok:
+        bad = np.argwhere(~np.isclose(got, want, rtol=tol, atol=tol)).ravel()[:5]
+        failures.append(f"{what}: mismatch at {bad.tolist()}: got {got[bad]} want {want[bad]}")
+
+
 def digest(arrays):
     h = hashlib.sha256()
     for a in arrays:
