@@ -1,5 +1,7 @@
 #include "common/abort.h"
 
+#include "common/clock.h"
+
 namespace tfring {
 
 AbortState& AbortState::get() {
@@ -20,6 +22,26 @@ bool AbortState::abort(const Status& s) {
   return true;
 }
 
+void AbortState::checkWaiting() {
+  double until = waits_until_.load(std::memory_order_relaxed);
+  if (until > 0 && nowSeconds() > until) {
+    Status s;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      s = waits_status_;
+    }
+    abort(s);
+  }
+  check();
+}
+
+void AbortState::abortWaitsAfter(const Status& s, double seconds) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (waits_until_.load() > 0) return;
+  waits_status_ = s;
+  waits_until_.store(nowSeconds() + seconds);
+}
+
 Status AbortState::status() const {
   std::lock_guard<std::mutex> lk(mu_);
   return status_;
@@ -34,6 +56,8 @@ void AbortState::reset() {
   std::lock_guard<std::mutex> lk(mu_);
   aborted_.store(false);
   status_ = Status();
+  waits_until_.store(0);
+  waits_status_ = Status();
   waker_ = nullptr;
 }
 

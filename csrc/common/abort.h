@@ -25,6 +25,13 @@ class AbortState {
   void check() const {
     if (aborted()) throw Error(status());
   }
+  // Waits on peers (Waiter, host segment) call this instead of check(): it
+  // also fails a wait that is still blocked after a deadline set by
+  // abortWaitsAfter(). A rank that shut down cannot join collectives any
+  // more, but bytes it sent before leaving may still be in flight, so the
+  // waits that need it fail only after a grace period.
+  void checkWaiting();
+  void abortWaitsAfter(const Status& s, double seconds);
   // Called (once per abort) so sleeping waits wake up promptly.
   void setWaker(std::function<void()> waker);
   void reset();  // at init, for a fresh job in the same process
@@ -34,6 +41,8 @@ class AbortState {
   mutable std::mutex mu_;
   Status status_;
   std::function<void()> waker_;
+  std::atomic<double> waits_until_{0};  // 0: no deadline
+  Status waits_status_;
 };
 
 }  // namespace tfring

@@ -19,6 +19,8 @@ namespace runtime {
 namespace {
 // How long no caller must have driven before the engine thread takes over.
 constexpr double kSeatQuiet = 200e-6;
+// How long a wait may still block after a rank it needs has shut down.
+constexpr double kLeftGrace = 2.0;
 }  // namespace
 
 Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordinator* local,
@@ -359,7 +361,19 @@ void Engine::onCtrlMessage(const std::vector<uint8_t>& msg) {
     } else if (type == kMsgLeft) {
       // Rounds need every rank: from the next round on, this rank's work
       // fails with a message naming the rank that left.
-      left_rank_.store(rd.get<int32_t>());
+      const int who = rd.get<int32_t>();
+      left_rank_.store(who);
+      // A round or collective already waiting for it would wait until
+      // TFRING_TIMEOUT: give what it sent before leaving time to arrive,
+      // then fail such a wait naming it.
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!stopping_)
+          AbortState::get().abortWaitsAfter(
+              Status(Code::kAborted, strCat("a collective can never complete: rank ", who,
+                                            " has already shut down (tfring.shutdown())")),
+              kLeftGrace);
+      }
       news_.fetch_add(1, std::memory_order_release);
       wakeLocal();
     }

@@ -150,7 +150,7 @@ void HostSegment::waitAll(std::atomic<uint64_t> HostRankWords::*field, uint64_t 
     uint32_t ticket = bell.seq.load(std::memory_order_seq_cst);
     int q = lagging();
     if (q < 0) return;
-    AbortState::get().check();
+    AbortState::get().checkWaiting();
     double now = nowSeconds();
     if (now >= next_health) {
       next_health = now + kHealthInterval;
