@@ -21,7 +21,8 @@ measured in this one run, on this GPU, next to its reference:
 2. Allreduce, float32, in place, ranks sharing GPU 0, for each algorithm
    (TFRING_GPU_ALLREDUCE_ALGO=ring|oneshot|twoshot|auto; an algorithm this
    build does not know is skipped, saying why; "auto" is what a build
-   without the knob does anyway) at 1, 2 and 4 ranks:
+   without the knob does anyway; "host" is the ring staged through pinned
+   host memory, TFRING_GPU_IPC=0) at 1, 2 and 4 ranks:
    latency (4 KiB, 64 KiB, 1 MiB: time per call) and bandwidth (1 MiB to
    1 GiB). busbw = S/t * 2(N-1)/N (nccl-tests), t the slowest rank's time.
    The bound: every rank reads its neighbour's segment and reduces it into
@@ -56,7 +57,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KiB, MiB = 1 << 10, 1 << 20
-ALGOS = ("ring", "oneshot", "twoshot", "auto")
+ALGOS = ("ring", "oneshot", "twoshot", "auto", "host")
 LATENCY_SIZES = [4 * KiB, 64 * KiB, MiB]
 BANDWIDTH_SIZES = [MiB << (2 * k) for k in range(6)]  # 1 MiB .. 1 GiB
 
@@ -195,6 +196,46 @@ def bench_kernels(args):
     return copy_bw, out
 
 
+def bench_api(args):
+    """The host cost of the CUDA runtime calls a small collective makes,
+    through CuPy, in this process (under MPS they talk to the server): the
+    floor under any GPU collective's latency."""
+    cp = _cupy()
+    if cp is None:
+        print("\n== CUDA API costs: skipped (no CuPy) ==")
+        return None
+    rt = cp.cuda.runtime
+    n = 50 if args.dry_run else 20000
+    a = cp.zeros(1024, cp.float32)
+    s = cp.cuda.Stream(non_blocking=True)
+    ev = cp.cuda.Event(disable_timing=True)
+    calls = {
+        "cudaPointerGetAttributes": lambda: rt.pointerGetAttributes(a.data.ptr),
+        "cudaStreamQuery (idle stream)": lambda: rt.streamQuery(s.ptr),
+        "cudaEventRecord + cudaEventQuery": lambda: (rt.eventRecord(ev.ptr, s.ptr),
+                                                     rt.eventQuery(ev.ptr)),
+        "cudaGetDevice": rt.getDevice,
+    }
+
+    def launch_sync():
+        with s:
+            a.fill(1.0)
+        s.synchronize()
+
+    calls["tiny kernel launch + stream sync"] = launch_sync
+    out = {}
+    print(f"\n== CUDA API costs (mode {args.mode}), us per call ==")
+    for name, fn in calls.items():
+        for _ in range(100):
+            fn()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out[name] = (time.perf_counter() - t0) / n
+        print(f"{name:40s} {out[name] * 1e6:8.2f}")
+    return out
+
+
 def _copy_bw(args):
     """Device-to-device copy bandwidth (bytes/s) for "% of bound" when the
     kernel table was skipped: cudaMemcpyAsync through CuPy, else one
@@ -280,9 +321,10 @@ def worker(spec):
         t = slowest(_timed_loops(run_batch, sync, spec["reps"], spec["batch_iters"]))
         batch = {"procs": n, "count": count, "tensor_bytes": each, "seconds": t,
                  "per_tensor_s": t / count, "ok": ok}
-    algo = next((str(v) for k, v in _core.config().items() if "algo" in k), None)
+    # Which CUDA-IPC algorithms really ran (a forced one must show up here).
+    counts = dict(_core.gpu_allreduce_algorithms())
     if rank == 0:
-        print(json.dumps({"backend": _core.gpu_backend(), "config_algo": algo,
+        print(json.dumps({"backend": _core.gpu_backend(), "algo_counts": counts,
                           "results": results, "batch": batch}), flush=True)
     basics.shutdown()
 
@@ -345,14 +387,18 @@ def bench_allreduce(args, copy_bw):
     for algo in args.algos:
         env = {"TFRING_GPU_BACKEND": "ring", "TFRING_BENCH_DEVICE": "0",
                "TFRING_GPU_ALLREDUCE_ALGO": algo}
-        if algo not in ("ring", "auto"):  # can this build force it? one tiny job says
+        sizes = lat + [s for s in bw if s not in lat]
+        if algo == "host":  # the ring staged through pinned host memory
+            env.update(TFRING_GPU_IPC="0", TFRING_GPU_ALLREDUCE_ALGO="auto")
+            sizes = [s for s in sizes if s <= 16 * MiB]  # a few GB/s: seconds per call above
+        if algo not in ("ring", "auto", "host"):  # can this build force it? one tiny job says
             try:
                 probe = run_job(min(2, max(args.procs)), env, _spec(args, [4 * KiB], dry=True),
                                 args.timeout)
-                if probe["config_algo"] is None:
-                    skipped[algo] = ("this build has no TFRING_GPU_ALLREDUCE_ALGO (its "
-                                     "config() names no allreduce algorithm): the run would "
-                                     "be the ring")
+                if not probe.get("algo_counts", {}).get(algo):
+                    skipped[algo] = (f"TFRING_GPU_ALLREDUCE_ALGO={algo} did not run it "
+                                     f"(allreduces per algorithm: {probe.get('algo_counts')}): "
+                                     "the run would be the ring")
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 skipped[algo] = f"forcing it failed: {str(e).strip().splitlines()[-1][:300]}"
             if algo in skipped:
@@ -360,8 +406,7 @@ def bench_allreduce(args, copy_bw):
                 continue
         for n in args.procs:
             try:
-                res = run_job(n, env, _spec(args, lat + [s for s in bw if s not in lat]),
-                              args.timeout)
+                res = run_job(n, env, _spec(args, sizes), args.timeout)
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 skipped[algo] = f"{n} ranks: {str(e).strip().splitlines()[-1][:300]}"
                 print(f"\n{algo}: skipped ({skipped[algo]})")
@@ -455,7 +500,8 @@ def main():
     ap.add_argument("--procs", type=_ints, default=[1, 2, 4], help="rank counts (default 1,2,4)")
     ap.add_argument("--timeout", type=float, default=400, help="seconds per job")
     ap.add_argument("--json", help="also write the results here")
-    ap.add_argument("--skip", default="", help="comma list of kernels,allreduce,batch,nccl to skip")
+    ap.add_argument("--skip", default="",
+                    help="comma list of kernels,api,allreduce,batch,nccl to skip")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -478,6 +524,8 @@ def main():
     copy_bw = None
     if "kernels" not in skip:
         copy_bw, report["kernels"] = bench_kernels(args)
+    if "api" not in skip:
+        report["api"] = bench_api(args)
     if copy_bw is None and "allreduce" not in skip:
         copy_bw = _copy_bw(args)
     if "allreduce" not in skip:

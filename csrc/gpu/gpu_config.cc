@@ -24,6 +24,8 @@ GpuConfig GpuConfig::fromEnv() {
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   c.oneshot_max = env::parseBytes(env::getString("TFRING_GPU_ONESHOT_MAX", ""), c.oneshot_max);
   c.twoshot_max = env::parseBytes(env::getString("TFRING_GPU_TWOSHOT_MAX", ""), c.twoshot_max);
+  c.staged_max = env::parseBytes(env::getString("TFRING_GPU_STAGED_MAX", ""), c.staged_max);
+  if (c.staged_max < 0) c.staged_max = 0;
   if (c.oneshot_max < 0) c.oneshot_max = 0;
   if (c.twoshot_max < 0) c.twoshot_max = 0;
   return c;

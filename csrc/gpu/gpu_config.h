@@ -28,16 +28,28 @@ struct GpuConfig {
   //            waits, each rank reads 2(N-1)/N of the data;
   //   ring     the pipelined pull ring (gpu/pull_ring.h): bandwidth-optimal
   //            for large tensors, 2(N-1) dependent steps.
-  // auto: oneshot up to TFRING_GPU_ONESHOT_MAX bytes (default 256 KiB),
-  // twoshot up to TFRING_GPU_TWOSHOT_MAX (default 8 MiB), the ring above.
+  // auto: oneshot up to TFRING_GPU_ONESHOT_MAX bytes (default 1 MiB),
+  // twoshot up to TFRING_GPU_TWOSHOT_MAX (default 4 MiB; never for two
+  // ranks, where it is the ring's two steps plus a barrier), the ring above.
+  // Defaults from gpu_bench.py under MPS on an H100 (ranks sharing it): at
+  // 1 MiB one-shot 53 us against the ring's 59 (2 ranks), 67 against 147
+  // (4 ranks); at 4 MiB two-shot 96 against 151 (4 ranks), the ring ahead
+  // from 16 MiB.
   // Rank 0's values are used by every rank. oneshot/twoshot need every
   // rank on one host, at most 8 ranks, and peer access between all their
   // GPUs; otherwise the ring is used. The staging area they use is 2x
   // max(ONESHOT_MAX, TWOSHOT_MAX) per rank (larger forced collectives run
   // in pieces of that size).
   std::string allreduce_algo = "auto";
-  int64_t oneshot_max = int64_t(256) << 10;
-  int64_t twoshot_max = int64_t(8) << 20;
+  int64_t oneshot_max = int64_t(1) << 20;
+  int64_t twoshot_max = int64_t(4) << 20;
+  // TFRING_GPU_STAGED_MAX: ranks sharing a GPU without MPS are time-sliced,
+  // so every cross-process wait on the GPU costs a time slice. auto then
+  // stages allreduces up to this size through pinned host memory and the
+  // CPU collectives (no GPU-side wait on a peer at all), the IPC ring above.
+  // Measured on an H100, 2 ranks: 71 us against 772 us at 64 KiB, 433
+  // against 1028 us at 1 MiB, the ring ahead from 4 MiB. 0: never.
+  int64_t staged_max = int64_t(2) << 20;
 
   static GpuConfig fromEnv();
 };

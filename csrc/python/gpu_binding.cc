@@ -162,6 +162,16 @@ struct CudaView {
 };
 
 CudaView viewOf(const py::object& obj, const char* what) {
+  // Our own arrays: the same facts without building the interface dict.
+  if (py::isinstance<CudaArray>(obj)) {
+    const CudaArray& a = obj.cast<const CudaArray&>();
+    CudaView v;
+    v.shape = a.shape();
+    v.typestr = typestrOf(a.dtype());
+    v.ptr = a.ptr();
+    v.itemsize = dtypeSize(a.dtype());
+    return v;
+  }
   py::dict cai = obj.attr("__cuda_array_interface__").cast<py::dict>();
   CudaView v;
   for (auto d : cai["shape"].cast<py::tuple>()) v.shape.push_back(d.cast<int64_t>());
@@ -228,6 +238,8 @@ int deviceOfView(const CudaView& v, const py::object& obj, const char* what) {
   // Without CUDA (or a GPU) leave the verdict to the engine, whose error
   // says why GPU tensors cannot be used here.
   if (!gpu::builtWithCuda() || gpu::deviceCount() == 0) return 0;
+  // Our own arrays were allocated on the device they name.
+  if (py::isinstance<CudaArray>(obj)) return obj.cast<const CudaArray&>().device();
   // Empty arrays may have no memory at all (CuPy, PyTorch: pointer 0): they
   // are on the device the array names, else on the process's GPU if it has
   // one yet, else on the current device.
@@ -469,7 +481,8 @@ void bindGpu(py::module_& m) {
      "or None before the first GPU collective.");
   m.def("gpu_allreduce_algorithms", [] {
     py::dict d;
-    for (const char* a : {"ring", "oneshot", "twoshot"}) d[a] = gpu::allreduceAlgorithmCount(a);
+    for (const char* a : {"ring", "oneshot", "twoshot", "staged"})
+      d[a] = gpu::allreduceAlgorithmCount(a);
     return d;
   }, "How many GPU allreduces this process ran with each CUDA-IPC algorithm.");
   m.def("nccl_info", [] {

@@ -97,14 +97,11 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
   }
   if (AbortState::get().aborted()) return AbortState::get().status();
   if (comm_.size == 1) {
-    // Nothing to agree on: host tensors complete before enqueue returns.
-    bool all_host = true;
-    for (auto& e : es) all_host = all_host && e->req.device < 0;
-    if (all_host) {
-      std::lock_guard<std::mutex> lk(inline_mu_);
-      for (auto& e : es) e->done(runInline(*e));
-      return Status::OK();
-    }
+    // Nothing to agree on: every tensor, host or GPU, completes on the
+    // caller's thread before enqueue returns (no engine-thread hop).
+    std::lock_guard<std::mutex> lk(inline_mu_);
+    for (auto& e : es) e->done(runInline(*e));
+    return Status::OK();
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -140,6 +137,25 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
 
 Status Engine::runInline(Entry& e) {
   try {
+    if (e.req.device >= 0) {
+      if (e.meta.type == CollectiveType::kBroadcast && e.meta.root != 0)
+        return Status(Code::kMismatch, strCat("broadcast of tensor '", e.meta.name,
+                                              "': root rank ", e.meta.root,
+                                              " is not in [0, 1)"));
+      if ((e.meta.type == CollectiveType::kAllgather ||
+           e.meta.type == CollectiveType::kReducescatter) && e.meta.shape.empty())
+        return Status(Code::kMismatch,
+                      strCat(collectiveName(e.meta.type), " of tensor '", e.meta.name,
+                             "': scalars cannot be ",
+                             e.meta.type == CollectiveType::kAllgather ? "gathered" : "scattered",
+                             " (give them a first dimension)"));
+      Group g;
+      g.type = e.meta.type;
+      g.names = {e.meta.name};
+      if (g.type == CollectiveType::kAllgather) g.dim0s = {{e.meta.shape[0]}};
+      std::vector<std::shared_ptr<Entry>> one{std::shared_ptr<Entry>(&e, [](Entry*) {})};
+      return execGpu(g, one);
+    }
     switch (e.meta.type) {
       case CollectiveType::kAllreduce: {
         std::vector<std::shared_ptr<Entry>> one{std::shared_ptr<Entry>(&e, [](Entry*) {})};
@@ -206,9 +222,10 @@ bool Engine::pump(bool block) {
 }
 
 void Engine::drive(const std::function<bool()>& done, const std::function<void()>& wait) {
-  // GPU work stays on the engine thread (its CUDA device and streams), and
-  // size 1 never needs driving.
-  if (comm_.size == 1 || gpu_seen_.load()) {
+  // Size 1 never needs driving (enqueue ran it). GPU groups run on whichever
+  // thread drives: the executor sets its device on every call, and its
+  // stream and IPC mappings belong to the process, not to a thread.
+  if (comm_.size == 1) {
     while (!done()) wait();
     return;
   }

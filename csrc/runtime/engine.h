@@ -155,7 +155,7 @@ class Engine {
   std::atomic<uint64_t> recv_seq_{0};   // last coordinator response received
   std::atomic<int> sync_drivers_{0};    // callers blocked in drive()
   std::atomic<double> last_drive_end_{0};  // when a caller last stopped driving
-  std::atomic<bool> gpu_seen_{false};   // GPU work is driven by the engine thread only
+  std::atomic<bool> gpu_seen_{false};   // tryDrive leaves GPU groups to the engine thread
   std::atomic<bool> idle_blocked_{false};
   std::atomic<int> left_rank_{-1};           // a rank that shut down (kMsgLeft)
   std::atomic<bool> stop_requested_{false};  // stop() was called

@@ -139,6 +139,11 @@ bool waitEvent(cudaStream_t stream, cudaEvent_t ev, const std::string& what,
 
 void waitStream(cudaStream_t stream, const Deadline& deadline, const std::string& what,
                 const std::function<void()>& poll) {
+  // Nothing queued, or all of it done already (a collective of one rank in
+  // place, say): no event, no GPU round trip.
+  cudaError_t q = cudaStreamQuery(stream);
+  if (q == cudaSuccess) return;
+  if (q != cudaErrorNotReady) cudaFail(q, "waiting for the GPU", what);
   cudaEvent_t ev;
   TFRING_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   try {

@@ -17,11 +17,16 @@ cudaStream_t asStream(void* s) { return static_cast<cudaStream_t>(s); }
 }  // namespace
 
 int deviceCount() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // not sticky: clear it
-    return 0;
-  }
+  // Fixed for the life of the process (CUDA reads CUDA_VISIBLE_DEVICES once):
+  // asked once, since every GPU submission checks it.
+  static const int n = [] {
+    int c = 0;
+    if (cudaGetDeviceCount(&c) != cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it
+      return 0;
+    }
+    return c;
+  }();
   return n;
 }
 
@@ -98,6 +103,10 @@ void copyToDevice(void* dst, const void* src, size_t bytes, int device) {
   if (!bytes) return;
   DeviceGuard g(device);
   TFRING_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  // From pageable memory cudaMemcpy may return once the data is staged, before
+  // the DMA reaches the device. The array is then announced as complete (no
+  // producer stream) to work queued on other, non-blocking streams: wait.
+  TFRING_CUDA_CHECK(cudaStreamSynchronize(0));
 }
 
 void synchronize(int device, void* stream) {

@@ -314,7 +314,7 @@ Status acceptTensor(const std::string& name, int device, void* stream,
 }
 
 uint64_t allreduceAlgorithmCount(const std::string& algo) {
-  for (PeerAlgo a : {PeerAlgo::kRing, PeerAlgo::kOneShot, PeerAlgo::kTwoShot})
+  for (PeerAlgo a : {PeerAlgo::kRing, PeerAlgo::kOneShot, PeerAlgo::kTwoShot, PeerAlgo::kStaged})
     if (algo == peerAlgoName(a)) return peerAlgoCount(a);
   return 0;
 }

@@ -121,6 +121,10 @@ class IpcRingComm : public GpuComm {
       const PeerAlgo a = peer_->choose(bytes);
       if (a != PeerAlgo::kRing) return peer_->allreduce(a, data, data, count, dt, op, 1.0, post);
     }
+    if (staged_ && bytes <= staged_max_) {
+      countPeerAlgo(PeerAlgo::kStaged);
+      return staged_->allreduce(data, count, dt, op, post);
+    }
     countPeerAlgo(PeerAlgo::kRing);
     const int n = n_;
     char* buf = begin(data, bytes, true);
@@ -353,6 +357,8 @@ class IpcRingComm : public GpuComm {
   std::vector<Import> imports_;
   uint64_t use_ = 0;
   std::unique_ptr<PeerAllreduce> peer_;  // one-shot/two-shot, when usable
+  std::unique_ptr<GpuComm> staged_;      // time-sliced ranks: small allreduces via host
+  size_t staged_max_ = 0;
 };
 
 void IpcRingComm::createOwn(const std::string& job) {
@@ -457,7 +463,12 @@ std::unique_ptr<GpuComm> IpcRingComm::create(const CommContext& ctx, std::string
   }
   // The same-host peer allreduces (collective; identical outcome everywhere).
   std::string peer_why;
-  r->peer_ = PeerAllreduce::create(ctx, &peer_why);
+  size_t staged_max = 0;
+  r->peer_ = PeerAllreduce::create(ctx, &peer_why, &staged_max);
+  if (staged_max > 0) {
+    r->staged_ = makeHostRingComm(ctx);
+    r->staged_max_ = staged_max;
+  }
   if (!r->peer_ && r->me_ == 0 && ctx.cfg.allreduce_algo != "ring")
     TFRING_LOG(kInfo, "GPU allreduce: ring only (", peer_why, ")");
   return std::unique_ptr<GpuComm>(r.release());
@@ -465,6 +476,7 @@ std::unique_ptr<GpuComm> IpcRingComm::create(const CommContext& ctx, std::string
 
 IpcRingComm::~IpcRingComm() {
   peer_.reset();
+  staged_.reset();
   for (auto& im : imports_) cudaIpcCloseMemHandle(im.ptr);
   for (int i = 0; i < kEvents; ++i) {
     if (events_[i]) cudaEventDestroy(events_[i]);

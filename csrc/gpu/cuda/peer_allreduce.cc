@@ -13,6 +13,7 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "gpu/cuda/cuda_util.h"
+#include "gpu/mps.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/peer.h"
 #include "transport/ring_links.h"
@@ -24,20 +25,21 @@ namespace gpu {
 namespace {
 
 constexpr size_t kHeader = 256;  // the flag word's line, then the data
-std::atomic<uint64_t> g_counts[3];
+std::atomic<uint64_t> g_counts[4];
 
 size_t roundUp256(size_t x) { return (x + 255) / 256 * 256; }
 
 // What rank 0 decides for everyone.
 struct Settings {
   int32_t algo;  // -1: by size, else a PeerAlgo
-  uint64_t oneshot_max, twoshot_max;
+  uint64_t oneshot_max, twoshot_max, staged_max;
 };
 
 // What each rank publishes at setup.
 struct Record {
   cudaIpcMemHandle_t mem;
   int32_t pid;
+  int32_t mps;  // an MPS control daemon is there (gpu/mps.h)
   char pci_bus_id[32];
 };
 
@@ -48,6 +50,7 @@ const char* peerAlgoName(PeerAlgo a) {
     case PeerAlgo::kRing: return "ring";
     case PeerAlgo::kOneShot: return "oneshot";
     case PeerAlgo::kTwoShot: return "twoshot";
+    case PeerAlgo::kStaged: return "staged";
   }
   return "?";
 }
@@ -56,10 +59,13 @@ uint64_t peerAlgoCount(PeerAlgo a) { return g_counts[static_cast<int>(a)].load()
 
 void countPeerAlgo(PeerAlgo a) { g_counts[static_cast<int>(a)].fetch_add(1); }
 
-std::unique_ptr<PeerAllreduce> PeerAllreduce::create(const CommContext& ctx, std::string* why) {
+std::unique_ptr<PeerAllreduce> PeerAllreduce::create(const CommContext& ctx, std::string* why,
+                                                     size_t* staged_max) {
   const transport::Topology& T = *ctx.host.topo;
+  *staged_max = 0;
   Settings s{-1, static_cast<uint64_t>(ctx.cfg.oneshot_max),
-             static_cast<uint64_t>(ctx.cfg.twoshot_max)};
+             static_cast<uint64_t>(ctx.cfg.twoshot_max),
+             static_cast<uint64_t>(ctx.cfg.staged_max)};
   const std::string& a = ctx.cfg.allreduce_algo;
   s.algo = a == "ring"      ? static_cast<int32_t>(PeerAlgo::kRing)
            : a == "oneshot" ? static_cast<int32_t>(PeerAlgo::kOneShot)
@@ -102,8 +108,34 @@ std::unique_ptr<PeerAllreduce> PeerAllreduce::create(const CommContext& ctx, std
   Record mine{};
   TFRING_CUDA_CHECK(cudaIpcGetMemHandle(&mine.mem, area), "exporting the staging area");
   mine.pid = static_cast<int32_t>(::getpid());
+  mine.mps = mpsControlPresent(mpsPipeDirectory()) ? 1 : 0;
   TFRING_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.pci_bus_id, sizeof(mine.pci_bus_id), ctx.device));
   std::vector<char> all = hostAllgather(ctx.host, &mine, sizeof(mine));
+
+  // Ranks time-sliced on one GPU (no MPS) never run kernels at the same
+  // time: a barrier kernel spinning on a peer's flag holds the GPU until the
+  // time slice ends (milliseconds; on an H100, 2.7 ms per 4 KiB allreduce
+  // against 0.8 ms for the ring). By size, take the ring there; a forced
+  // algorithm is still honoured. Every rank decides from the same records.
+  if (p->by_size_) {
+    bool shared = false, all_mps = true;
+    std::vector<Record> recs(p->n_);
+    for (int r = 0; r < p->n_; ++r) {
+      memcpy(&recs[r], all.data() + r * sizeof(Record), sizeof(Record));
+      all_mps = all_mps && recs[r].mps;
+    }
+    for (int a = 0; a < p->n_ && !shared; ++a)
+      for (int b = a + 1; b < p->n_ && !shared; ++b)
+        shared = strncmp(recs[a].pci_bus_id, recs[b].pci_bus_id, sizeof(recs[a].pci_bus_id)) == 0;
+    if (shared && !all_mps) {
+      *why = strCat("ranks share a GPU without MPS (time-sliced: peer-flag kernels cannot run "
+                    "at once); allreduces up to ", s.staged_max,
+                    " bytes go through host memory (TFRING_GPU_STAGED_MAX). Start "
+                    "nvidia-cuda-mps-control -d, or force TFRING_GPU_ALLREDUCE_ALGO");
+      *staged_max = static_cast<size_t>(s.staged_max);
+      return nullptr;  // the destructor frees the area
+    }
+  }
 
   // Map every peer's area; check that this GPU can read theirs.
   constexpr size_t kMsg = 256;
@@ -160,7 +192,8 @@ PeerAllreduce::~PeerAllreduce() {
 PeerAlgo PeerAllreduce::choose(size_t bytes) const {
   if (!by_size_) return forced_;
   if (bytes <= oneshot_max_) return PeerAlgo::kOneShot;
-  if (bytes <= twoshot_max_) return PeerAlgo::kTwoShot;
+  // Two ranks: two-shot is the ring's own two steps with a barrier more.
+  if (bytes <= twoshot_max_ && n_ > 2) return PeerAlgo::kTwoShot;
   return PeerAlgo::kRing;
 }
 

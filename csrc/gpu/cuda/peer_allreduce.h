@@ -45,15 +45,20 @@
 namespace tfring {
 namespace gpu {
 
-enum class PeerAlgo { kRing, kOneShot, kTwoShot };
-const char* peerAlgoName(PeerAlgo a);  // "ring", "oneshot", "twoshot"
+// kStaged: through pinned host memory (ranks time-sliced on one GPU; the
+// IPC comm runs it, PeerAllreduce never does).
+enum class PeerAlgo { kRing, kOneShot, kTwoShot, kStaged };
+const char* peerAlgoName(PeerAlgo a);  // "ring", "oneshot", "twoshot", "staged"
 
 class PeerAllreduce {
  public:
   // Collective over every rank of ctx (all on one host). Null, identically
   // on every rank, when the configuration asks for the ring only or some
-  // pair of ranks cannot read each other's memory (*why says which).
-  static std::unique_ptr<PeerAllreduce> create(const CommContext& ctx, std::string* why);
+  // pair of ranks cannot read each other's memory (*why says which). Also
+  // null when ranks share a GPU without MPS and auto chooses: then
+  // *staged_max is rank 0's TFRING_GPU_STAGED_MAX (else 0).
+  static std::unique_ptr<PeerAllreduce> create(const CommContext& ctx, std::string* why,
+                                               size_t* staged_max);
   ~PeerAllreduce();
 
   // The algorithm for an allreduce of `bytes` (identical on every rank).

@@ -275,6 +275,14 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   return cudaSuccess;
 }
 
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  RUNTIME(R);
+  StreamP s;
+  if (cudaError_t e = resolve(R, stream, &s)) return ret(e);
+  return s->done.load(std::memory_order_acquire) >= enqueuedOf(s.get()) ? cudaSuccess
+                                                                        : cudaErrorNotReady;
+}
+
 cudaError_t cudaDeviceSynchronize(void) {
   RUNTIME(R);
   syncDevice(R, t_dev);

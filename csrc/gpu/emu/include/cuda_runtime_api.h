@@ -155,6 +155,7 @@ cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count,
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamQuery(cudaStream_t stream);
 #define CUDART_CB
 typedef void (*cudaHostFn_t)(void* userData);
 // Runs fn(userData) on the stream's worker once the work queued before it is
