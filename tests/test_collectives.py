@@ -72,3 +72,32 @@ def test_two_simulated_hosts_mix_shm_and_tcp():
         assert (out["local_rank"], out["local_size"]) == (r % 2, 2)
         assert (out["cross_rank"], out["cross_size"]) == (r // 2, 2)
     assert len({out["digest"] for out in res}) == 1
+
+
+@pytest.mark.parametrize("cycle_ms", ["5000", "0"])
+def test_fusion_hold_groups_a_batch_submitted_one_at_a_time(cycle_ms):
+    # The engine runs rounds between the submissions of a batch; the hold
+    # (while a rank is still submitting async tensors) keeps the batch
+    # together. TFRING_CYCLE_TIME=0 turns it off: then the batch splits. A
+    # loaded host may deschedule a submitter for longer than the burst gap
+    # (1 ms) now and then: two such splits in six steps are let pass.
+    res = check_ok(run_ranks(2, "fusion_hold.py", ["batch"],
+                             env={"TFRING_CYCLE_TIME": cycle_ms}, timeout=120))
+    for r, out in enumerate(res):
+        assert out["failures"] == [], f"rank {r}: {out['failures']}"
+        steady = out["groups"][1:]
+        if cycle_ms == "0":
+            assert max(steady) > 1, out["groups"]
+        else:
+            assert sum(steady) <= len(steady) + 2, out["groups"]
+    assert len({out["digest"] for out in res}) == 1
+
+
+def test_fusion_hold_is_bounded_when_a_rank_needs_a_result_first():
+    # Rank 1 blocks on X before it submits Y; rank 0 has both ready, so X
+    # is held for fusion until TFRING_CYCLE_TIME runs out, then runs.
+    res = check_ok(run_ranks(2, "fusion_hold.py", ["dependent"],
+                             env={"TFRING_CYCLE_TIME": "300"}, timeout=120))
+    for r, out in enumerate(res):
+        assert out["failures"] == [], f"rank {r}: {out['failures']}"
+    assert len({out["digest"] for out in res}) == 1

@@ -67,6 +67,9 @@ Status init(const InitOptions& opts) {
 
     rendezvous::Store* store = opts.store.get();
     auto links = transport::RingLinks::connect(store, opts.rank, opts.size, opts.secret, g.cfg);
+    // Rank 0's fusion settings hold for every rank (see HostLinks).
+    g.cfg.fusion_threshold = links->host()->fusion_threshold;
+    g.cfg.cycle_time_ms = links->host()->cycle_time_ms;
     const auto& T = links->topology();
     Deadline deadline = Deadline::in(g.cfg.timeout_s);
 
@@ -199,6 +202,12 @@ void tryDrive() {
   Global& g = G();
   Engine* e = g.engine.get();
   if (g.initialized && e) e->tryDrive();
+}
+
+void noteBurst() {
+  Global& g = G();
+  Engine* e = g.engine.get();
+  if (g.initialized && e) e->noteBurst();
 }
 
 std::vector<int64_t> reducescatterShape(const std::vector<int64_t>& shape, int rank, int size) {

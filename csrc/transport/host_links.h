@@ -21,6 +21,10 @@ struct HostLinks {
   // Job-wide settings, rank 0's values (agreed through the store at init).
   std::string algo = "auto";          // TFRING_ALLREDUCE_ALGO
   int64_t small_threshold = 0;        // TFRING_SMALL_THRESHOLD, bytes
+  // Every rank must fuse the same tensors into the same groups, and hold
+  // them for fusion alike (runtime/engine_round.cc).
+  int64_t fusion_threshold = 0;       // TFRING_FUSION_THRESHOLD, bytes
+  double cycle_time_ms = 0;           // TFRING_CYCLE_TIME
   // Topology: hosts in order of their first rank; uniform when every host
   // has the same number of ranks (the host-aware algorithms need that).
   int num_hosts = 1;

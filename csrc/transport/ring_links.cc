@@ -68,6 +68,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   HostLinks& H = *L->host_;
   H.algo = cfg.allreduce_algo;
   H.small_threshold = cfg.small_threshold;
+  H.fusion_threshold = cfg.fusion_threshold;
+  H.cycle_time_ms = cfg.cycle_time_ms;
   H.local_ranks = {rank};
   H.cross_ranks = {rank};
   if (size == 1) {  // a job of one: no store, no links
@@ -99,7 +101,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     // Rank 0's algorithm settings hold for every rank, so a mismatch in the
     // environment cannot make ranks run different algorithms.
     store.setString("job/allreduce", strCat(cfg.allreduce_algo, "|", cfg.small_threshold, "|",
-                                            cfg.transport));
+                                            cfg.transport, "|", cfg.fusion_threshold, "|",
+                                            cfg.cycle_time_ms));
     store.setString("job/id", job);
   } else {
     job = store.getString("job/id", timeout);
@@ -107,10 +110,16 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   bool host_shm = true;  // TFRING_TRANSPORT=tcp (rank 0's) keeps off shared memory
   {
     auto f = splitBar(store.getString("job/allreduce", timeout));
-    if (f.size() != 3) fail(Code::kInternal, "malformed allreduce settings from rank 0");
+    if (f.size() != 5) fail(Code::kInternal, "malformed allreduce settings from rank 0");
     H.algo = f[0];
     H.small_threshold = std::stoll(f[1]);
     host_shm = f[2] != "tcp";
+    H.fusion_threshold = std::stoll(f[3]);
+    H.cycle_time_ms = std::stod(f[4]);
+    if (H.fusion_threshold != cfg.fusion_threshold || H.cycle_time_ms != cfg.cycle_time_ms)
+      TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_FUSION_THRESHOLD=",
+                 H.fusion_threshold, " and TFRING_CYCLE_TIME=", H.cycle_time_ms,
+                 " instead of this rank's ", cfg.fusion_threshold, " and ", cfg.cycle_time_ms);
     if (!knownAlgo(H.algo))
       fail(Code::kInvalidArgument, "TFRING_ALLREDUCE_ALGO=", H.algo,
            " (rank 0's value) is not one of auto, ring, oneshot, hier");
