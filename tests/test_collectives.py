@@ -74,30 +74,19 @@ def test_two_simulated_hosts_mix_shm_and_tcp():
     assert len({out["digest"] for out in res}) == 1
 
 
-@pytest.mark.parametrize("cycle_ms", ["5000", "0"])
-def test_fusion_hold_groups_a_batch_submitted_one_at_a_time(cycle_ms):
-    # The engine runs rounds between the submissions of a batch; the hold
-    # (while a rank is still submitting async tensors) keeps the batch
-    # together. TFRING_CYCLE_TIME=0 turns it off: then the batch splits. A
-    # loaded host may deschedule a submitter for longer than the burst gap
-    # (1 ms) now and then: two such splits in six steps are let pass.
-    res = check_ok(run_ranks(2, "fusion_hold.py", ["batch"],
-                             env={"TFRING_CYCLE_TIME": cycle_ms}, timeout=120))
-    for r, out in enumerate(res):
+def test_rank_zeros_fusion_settings_hold_for_every_rank():
+    # Ranks that fused differently would run different collectives against
+    # each other: rank 0's TFRING_FUSION_THRESHOLD and TFRING_CYCLE_TIME win,
+    # and the others say so.
+    env = {0: {"TFRING_FUSION_THRESHOLD": "64M", "TFRING_CYCLE_TIME": "5"},
+           1: {"TFRING_FUSION_THRESHOLD": "0", "TFRING_CYCLE_TIME": "0"},
+           2: {"TFRING_FUSION_THRESHOLD": "1K", "TFRING_CYCLE_TIME": "1"}}
+    res = run_ranks(3, "ordering.py", per_rank_env=lambda r: env[r], timeout=120)
+    outs = check_ok(res)
+    for r, out in enumerate(outs):
         assert out["failures"] == [], f"rank {r}: {out['failures']}"
-        steady = out["groups"][1:]
-        if cycle_ms == "0":
-            assert max(steady) > 1, out["groups"]
-        else:
-            assert sum(steady) <= len(steady) + 2, out["groups"]
-    assert len({out["digest"] for out in res}) == 1
-
-
-def test_fusion_hold_is_bounded_when_a_rank_needs_a_result_first():
-    # Rank 1 blocks on X before it submits Y; rank 0 has both ready, so X
-    # is held for fusion until TFRING_CYCLE_TIME runs out, then runs.
-    res = check_ok(run_ranks(2, "fusion_hold.py", ["dependent"],
-                             env={"TFRING_CYCLE_TIME": "300"}, timeout=120))
-    for r, out in enumerate(res):
-        assert out["failures"] == [], f"rank {r}: {out['failures']}"
-    assert len({out["digest"] for out in res}) == 1
+    assert len({out["digest"] for out in outs}) == 1
+    assert "using rank 0's TFRING_FUSION_THRESHOLD=67108864" not in res[0].stderr
+    for r in (1, 2):
+        assert "using rank 0's TFRING_FUSION_THRESHOLD=67108864 and TFRING_CYCLE_TIME=5" \
+            in res[r].stderr, res[r].stderr[-2000:]

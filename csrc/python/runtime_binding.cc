@@ -226,8 +226,6 @@ void bindRuntime(py::module_& m) {
     return [kind, type](py::object a, const std::string& op, py::object name, int root,
                         double prescale, double postscale, py::object dtype,
                         py::object out) -> py::object {
-      // More may follow at once: rounds hold for fusion while they do.
-      runtime::noteBurst();
       if (isCudaArray(a))  // gpu_binding.cc
         return submitCuda(type, a, autoName(kind, name), resolveOp(op), root, prescale,
                           postscale, dtype, out);

@@ -34,7 +34,6 @@
 #include <vector>
 
 #include "collectives/ring.h"
-#include "common/clock.h"
 #include "gpu/executor.h"
 #include "runtime/messages.h"
 #include "runtime/runtime.h"
@@ -86,9 +85,6 @@ class Engine {
   // call it after enqueue so a ready tensor starts without waking the
   // engine thread.
   void tryDrive();
-  // An async submission that more may follow at once (a batch submitted one
-  // tensor at a time): rounds hold ready tensors for fusion meanwhile.
-  void noteBurst() { last_burst_.store(nowSeconds(), std::memory_order_relaxed); }
   // Says goodbye to the coordinator, fails what is still queued, joins.
   void stop();
   // A message from the coordinator (reader thread, or the coordinator's
@@ -179,11 +175,6 @@ class Engine {
   double fast_oldest_ = 1e300;                               // oldest submitted
   std::unordered_map<std::string, Meta> sent_;               // last Meta sent per name
   std::vector<int32_t> vote_, votes_;
-  bool holding_ = false;        // the last round held ready tensors back for fusion
-  bool burst_at_vote_ = false;  // this rank voted "still submitting" then
-  std::atomic<double> last_burst_{0};  // the last async submission (noteBurst)
-  double holdSeconds() const { return cfg_.cycle_time_ms * 1e-3; }
-  double lastBurst() const { return last_burst_.load(std::memory_order_relaxed); }
   std::vector<char> fusion_;
   std::vector<char> scratch_;
   std::unique_ptr<gpu::Executor> gpu_;  // created at the first GPU group

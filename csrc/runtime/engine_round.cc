@@ -7,11 +7,7 @@
 //             tensors that are not finished, or a tensor of its own has
 //             waited on the fast path longer than agingLimit()); the
 //             minimum is 0 when any rank does;
-//   [2]       1 while every tensor waiting here on the fast path is younger
-//             than TFRING_CYCLE_TIME, else 0;
-//   [3]       0 while this rank is in a burst of async submissions (the
-//             last less than kBurstGap ago, and no caller waiting), else 1;
-//   [4 + i]   1 when cache id i is ready here with the Meta it last ran
+//   [2 + i]   1 when cache id i is ready here with the Meta it last ran
 //             with, else 0; the minimum is 1 when it is ready everywhere.
 // Votes travel as a ring allgather, and every ring step carries bytes (an
 // idle rank joins a round when bytes reach it).
@@ -45,13 +41,7 @@ namespace runtime {
 
 namespace {
 
-constexpr int kVoteHeader = 4;
-// Async submissions closer together than this are one batch in the making
-// (a Python loop of allreduce_async calls is a few microseconds apart, but
-// a loaded host deschedules it for a time slice now and then). A rank that
-// waits ends its burst at once, so only a rank that submits and then goes
-// on without waiting makes its peers wait this long.
-constexpr double kBurstGap = 1e-3;
+constexpr int kVoteHeader = 2;
 constexpr int kSpinChecks = 2000;    // idle checks before yielding
 constexpr int kYieldChecks = 50;     // then yields before blocking
 constexpr double kMaxBlock = 0.1;    // seconds per block (stop/abort/aging checks)
@@ -66,14 +56,7 @@ double Engine::agingLimit() const {
 
 bool Engine::hasNews() {
   if (news_.load(std::memory_order_acquire) != seen_news_) return true;
-  if (fast_count_ == 0) return false;
-  const double waited = nowSeconds() - fast_oldest_;
-  // A fusion hold that has run out, or this rank's burst that has ended:
-  // the next round executes what was held.
-  if (holding_ && (waited > holdSeconds() ||
-                   (burst_at_vote_ && nowSeconds() - lastBurst() > kBurstGap)))
-    return true;
-  return !aged_ && waited > agingLimit();
+  return !aged_ && fast_count_ > 0 && nowSeconds() - fast_oldest_ > agingLimit();
 }
 
 bool Engine::peerStartedRound() {
@@ -111,11 +94,6 @@ void Engine::idleWait() {
   double timeout = kMaxBlock;
   if (fast_count_ > 0 && !aged_)
     timeout = std::min(timeout, std::max(0.0005, fast_oldest_ + agingLimit() - nowSeconds()));
-  if (fast_count_ > 0 && holding_) {
-    timeout = std::min(timeout, std::max(0.0001, fast_oldest_ + holdSeconds() - nowSeconds()));
-    if (burst_at_vote_)
-      timeout = std::min(timeout, std::max(0.00005, lastBurst() + kBurstGap - nowSeconds()));
-  }
   // The engine thread gives up the driver's seat while it sleeps, so a
   // submitting or waiting caller can drive without waking it.
   const bool release = engine_lock_ && std::this_thread::get_id() == thread_.get_id();
@@ -224,10 +202,6 @@ void Engine::round() {
   bool aged = fast_count_ > 0 && nowSeconds() - fast_oldest_ > agingLimit();
   aged_ = aged;
   vote_[1] = (slow_outstanding_ > 0 || aged) ? 0 : 1;
-  const double now = nowSeconds();
-  vote_[2] = (fast_count_ == 0 || now - fast_oldest_ < holdSeconds()) ? 1 : 0;
-  burst_at_vote_ = sync_drivers_.load() == 0 && now - lastBurst() < kBurstGap;
-  vote_[3] = burst_at_vote_ ? 0 : 1;
   // Every rank's vote goes round the ring (an allgather: N-1 steps, each
   // carrying bytes, so idle ranks see the round start), then each rank takes
   // the minimum itself.
@@ -252,26 +226,9 @@ void Engine::round() {
     executeResponse(resp);
   }
 
-  // 2. Cached tensors ready everywhere, fused the same way on every rank,
-  // unless a rank is still submitting a batch one tensor at a time: then,
-  // like the coordinator, hold them for fusion while every rank's waiting
-  // tensors are younger than TFRING_CYCLE_TIME and they add up to less than
-  // the fusion threshold. A caller that waits ends its rank's burst. Every
-  // rank decides alike: the inputs are the gathered votes and the Metas the
-  // ids last ran with.
-  holding_ = false;
-  if (vote_[1] == 1 && vote_[2] == 1 && vote_[3] == 0) {
-    int64_t bytes = 0;
-    bool any = false;
-    for (size_t i = 0; i < K && i < exec_meta_.size(); ++i)
-      if (vote_[kVoteHeader + i] == 1) {
-        any = true;
-        bytes += exec_meta_[i].numElements() * static_cast<int64_t>(dtypeSize(exec_meta_[i].dtype));
-      }
-    holding_ = any && bytes < cfg_.fusion_threshold;
-  }
+  // 2. Cached tensors ready everywhere, fused the same way on every rank.
   std::vector<std::shared_ptr<Entry>> ready;
-  for (size_t i = 0; i < K && !holding_; ++i)
+  for (size_t i = 0; i < K; ++i)
     if (vote_[kVoteHeader + i] == 1 && fast_[i]) {
       ready.push_back(std::move(fast_[i]));
       --fast_count_;

@@ -204,12 +204,6 @@ void tryDrive() {
   if (g.initialized && e) e->tryDrive();
 }
 
-void noteBurst() {
-  Global& g = G();
-  Engine* e = g.engine.get();
-  if (g.initialized && e) e->noteBurst();
-}
-
 std::vector<int64_t> reducescatterShape(const std::vector<int64_t>& shape, int rank, int size) {
   std::vector<int64_t> out = shape;
   if (out.empty()) return out;

@@ -85,11 +85,6 @@ void drive(const std::function<bool()>& done, const std::function<void()>& wait)
 // After enqueue: runs what can start at once on the calling thread, if no
 // other thread is driving; returns without waiting for peers to show up.
 void tryDrive();
-// After an async enqueue from a caller that may submit more right away (a
-// Python loop of *_async calls): the fast path holds ready tensors while
-// such submissions keep coming less than 100 us apart, at most
-// TFRING_CYCLE_TIME, so the batch is fused (runtime/engine_round.cc).
-void noteBurst();
 
 // Output shape rules, shared with the TF shape functions and the binding.
 // reducescatter splits the first dimension as evenly as possible, the first
