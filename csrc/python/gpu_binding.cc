@@ -291,7 +291,11 @@ class GpuHandle {
 }  // namespace
 
 bool isCudaArray(const py::object& obj) {
-  return py::hasattr(obj, "__cuda_array_interface__") && !py::isinstance<py::array>(obj);
+  // hasattr evaluates the property (CudaArray builds a dict for it): ask
+  // the cheap questions first. numpy arrays never have the attribute.
+  if (py::isinstance<CudaArray>(obj)) return true;
+  if (py::isinstance<py::array>(obj)) return false;
+  return py::hasattr(obj, "__cuda_array_interface__");
 }
 
 py::object submitCuda(CollectiveType type, const py::object& input, const std::string& name,
