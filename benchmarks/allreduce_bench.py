@@ -24,7 +24,8 @@ training step's gradients:
   from variables inside a tf.function (as a training step's gradients are)
   and reduced with ``tfring.grouped_allreduce``, against as many separate
   ``MPI_Allreduce`` calls and against one ``MPI_Allreduce`` of all of them
-  concatenated (the floor: no per-tensor cost at all);
+  concatenated (the floor: no per-tensor cost at all); beside them, TF's own
+  cost of that step (the same reads into ``tf.identity_n``, no collective);
 - async: ``--async-count`` (256) tensors of ``--batch-size`` submitted with
   ``_core.allreduce_async`` and then waited, reported per tensor.
 
@@ -52,11 +53,13 @@ from _common import (
     MpiSync,
     add_sweep_args,
     bandwidths,
+    check_result,
     child_env,
     human_size,
     in_mpi_job,
     measure,
     mpi_module,
+    time_collectives,
     parse_size,
     plot_busbw,
     require_matplotlib,
@@ -84,6 +87,8 @@ TARGET_4K_LATENCY_X_MPI = {2: 3.0, 4: 2.0}
 TARGET_BUSBW_FROM = 256 << 10
 TARGET_64M_BUSBW_X_MPI = 2.0
 TARGET_FUSED_X_SEPARATE = 0.5
+# Timed beside the others but not checked: no collective, nothing to compare.
+UNCHECKED_PATHS = {"tf_floor_function"}
 
 # ----------------------------------------------------------------- worker --
 
@@ -206,6 +211,17 @@ def _batch(job, role):
             return grouped(len(calls) == 1)
 
         ops["tf_grouped_function"] = grouped_step
+
+        # TF's own cost of the same step: the same reads, tf.identity_n in
+        # place of the collective. Not a result to check; the part of the
+        # fused row that no collective library can remove.
+        @tf.function
+        def tf_alone():
+            outs = tf.identity_n([g.read_value() for g in grads])
+            with tf.control_dependencies(outs):
+                return tf.constant(0)
+
+        ops["tf_floor_function"] = tf_alone
     if job.core is not None:
         ins = [np.full(n, job.rank + 1, np.float32) for _ in range(count)]
         outs = [np.empty_like(a) for a in ins]
@@ -237,12 +253,19 @@ def _batch(job, role):
             ops["mpi_concat"] = mpi_concat
     if not ops:
         return None
-    timed = measure(job.sync, ops, expected, job.timing[0], job.timing[1], job.timing[2])
+    correct = {p: check_result(job.sync, op, expected)
+               for p, op in ops.items() if p not in UNCHECKED_PATHS}
+    timed = time_collectives(job.sync, ops, job.timing[0], job.timing[1], job.timing[2])
+    timed = {p: dict(m, correct=correct.get(p, True)) for p, m in timed.items()}
     for m in timed.values():
         m["per_tensor_s"] = m["time_s"] / count
     out = {"role": role, "count": count, "tensor_bytes": each, "results": timed}
     sep, cat = timed.get("mpi_separate"), timed.get("mpi_concat")
-    for path in ("tf_grouped_function", "core_async"):
+    floor = timed.get("tf_floor_function")
+    if floor and "tf_grouped_function" in timed and sep:
+        out["tf_grouped_minus_floor_x_mpi_separate"] = (
+            (timed["tf_grouped_function"]["time_s"] - floor["time_s"]) / sep["time_s"])
+    for path in ("tf_grouped_function", "core_async", "tf_floor_function"):
         if path in timed and sep:
             out[f"{path}_over_mpi_separate"] = timed[path]["time_s"] / sep["time_s"]
         if path in timed and cat:
@@ -359,6 +382,7 @@ def format_table(report):
 
 BATCH_TITLES = {
     "tf_grouped_function": "tfring.grouped_allreduce in tf.function",
+    "tf_floor_function": "the same tf.function with tf.identity_n (TF alone, no collective)",
     "core_async": "core allreduce_async x count, then wait",
     "mpi_separate": "MPI_Allreduce x count",
     "mpi_concat": "one MPI_Allreduce of the concatenation",
@@ -404,6 +428,11 @@ def summary(report):
             out.append(f"- {b['count']} x {human_size(b['tensor_bytes'])} grouped_allreduce "
                        f"in tf.function: {x:.2f}x the time of {b['count']} separate "
                        f"MPI_Allreduce{target}")
+            f = b.get("tf_floor_function_over_mpi_separate")
+            d = b.get("tf_grouped_minus_floor_x_mpi_separate")
+            if f is not None and d is not None:
+                out.append(f"  - of which TF alone (the step with tf.identity_n): {f:.2f}x; "
+                           f"tfring's part (the difference): {d:.2f}x")
         m = b["results"].get("core_async")
         if m is not None:
             out.append(f"- {b['count']} x {human_size(b['tensor_bytes'])} allreduce_async "

@@ -178,7 +178,11 @@ def test_allreduce_bench_latency_tf_and_batches(tmp_path):
         assert (fused["role"], asyncb["role"]) == ("fused", "async")
         assert set(asyncb["results"]) == {"core_async", "mpi_separate"}
         want = {"core_async", "mpi_separate", "mpi_concat"}
-        assert set(fused["results"]) == want | ({"tf_grouped_function"} if tf else set())
+        assert set(fused["results"]) == want | (
+            {"tf_grouped_function", "tf_floor_function"} if tf else set())
+        if tf:  # TF's own cost of the step, and tfring's part of the fused row
+            assert fused["tf_floor_function_over_mpi_separate"] > 0
+            assert "tf_grouped_minus_floor_x_mpi_separate" in fused
         for b in (fused, asyncb):
             assert b["tensor_bytes"] == 4096
             for m in b["results"].values():
@@ -186,6 +190,8 @@ def test_allreduce_bench_latency_tf_and_batches(tmp_path):
                     m["time_s"])
             _finite_ratios(b)
     assert "100 separate" not in stdout and "5 x 4 KiB allreduce_async" in stdout
+    if tf:
+        assert "of which TF alone (the step with tf.identity_n)" in stdout
 
 
 def _hide_matplotlib(tmp_path):
