@@ -596,8 +596,12 @@ def test_gpu_special_values_and_in_place():
 
 
 @requires_gpu
-def test_gpu_producer_stream_is_honoured():
-    _gpu_job(2, "stream", {"TFRING_GPU_BACKEND": "ring"})
+@pytest.mark.parametrize("n", [1, 2])
+def test_gpu_producer_stream_is_honoured(n):
+    # A job of one runs stream-free GPU tensors inline on the caller's
+    # thread, tensors with a producer stream on the engine thread: both kinds
+    # here, interleaved.
+    _gpu_job(n, "stream", {"TFRING_GPU_BACKEND": "ring"})
 
 
 @requires_gpu

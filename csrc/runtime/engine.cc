@@ -97,11 +97,17 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
   }
   if (AbortState::get().aborted()) return AbortState::get().status();
   if (comm_.size == 1) {
-    // Nothing to agree on: every tensor, host or GPU, completes on the
-    // caller's thread before enqueue returns (no engine-thread hop).
-    std::lock_guard<std::mutex> lk(inline_mu_);
-    for (auto& e : es) e->done(runInline(*e));
-    return Status::OK();
+    // Nothing to agree on: tensors complete on the caller's thread before
+    // enqueue returns (no engine-thread hop). Not GPU tensors ordered on a
+    // producer stream (TF's GPU ops): their submitter must not wait for the
+    // GPU, so the engine thread does.
+    bool inline_ok = true;
+    for (auto& e : es) inline_ok = inline_ok && (e->req.device < 0 || !e->req.stream);
+    if (inline_ok) {
+      std::lock_guard<std::mutex> lk(inline_mu_);
+      for (auto& e : es) e->done(runInline(*e));
+      return Status::OK();
+    }
   }
   {
     std::lock_guard<std::mutex> lk(mu_);

@@ -178,6 +178,7 @@ class Engine {
   std::vector<char> fusion_;
   std::vector<char> scratch_;
   std::unique_ptr<gpu::Executor> gpu_;  // created at the first GPU group
+  std::mutex gpu_mu_;                   // execGpu: inline callers and the engine thread
 
   std::mutex inline_mu_;      // size-1 jobs
   std::mutex ctrl_send_mu_;  // writes to ctrl_fd_

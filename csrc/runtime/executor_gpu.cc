@@ -27,6 +27,9 @@ Status Engine::acceptGpu(Entry& e) {
 }
 
 Status Engine::execGpu(const Group& g, const std::vector<std::shared_ptr<Entry>>& es) {
+  // A job of one runs GPU tensors without a producer stream inline on the
+  // caller's thread and the rest on the engine thread: one at a time.
+  std::lock_guard<std::mutex> lk(gpu_mu_);
   if (!gpu_) {
     gpu::HostLink h;
     h.comm = &comm_;

@@ -201,7 +201,16 @@ def run_stream():
             _core.cuda_reduce(a, a, one, "sum", stream=stream)
         _core.cuda_scale(a, a, rank + 1.0, stream=stream)
         view = ProducedOn(a, stream)
+        # Stream-free tensors in flight at the same time (a job of one runs
+        # them inline, the stream-ordered one on the engine thread).
+        plain = [_core.CudaArray.from_numpy(np.full(1000 + i, rank + 1.0, np.float32), device)
+                 for i in range(4)]
+        hs = [_core.allreduce_async(p, op="sum", name=f"plain.{i}") for i, p in enumerate(plain)]
         got = _core.allreduce(view, op="sum", name="stream")
+        for i, h in enumerate(hs):
+            y = to_host(h.wait())
+            if not np.all(y == n * (n + 1) / 2):
+                failures.append(f"stream-free allreduce {i} beside a stream-ordered one: {y[:4]}")
         # In place too: out= is the input, still pending on the stream.
         for _ in range(3):
             _core.cuda_reduce(a, a, one, "sum", stream=stream)

@@ -115,8 +115,10 @@ std::unique_ptr<PeerAllreduce> PeerAllreduce::create(const CommContext& ctx, std
   // Ranks time-sliced on one GPU (no MPS) never run kernels at the same
   // time: a barrier kernel spinning on a peer's flag holds the GPU until the
   // time slice ends (milliseconds; on an H100, 2.7 ms per 4 KiB allreduce
-  // against 0.8 ms for the ring). By size, take the ring there; a forced
-  // algorithm is still honoured. Every rank decides from the same records.
+  // against 0.8 ms for the ring). By size, the IPC comm then stages small
+  // allreduces through host memory (no GPU-side wait on a peer) and runs the
+  // ring above TFRING_GPU_STAGED_MAX; a forced algorithm is still honoured.
+  // Every rank decides from the same records.
   if (p->by_size_) {
     bool shared = false, all_mps = true;
     std::vector<Record> recs(p->n_);
