@@ -41,6 +41,12 @@ struct Completion {
   // thread drives the engine itself when no other thread does, so the
   // result reaches it without a thread switch.
   void wait(double timeout) {
+    // Finished already (the usual case for all but the first handle of a
+    // batch): no GIL hand-off, no clock, no engine hand-over.
+    if (flag.load(std::memory_order_acquire)) {
+      if (!status.ok()) throwStatus(status);
+      return;
+    }
     bool finished;
     {
       pybind11::gil_scoped_release nogil;
