@@ -53,13 +53,11 @@ from _common import (
     MpiSync,
     add_sweep_args,
     bandwidths,
-    check_result,
     child_env,
     human_size,
     in_mpi_job,
     measure,
     mpi_module,
-    time_collectives,
     parse_size,
     plot_busbw,
     require_matplotlib,
@@ -253,10 +251,8 @@ def _batch(job, role):
             ops["mpi_concat"] = mpi_concat
     if not ops:
         return None
-    correct = {p: check_result(job.sync, op, expected)
-               for p, op in ops.items() if p not in UNCHECKED_PATHS}
-    timed = time_collectives(job.sync, ops, job.timing[0], job.timing[1], job.timing[2])
-    timed = {p: dict(m, correct=correct.get(p, True)) for p, m in timed.items()}
+    timed = measure(job.sync, ops, expected, job.timing[0], job.timing[1], job.timing[2],
+                    unchecked=UNCHECKED_PATHS)
     for m in timed.values():
         m["per_tensor_s"] = m["time_s"] / count
     out = {"role": role, "count": count, "tensor_bytes": each, "results": timed}

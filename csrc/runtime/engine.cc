@@ -142,55 +142,32 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
 }
 
 Status Engine::runInline(Entry& e) {
+  const Meta& m = e.meta;
+  // What the coordinator would refuse for a job of one, host or GPU alike.
+  if (m.type == CollectiveType::kBroadcast && m.root != 0)
+    return Status(Code::kMismatch, strCat("broadcast of tensor '", m.name, "': root rank ",
+                                          m.root, " is not in [0, 1)"));
+  if ((m.type == CollectiveType::kAllgather || m.type == CollectiveType::kReducescatter) &&
+      m.shape.empty())
+    return Status(Code::kMismatch,
+                  strCat(collectiveName(m.type), " of tensor '", m.name, "': scalars cannot be ",
+                         m.type == CollectiveType::kAllgather ? "gathered" : "scattered",
+                         " (give them a first dimension)"));
   try {
+    std::vector<std::shared_ptr<Entry>> one{std::shared_ptr<Entry>(&e, [](Entry*) {})};
     if (e.req.device >= 0) {
-      if (e.meta.type == CollectiveType::kBroadcast && e.meta.root != 0)
-        return Status(Code::kMismatch, strCat("broadcast of tensor '", e.meta.name,
-                                              "': root rank ", e.meta.root,
-                                              " is not in [0, 1)"));
-      if ((e.meta.type == CollectiveType::kAllgather ||
-           e.meta.type == CollectiveType::kReducescatter) && e.meta.shape.empty())
-        return Status(Code::kMismatch,
-                      strCat(collectiveName(e.meta.type), " of tensor '", e.meta.name,
-                             "': scalars cannot be ",
-                             e.meta.type == CollectiveType::kAllgather ? "gathered" : "scattered",
-                             " (give them a first dimension)"));
       Group g;
-      g.type = e.meta.type;
-      g.names = {e.meta.name};
-      if (g.type == CollectiveType::kAllgather) g.dim0s = {{e.meta.shape[0]}};
-      std::vector<std::shared_ptr<Entry>> one{std::shared_ptr<Entry>(&e, [](Entry*) {})};
+      g.type = m.type;
+      g.names = {m.name};
+      if (g.type == CollectiveType::kAllgather) g.dim0s = {{m.shape[0]}};
       return execGpu(g, one);
     }
-    switch (e.meta.type) {
-      case CollectiveType::kAllreduce: {
-        std::vector<std::shared_ptr<Entry>> one{std::shared_ptr<Entry>(&e, [](Entry*) {})};
-        execAllreduce(one);
-        break;
-      }
-      case CollectiveType::kAllgather:
-        if (e.meta.shape.empty())
-          return Status(Code::kMismatch,
-                        strCat("allgather of tensor '", e.meta.name,
-                               "': scalars cannot be gathered (give them a first dimension)"));
-        execAllgather(e, {e.meta.shape[0]});
-        break;
-      case CollectiveType::kBroadcast:
-        if (e.meta.root != 0)
-          return Status(Code::kMismatch, strCat("broadcast of tensor '", e.meta.name,
-                                                "': root rank ", e.meta.root,
-                                                " is not in [0, 1)"));
-        execBroadcast(e);
-        break;
-      case CollectiveType::kReducescatter:
-        if (e.meta.shape.empty())
-          return Status(Code::kMismatch,
-                        strCat("reducescatter of tensor '", e.meta.name,
-                               "': scalars cannot be scattered (give them a first dimension)"));
-        execReducescatter(e);
-        break;
-      case CollectiveType::kBarrier:
-        break;
+    switch (m.type) {
+      case CollectiveType::kAllreduce: execAllreduce(one); break;
+      case CollectiveType::kAllgather: execAllgather(e, {m.shape[0]}); break;
+      case CollectiveType::kBroadcast: execBroadcast(e); break;
+      case CollectiveType::kReducescatter: execReducescatter(e); break;
+      case CollectiveType::kBarrier: break;
     }
     return Status::OK();
   } catch (const Error& err) {

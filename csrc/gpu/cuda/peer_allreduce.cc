@@ -111,6 +111,9 @@ std::unique_ptr<PeerAllreduce> PeerAllreduce::create(const CommContext& ctx, std
   mine.mps = mpsControlPresent(mpsPipeDirectory()) ? 1 : 0;
   TFRING_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.pci_bus_id, sizeof(mine.pci_bus_id), ctx.device));
   std::vector<char> all = hostAllgather(ctx.host, &mine, sizeof(mine));
+  std::vector<Record> recs(p->n_);
+  for (int r = 0; r < p->n_; ++r)
+    memcpy(&recs[r], all.data() + r * sizeof(Record), sizeof(Record));
 
   // Ranks time-sliced on one GPU (no MPS) never run kernels at the same
   // time: a barrier kernel spinning on a peer's flag holds the GPU until the
@@ -121,11 +124,7 @@ std::unique_ptr<PeerAllreduce> PeerAllreduce::create(const CommContext& ctx, std
   // Every rank decides from the same records.
   if (p->by_size_) {
     bool shared = false, all_mps = true;
-    std::vector<Record> recs(p->n_);
-    for (int r = 0; r < p->n_; ++r) {
-      memcpy(&recs[r], all.data() + r * sizeof(Record), sizeof(Record));
-      all_mps = all_mps && recs[r].mps;
-    }
+    for (const Record& rec : recs) all_mps = all_mps && rec.mps;
     for (int a = 0; a < p->n_ && !shared; ++a)
       for (int b = a + 1; b < p->n_ && !shared; ++b)
         shared = strncmp(recs[a].pci_bus_id, recs[b].pci_bus_id, sizeof(recs[a].pci_bus_id)) == 0;
@@ -146,8 +145,7 @@ std::unique_ptr<PeerAllreduce> PeerAllreduce::create(const CommContext& ctx, std
   p->pids_.assign(p->n_, 0);
   try {
     for (int r = 0; r < p->n_; ++r) {
-      Record rec;
-      memcpy(&rec, all.data() + r * sizeof(Record), sizeof(rec));
+      const Record& rec = recs[r];
       p->pids_[r] = rec.pid;
       if (r == p->me_) {
         p->peers_[r] = p->area_;
