@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Runs the GPU tests (tests/test_gpu.py) on a machine without a GPU, against
-# the CUDA emulation build: the product's CUDA kernels and GPU runtime
-# (CUDA-IPC ring, host-staged ring, executor, stream handling) compiled with
-# the host compiler and linked to a fake CUDA runtime whose streams are host
-# threads and whose device memory and IPC handles are shared-memory mappings
-# (csrc/gpu/emu/README.md), and the NCCL backend against a fake NCCL whose
-# collectives run on those stream threads. It proves the GPU code paths'
-# logic and synchronization, not their speed.
+# Runs the GPU tests (tests/test_gpu.py, and the GPU benchmark's dry run) on
+# a machine without a GPU, against the CUDA emulation build: the product's
+# CUDA kernels and GPU runtime (CUDA-IPC ring, host-staged ring, executor,
+# stream handling) compiled with the host compiler and linked to a fake CUDA
+# runtime whose streams are host threads and whose device memory and IPC
+# handles are shared-memory mappings (csrc/gpu/emu/README.md), and the NCCL
+# backend against a fake NCCL whose collectives run on those stream threads.
+# It proves the GPU code paths' logic and synchronization, not their speed.
 #
 #   bash tests/gpu_emu.sh [pytest args...]
 #
@@ -52,4 +52,8 @@ from tfring import _core
 assert _core.cuda_emulated() and _core.cuda_available(), _core.cuda_unavailable_reason()
 print('gpu_emu:', _core.cuda_describe(0))")
 cd /tmp
-exec "$PY" -m pytest -q -rs "$ROOT/tests/test_gpu.py" "$@"
+# Also the GPU benchmark's dry run on this build (every algorithm and
+# table path): the main suite runs before build-emu exists and skips it.
+exec "$PY" -m pytest -q -rs "$ROOT/tests/test_gpu.py" \
+  "$ROOT/tests/test_benchmarks.py::test_gpu_bench_refuses_to_time_the_emulation" \
+  "$ROOT/tests/test_benchmarks.py::test_gpu_bench_dry_run_on_the_emulation" "$@"
