@@ -281,17 +281,25 @@ def test_shm_fixture_tells_its_own_segments(tmp_path):
     other = subprocess.Popen(["sleep", "30"], env={
         k: v for k, v in os.environ.items() if k != conftest.MARKER})
     # /proc/<pid>/environ shows the environment a process was exec'd with:
-    # wait until both children are `sleep` (not the forked Python any more).
+    # wait until both children are `sleep` (not the forked Python any more)
+    # and their environment is in place. exec renames the process before it
+    # lays out the new stack, so for a moment `comm` already says "sleep"
+    # while `environ` still reads empty.
     deadline = time.time() + 10
     for p in (child, other):
         while time.time() < deadline:
             try:
                 with open(f"/proc/{p.pid}/comm") as f:
-                    if f.read().strip() == "sleep":
-                        break
+                    comm = f.read().strip()
+                with open(f"/proc/{p.pid}/environ", "rb") as f:
+                    env = f.read()
+                if comm == "sleep" and b"PATH=" in env:
+                    break
             except OSError:
                 pass
             time.sleep(0.01)
+        else:
+            pytest.fail(f"child {p.pid} did not exec sleep within 10 s")
     mine, theirs, orphan = (f"tfring-{pid:x}-0-r0"
                             for pid in (child.pid, other.pid, 0x7ffffffe))
     for name in (mine, theirs, orphan):
