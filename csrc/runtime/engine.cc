@@ -33,6 +33,7 @@ Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordin
   cpu_set_t cpus;
   int ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   transport::setSpinning(T.local_size <= ncpu);
+  engine_spins_ = 2 * T.local_size <= ncpu;
   // Without a doorbell to ring (the left link is TCP, or there is no link),
   // local wake-ups go through an eventfd the idle wait polls.
   if (T.size > 1 && (links_->left()->pollFd() >= 0 || !links_->bell()))

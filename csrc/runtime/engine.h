@@ -142,6 +142,7 @@ class Engine {
   collectives::RingComm comm_;
   Timeline timeline_;
   int wake_fd_ = -1;  // eventfd for local wake-ups when the left link is TCP
+  bool engine_spins_ = true;  // the engine thread's idle wait may spin (a core per rank to spare)
 
   // Shared between submitters, the reader and the driver (mu_).
   std::mutex mu_;

@@ -82,11 +82,16 @@ void Engine::idleWait() {
   }
   transport::Doorbell* bell = links_->bell();
   // Spin: a peer or a local caller usually shows up within microseconds.
-  for (int i = transport::spinning() ? 0 : kSpinChecks; i < kSpinChecks + kYieldChecks; ++i) {
+  // A caller driving for its own result spins (its thread only waits
+  // anyway). The engine thread spins only where each local rank has a core
+  // to spare for it: otherwise its spinning takes the core the framework's
+  // own threads need to reach the next collective.
+  const bool on_engine_thread = std::this_thread::get_id() == thread_.get_id();
+  const bool spin = transport::spinning() && (!on_engine_thread || engine_spins_);
+  for (int i = spin ? 0 : kSpinChecks; i < kSpinChecks + kYieldChecks; ++i) {
     if (i >= kSpinChecks) sched_yield(); else transport::cpuRelax();
     if (hasNews() || peerStartedRound()) return;
-    if (sync_drivers_.load(std::memory_order_relaxed) > 0 &&
-        std::this_thread::get_id() == thread_.get_id())
+    if (sync_drivers_.load(std::memory_order_relaxed) > 0 && on_engine_thread)
       return;  // hand over to the caller that wants to drive
     if ((i & 255) == 0 && AbortState::get().aborted()) return;
   }
