@@ -132,13 +132,17 @@ def add_sweep_args(p, np_default, reps_default, unit, sizes_default=None):
     p.add_argument("--json", default=None, help="also write the results to this file")
 
 
-def time_collectives(sync, ops, warmup, reps, max_iters):
+def time_collectives(sync, ops, warmup, reps, max_iters, loop_s=LOOP_TARGET_S):
     """Seconds per call of each of ``ops`` ({name: callable}): the median over
     ``reps`` barrier-started loops of loop time / loop length, max over ranks.
-    A loop's length (at most ``max_iters``) is chosen from one timed call so
-    that it lasts about LOOP_TARGET_S, the same on every rank. The ops take
+    A loop's length (at most ``max_iters``) is chosen from three timed calls
+    so that it lasts about ``loop_s``, the same on every rank. The ops take
     turns, one loop each per repetition, so a burst of load from elsewhere on
-    the machine hits them alike and their ratios stay meaningful.
+    the machine hits them alike and their ratios stay meaningful. Each loop
+    starts with ``warmup`` untimed calls: the paths are timed in their steady
+    state, not in the first calls after the other paths' loops (on a 2-vCPU
+    VM the first few steps after such a pause ran up to 2x slower, for every
+    path that sleeps between calls).
     Returns {name: {"time_s", "iters", "min_s", "max_s"}}, the last two the
     fastest and slowest loop's seconds per call (max over ranks)."""
     iters, per_op = {}, {}
@@ -146,13 +150,18 @@ def time_collectives(sync, ops, warmup, reps, max_iters):
         for _ in range(warmup):
             op()
         sync.barrier()
-        t0 = time.perf_counter()
-        op()
-        one = sync.max(time.perf_counter() - t0)
-        iters[name] = max(1, min(max_iters, int(LOOP_TARGET_S / max(one, 1e-9))))
+        calls = []
+        for _ in range(3):  # the median of three: one slow first call would shorten every loop
+            t0 = time.perf_counter()
+            op()
+            calls.append(time.perf_counter() - t0)
+        one = sync.max(statistics.median(calls))
+        iters[name] = max(1, min(max_iters, int(loop_s / max(one, 1e-9))))
         per_op[name] = []
     for _ in range(reps):
         for name, op in ops.items():
+            for _ in range(warmup):
+                op()
             sync.barrier()
             t0 = time.perf_counter()
             for _ in range(iters[name]):
@@ -236,13 +245,17 @@ def check_result(sync, op, expected):
     return sync.all(all_equal(op(), expected))
 
 
-def measure(sync, ops, expected, warmup, reps, max_iters, unchecked=()):
+def measure(sync, ops, expected, warmup, reps, max_iters, unchecked=(), loop_s=LOOP_TARGET_S):
     """Checks then times ``ops`` ({path: callable}); {path: result dict}
     (time_collectives() plus "correct"). Paths in ``unchecked`` (no result to
-    compare, e.g. a framework's own cost) are timed alike and count as correct."""
+    compare, e.g. a framework's own cost) are timed alike and count as correct.
+    Each path in ``ops`` is either a callable or a pair (the call to check,
+    the call to time) when checking needs the result the timed call drops."""
+    checked = {p: (op[0] if isinstance(op, tuple) else op) for p, op in ops.items()}
+    ops = {p: (op[1] if isinstance(op, tuple) else op) for p, op in ops.items()}
     correct = {path: check_result(sync, op, expected)
-               for path, op in ops.items() if path not in unchecked}
-    timed = time_collectives(sync, ops, warmup, reps, max_iters)
+               for path, op in checked.items() if path not in unchecked}
+    timed = time_collectives(sync, ops, warmup, reps, max_iters, loop_s)
     return {path: dict(m, correct=correct.get(path, True)) for path, m in timed.items()}
 
 
