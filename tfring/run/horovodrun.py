@@ -11,14 +11,16 @@ docs/launching-horovod.md lists every option.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
+import time
 
 from tfring import _horovod_env
 
-__all__ = ["add_options", "load_config_file", "tunables", "check_build",
-           "ELASTIC_OPTIONS"]
+__all__ = ["ELASTIC_OPTIONS", "StartWatch", "add_options", "check_args", "check_build",
+           "environ", "launcher_tunables", "load_config_file", "tunables"]
 
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 
@@ -364,6 +366,117 @@ def mpi_extra_args(args):
     return extra
 
 
+# ------------------------------------------------------------ in tfring-run --
+
+
+def check_args(parser, args):
+    """Refuses what tfring-run cannot do; reads --config-file."""
+    given = [opt for dest, opt in ELASTIC_OPTIONS.items()
+             if getattr(args, dest, None) is not None]
+    if given:
+        parser.error(f"{', '.join(given)}: tfring-run has no elastic mode; --restarts N "
+                     "restarts the whole job after a rank fails")
+    if args.use_jsrun:
+        parser.error("--jsrun: tfring-run starts ranks itself, or with --mpi through mpirun")
+    if args.hosts and args.hostfile:
+        parser.error("-H/--hosts and --hostfile are mutually exclusive")
+    if args.output_dir and args.output_filename:
+        parser.error("--output-dir and --output-filename are mutually exclusive")
+    if args.config_file:
+        try:
+            load_config_file(args)
+        except ValueError as e:
+            parser.error(str(e))
+    if args.start_timeout is None and os.environ.get("HOROVOD_START_TIMEOUT"):
+        try:
+            args.start_timeout = float(os.environ["HOROVOD_START_TIMEOUT"])
+        except ValueError:
+            parser.error("HOROVOD_START_TIMEOUT must be a number of seconds, got "
+                         f"{os.environ['HOROVOD_START_TIMEOUT']!r}")
+    if args.use_mpi:
+        bad = [o for o, v in (("--restarts", args.restarts), ("--output-dir", args.output_dir),
+                              ("--start-timeout", args.start_timeout),
+                              ("--timeout", args.timeout),
+                              ("-prefix-timestamp", args.prefix_output_with_timestamp))
+               if v]
+        if bad:
+            parser.error(f"{', '.join(bad)}: not with --mpi (mpirun starts the ranks)")
+
+
+def launcher_tunables(args, out):
+    """The TFRING_* variables every rank gets from the launcher's HOROVOD_*
+    environment and from the options (the options win), and the HOROVOD_*
+    names already reported here. Prints the notices."""
+    # HOROVOD_START_TIMEOUT is read here (check_args), not by the ranks.
+    env, texts, seen = _horovod_env.translate(os.environ, quiet=("HOROVOD_START_TIMEOUT",))
+    for text in texts:
+        out.write(f"tfring-run: {text}\n")
+    options_env, option_notices = tunables(args)
+    env.update(options_env)
+    for text, always in option_notices:
+        if always or args.verbose:
+            out.write(f"tfring-run: {text}\n")
+    if seen:
+        env[_horovod_env.SEEN_VAR] = ",".join(seen)
+    out.flush()
+    return env
+
+
+@contextlib.contextmanager
+def environ(updates):
+    """os.environ with ``updates`` while the job runs (the launcher's own
+    interface choice reads TFRING_IFACE from it)."""
+    saved = {k: os.environ.get(k) for k in updates}
+    os.environ.update(updates)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class StartWatch:
+    """--start-timeout: every rank must reach tfring.init() in time.
+
+    A rank that has joined has published its ``peer/<rank>`` entry in the
+    launcher's store (csrc/transport/ring_links.cc); the launcher reads its
+    own store, every half second, until all are there or the time is up."""
+
+    def __init__(self, server, secret, size, timeout_s):
+        from tfring import _core
+
+        self.store = _core.TcpStore("127.0.0.1", server.port, secret, 10.0)
+        self.keys = [f"peer/{r}" for r in range(size)]
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self.next_check = 0.0
+        self.done = False
+
+    def poll(self):
+        """None while in time; the message to print once it is not."""
+        now = time.monotonic()
+        if self.done or now < self.next_check:
+            return None
+        self.next_check = now + 0.5
+        try:
+            if self.store.check(self.keys):
+                self.done = True
+                return None
+            if now < self.deadline:
+                return None
+            missing = [k.split("/")[1] for k in self.keys if not self.store.check([k])]
+        except Exception as e:  # noqa: BLE001 - the store is ours; it should not fail
+            self.done = True
+            return f"warning: cannot watch the start of the ranks: {e}"
+        self.done = True
+        return (f"start timeout: rank(s) {', '.join(missing)} did not reach "
+                f"tfring.init() within {self.timeout_s:g} s (--start-timeout); "
+                "terminating all ranks")
+
+
 # ------------------------------------------------------------- check-build --
 
 
@@ -391,8 +504,9 @@ def check_build(out):
     mpirun = _mpi.find_mpirun()
     cuda_ok = bool(core and _core.cuda_built())
     if core and cuda_ok:
+        why = _core.cuda_unavailable_reason().split(";")[0]
         cuda_why = ("CUDA, GPU usable" if _core.cuda_available()
-                    else f"CUDA built; no GPU here ({_core.cuda_unavailable_reason()})")
+                    else f"CUDA built; no GPU here ({why})")
     else:
         cuda_why = "CUDA: not built"
     nccl_ok, nccl_why = False, "NCCL: core not loaded"
@@ -400,7 +514,8 @@ def check_build(out):
         info = _core.nccl_info()
         nccl_ok = bool(info.get("loaded"))
         nccl_why = (f"NCCL {info.get('version')} from {info.get('path')}" if nccl_ok
-                    else f"NCCL: not loadable ({info.get('error', '')})")
+                    else f"NCCL: not loadable ({info.get('error', '').split(' (')[0]}; "
+                    "TFRING_NCCL_LIB names it)")
     isa = _core.kernels.isa() if core else "?"
     out.write(f"tfring v{version}:\n\n"
               "Available Frameworks:\n"

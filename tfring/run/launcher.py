@@ -48,7 +48,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-from tfring import _horovod_env
 from tfring.run import horovodrun
 from tfring.run.hostfile import parse_hostfile
 
@@ -495,45 +494,6 @@ def start_store(bind_host, secret):
         return None, f"TcpStoreServer({bind_host!r}, 0) failed: {e}"
 
 
-class StartWatch:
-    """--start-timeout: every rank must reach tfring.init() in time.
-
-    A rank that has joined has published its ``peer/<rank>`` entry in the
-    launcher's store (csrc/transport/ring_links.cc); the launcher reads its
-    own store, every half second, until all are there or the time is up."""
-
-    def __init__(self, server, secret, size, timeout_s):
-        from tfring import _core
-
-        self.store = _core.TcpStore("127.0.0.1", server.port, secret, 10.0)
-        self.keys = [f"peer/{r}" for r in range(size)]
-        self.timeout_s = timeout_s
-        self.deadline = time.monotonic() + timeout_s
-        self.next_check = 0.0
-        self.done = False
-
-    def poll(self):
-        """None while in time; the message to print once it is not."""
-        now = time.monotonic()
-        if self.done or now < self.next_check:
-            return None
-        self.next_check = now + 0.5
-        try:
-            if self.store.check(self.keys):
-                self.done = True
-                return None
-            if now < self.deadline:
-                return None
-            missing = [k.split("/")[1] for k in self.keys if not self.store.check([k])]
-        except Exception as e:  # noqa: BLE001 - the store is ours; it should not fail
-            self.done = True
-            return f"warning: cannot watch the start of the ranks: {e}"
-        self.done = True
-        return (f"start timeout: rank(s) {', '.join(missing)} did not reach "
-                f"tfring.init() within {self.timeout_s:g} s (--start-timeout); "
-                "terminating all ranks")
-
-
 # ------------------------------------------------------------------ cli ----
 
 
@@ -639,84 +599,13 @@ def _version():
         return "(source tree)"
 
 
-def _check_args(parser, args):
-    """Refuses what tfring-run cannot do; reads --config-file."""
-    given = [opt for dest, opt in horovodrun.ELASTIC_OPTIONS.items()
-             if getattr(args, dest, None) is not None]
-    if given:
-        parser.error(f"{', '.join(given)}: tfring-run has no elastic mode; --restarts N "
-                     "restarts the whole job after a rank fails")
-    if args.use_jsrun:
-        parser.error("--jsrun: tfring-run starts ranks itself, or with --mpi through mpirun")
-    if args.hosts and args.hostfile:
-        parser.error("-H/--hosts and --hostfile are mutually exclusive")
-    if args.output_dir and args.output_filename:
-        parser.error("--output-dir and --output-filename are mutually exclusive")
-    if args.config_file:
-        try:
-            horovodrun.load_config_file(args)
-        except ValueError as e:
-            parser.error(str(e))
-    if args.start_timeout is None and os.environ.get("HOROVOD_START_TIMEOUT"):
-        try:
-            args.start_timeout = float(os.environ["HOROVOD_START_TIMEOUT"])
-        except ValueError:
-            parser.error("HOROVOD_START_TIMEOUT must be a number of seconds, got "
-                         f"{os.environ['HOROVOD_START_TIMEOUT']!r}")
-    if args.use_mpi:
-        bad = [o for o, v in (("--restarts", args.restarts), ("--output-dir", args.output_dir),
-                              ("--start-timeout", args.start_timeout),
-                              ("--timeout", args.timeout),
-                              ("-prefix-timestamp", args.prefix_output_with_timestamp))
-               if v]
-        if bad:
-            parser.error(f"{', '.join(bad)}: not with --mpi (mpirun starts the ranks)")
-
-
-def _tunables(args):
-    """The TFRING_* variables every rank gets from the launcher's HOROVOD_*
-    environment and from the options (the options win), and the HOROVOD_*
-    names already reported here. Prints the notices."""
-    env = {}
-    notices = _horovod_env.translate(os.environ)
-    env.update(notices[0])
-    for text in notices[1]:
-        sys.stderr.write(f"{PROG}: {text}\n")
-    seen = notices[2]
-    options_env, option_notices = horovodrun.tunables(args)
-    env.update(options_env)
-    for text, always in option_notices:
-        if always or args.verbose:
-            sys.stderr.write(f"{PROG}: {text}\n")
-    if seen:
-        env[_horovod_env.SEEN_VAR] = ",".join(seen)
-    sys.stderr.flush()
-    return env
-
-
-@contextlib.contextmanager
-def _environ(updates):
-    """os.environ with ``updates`` while the job runs (the launcher's own
-    interface choice reads TFRING_IFACE from it)."""
-    saved = {k: os.environ.get(k) for k in updates}
-    os.environ.update(updates)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:
         print(f"tfring {_version()}")
         return 0
-    _check_args(parser, args)
+    horovodrun.check_args(parser, args)
     if args.check_build:
         horovodrun.check_build(sys.stdout)
         return 0
@@ -724,10 +613,12 @@ def main(argv=None):
         parser.error("the following arguments are required: -np")
     if args.restarts < 0:
         parser.error("--restarts must be >= 0")
-    tunables = _tunables(args)
+    tunables = horovodrun.launcher_tunables(args, sys.stderr)
     if args.use_mpi:
-        return _run_mpirun(parser, args, tunables)
-    with _environ(tunables):
+        from tfring.run import mpi
+
+        return mpi.run_job(parser, args, tunables, _hosts, _parse_env_items)
+    with horovodrun.environ(tunables):
         return _run_attempts(parser, args)
 
 
@@ -848,7 +739,7 @@ def _run_once(parser, args, attempt):
                 break
         watch = None
         if args.start_timeout and server is not None and job.exit_code is None:
-            watch = StartWatch(server, secret, args.np, args.start_timeout)
+            watch = horovodrun.StartWatch(server, secret, args.np, args.start_timeout)
         code = job.wait(args.timeout, watch)
         return code, bool(job.signals_received) or code == EXIT_TIMEOUT
     finally:
@@ -866,48 +757,3 @@ def _hosts(args):
     if args.hosts:
         return parse_hosts(args.hosts)
     return [(socket.gethostname(), args.np)]
-
-
-def _run_mpirun(parser, args, tunables):
-    """--mpi: the job runs under mpirun instead; the ranks find each other
-    through MPI (mpi4py) as under any mpirun. Replaces this process."""
-    from tfring.run import mpi
-
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        parser.error("no command given")
-    try:
-        hosts = _hosts(args) if (args.hosts or args.hostfile) else None
-        user_env = _parse_env_items(args.env)
-    except ValueError as e:
-        parser.error(str(e))
-    env = mpi.mpirun_env()
-    env.update(tunables)
-    env.update(user_env)
-    extra = []
-    if hosts:
-        extra += ["-H", ",".join(f"{h}:{n}" for h, n in hosts)]
-    ssh = []
-    if args.ssh_port:
-        ssh += ["-p", str(args.ssh_port)]
-    if args.ssh_identity_file:
-        ssh += ["-i", args.ssh_identity_file]
-    if ssh:
-        extra += ["--mca", "plm_rsh_args", " ".join(ssh)]
-    if args.output_filename:
-        extra += ["--output-filename", args.output_filename]
-    # Tunables reach every rank, remote ones included.
-    for k in sorted(set(tunables) | set(user_env) |
-                    {k for k in os.environ if k.startswith("TFRING_")}):
-        extra += ["-x", k]
-    extra += horovodrun.mpi_extra_args(args)
-    try:
-        argv = mpi.mpirun_command(args.np, command, extra=extra)
-    except FileNotFoundError as e:
-        parser.error(f"--mpi: {e}")
-    if args.verbose:
-        sys.stderr.write(f"{PROG}: {shlex.join(argv)}\n")
-        sys.stderr.flush()
-    os.execve(argv[0], argv, env)
