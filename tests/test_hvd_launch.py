@@ -213,6 +213,15 @@ def test_output_filename_pads_ranks_like_horovodrun(tmp_path):
     assert (tmp_path / "logs" / "rank.07" / "stdout").read_text() == "hi 7\n"
 
 
+def test_prefix_output_with_timestamp():
+    out = launch(["-np", "2", "-prefix-timestamp", sys.executable, "-c", "print('line')"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [ln for ln in out.stdout.splitlines() if ln.endswith("<stdout>: line")]
+    assert len(lines) == 2, out.stdout
+    for ln in lines:
+        assert re.match(r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}\[[01]\]<stdout>: line$", ln), ln
+
+
 def test_start_timeout_names_the_late_rank():
     out = launch(["-np", "2", "--start-timeout", "3", "--grace-period", "1",
                   sys.executable, WORKER, "late", "300"], timeout=90)
@@ -279,7 +288,8 @@ def test_mpi_runs_the_job_under_mpirun():
     for res in results:
         assert res["config"]["fusion_threshold"] == 8 << 20
         assert res["allreduce"] == expected_allreduce(2)
-        assert "OMPI_COMM_WORLD_RANK" not in res["env"]  # only TFRING/HOROVOD/NCCL shown
+        assert res["env"]["TFRING_FUSION_THRESHOLD"] == str(8 << 20)
+    assert "mpirun" in out.stderr and "-x TFRING_FUSION_THRESHOLD" in out.stderr, out.stderr
 
 
 # ------------------------------------------------------- HOROVOD_* aliases --
