@@ -121,12 +121,13 @@ def test_tfring_run_hostfile_over_ssh(ssh_hosts, tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# two hosts\nhost1 slots=2 max_slots=4\n\nhost2 slots=2  # second\n")
     argv = [cluster.PYTHON, "-m", "tfring.run", "-np", "4", "--hostfile", str(hostfile),
-            "-i", "/etc/ssh/user_key", "--fusion-threshold-mb", "8",
+            "-i", "/etc/ssh/user_key", "--fusion-threshold-mb", "8", "--start-timeout", "90",
             "-x", "PYTHONPATH", "-x", "TFRING_RESULT_DIR", "-x", "OMP_NUM_THREADS",
             "--timeout", "100", cluster.PYTHON, cluster.WORKER, "collectives"]
     out = ssh_hosts.hosts[0].run(argv, env=_launcher_env(tmp_path), cwd=cluster.ROOT,
                                  timeout=150)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "not watched" not in out.stderr, out.stderr[-3000:]
     check_job(cluster.read_reports(tmp_path, 4), [out.stdout, out.stderr])
 
 

@@ -184,9 +184,11 @@ def test_precedence_environment_options_and_x(tmp_path):
     """HOROVOD_* < TFRING_* in the environment < options < -x."""
     env = {"HOROVOD_FUSION_THRESHOLD": "1048576", "HOROVOD_CYCLE_TIME": "7",
            "TFRING_CYCLE_TIME": "9", "HOROVOD_LOG_LEVEL": "error",
-           "HOROVOD_TIMELINE": str(tmp_path / "a.json"), "HOROVOD_AUTOTUNE": "1"}
+           "HOROVOD_TIMELINE": str(tmp_path / "a.json"), "HOROVOD_AUTOTUNE": "1",
+           "HOROVOD_STALL_CHECK_TIME_SECONDS": "10"}
     out = launch(["-np", "2", "--log-level", "INFO", "--timeline-filename",
                   str(tmp_path / "b.json"), "-x", "TFRING_TIMELINE=" + str(tmp_path / "c.json"),
+                  "-x", "HOROVOD_STALL_CHECK_TIME_SECONDS=20",
                   sys.executable, WORKER, "env"], env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     got = rank_results(out)
@@ -196,12 +198,15 @@ def test_precedence_environment_options_and_x(tmp_path):
         assert e["TFRING_CYCLE_TIME"] == "9"  # TFRING_* wins over HOROVOD_*
         assert e["TFRING_LOG_LEVEL"] == "1"  # the option wins over the environment
         assert e["TFRING_TIMELINE"] == str(tmp_path / "c.json")  # -x wins over all
+        assert e["TFRING_STALL_CHECK_TIME"] == "20"  # a HOROVOD_* -x too
     # One notice each, from the launcher; the ranks do not repeat them.
     err = out.stderr
     assert err.count("HOROVOD_FUSION_THRESHOLD=1048576 is read as "
                      "TFRING_FUSION_THRESHOLD=1048576") == 1, err
     assert err.count("HOROVOD_CYCLE_TIME=7 is ignored: TFRING_CYCLE_TIME=9 is set") == 1, err
     assert err.count("HOROVOD_AUTOTUNE (tfring has no autotuner)") == 1, err
+    assert err.count("HOROVOD_STALL_CHECK_TIME_SECONDS=20 is read as "
+                     "TFRING_STALL_CHECK_TIME=20") == 1, err
 
 
 def test_output_filename_pads_ranks_like_horovodrun(tmp_path):

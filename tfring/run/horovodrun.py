@@ -15,12 +15,14 @@ import contextlib
 import json
 import os
 import shlex
+import sys
 import time
 
 from tfring import _horovod_env
+from tfring._horovod_env import SEEN_VAR
 
 __all__ = ["ELASTIC_OPTIONS", "StartWatch", "add_options", "check_args", "check_build",
-           "environ", "launcher_tunables", "load_config_file", "tunables"]
+           "environ", "launcher_tunables", "load_config_file", "translate_x", "tunables"]
 
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 
@@ -422,6 +424,27 @@ def launcher_tunables(args, out):
     return env
 
 
+def translate_x(user_env, relay_notices=True, out=None):
+    """HOROVOD_* variables given with -x: their TFRING_* equivalents join
+    them (a TFRING_* one given with -x wins), so they outrank the
+    launcher's own environment as -x does, and reach remote ranks."""
+    hvd = {k: v for k, v in user_env.items() if k.startswith("HOROVOD_")}
+    if not hvd:
+        return user_env
+    given = {k: v for k, v in user_env.items() if k.startswith("TFRING_")}
+    updates, texts, seen = _horovod_env.translate({**hvd, **given})
+    out = out or sys.stderr
+    if relay_notices:
+        for text in texts:
+            out.write(f"tfring-run: -x {text}\n")
+        out.flush()
+    merged = dict(user_env)
+    merged.update(updates)
+    known = set(filter(None, os.environ.get(_horovod_env.SEEN_VAR, "").split(",")))
+    merged[_horovod_env.SEEN_VAR] = ",".join(sorted(known | set(seen)))
+    return merged
+
+
 @contextlib.contextmanager
 def environ(updates):
     """os.environ with ``updates`` while the job runs (the launcher's own
@@ -445,10 +468,12 @@ class StartWatch:
     launcher's store (csrc/transport/ring_links.cc); the launcher reads its
     own store, every half second, until all are there or the time is up."""
 
-    def __init__(self, server, secret, size, timeout_s):
+    def __init__(self, host, port, secret, size, timeout_s):
+        """``host``, ``port``: where the launcher's store listens."""
         from tfring import _core
 
-        self.store = _core.TcpStore("127.0.0.1", server.port, secret, 10.0)
+        host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        self.store = _core.TcpStore(host.strip("[]"), port, secret, 10.0)
         self.keys = [f"peer/{r}" for r in range(size)]
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s

@@ -653,6 +653,7 @@ def _run_once(parser, args, attempt):
         user_env = _parse_env_items(args.env)
     except ValueError as e:
         parser.error(str(e))
+    user_env = horovodrun.translate_x(user_env, relay_notices=attempt == 0)
 
     relay = OutputRelay(args.prefix_output_with_timestamp)
     remote_hosts = sorted({s.host for s in specs if not s.local})
@@ -739,7 +740,12 @@ def _run_once(parser, args, attempt):
                 break
         watch = None
         if args.start_timeout and server is not None and job.exit_code is None:
-            watch = horovodrun.StartWatch(server, secret, args.np, args.start_timeout)
+            try:
+                watch = horovodrun.StartWatch(bind_host, server.port, secret, args.np,
+                                              args.start_timeout)
+            except Exception as e:  # noqa: BLE001 - the job runs on without it
+                relay.message(f"warning: --start-timeout is not watched: cannot reach "
+                              f"the store: {e}")
         code = job.wait(args.timeout, watch)
         return code, bool(job.signals_received) or code == EXIT_TIMEOUT
     finally:

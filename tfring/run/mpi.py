@@ -178,9 +178,13 @@ def run_job(parser, args, tunables, hosts_of, parse_env_items):
         user_env = parse_env_items(args.env)
     except ValueError as e:
         parser.error(str(e))
+    user_env = horovodrun.translate_x(user_env)
     env = mpirun_env()
     env.update(tunables)
+    seen = {env.get(horovodrun.SEEN_VAR, ""), user_env.get(horovodrun.SEEN_VAR, "")}
     env.update(user_env)
+    if any(seen):
+        env[horovodrun.SEEN_VAR] = ",".join(sorted(set(",".join(seen).split(",")) - {""}))
     extra = []
     if hosts:
         extra += ["-H", ",".join(f"{h}:{n}" for h, n in hosts)]
