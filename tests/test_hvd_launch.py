@@ -427,6 +427,22 @@ def test_init_with_malformed_tf_config_fails_naming_it(monkeypatch):
         _bootstrap.discover()
 
 
+def test_horovodrun_gloo_ranks_are_refused_not_split(monkeypatch):
+    """Under horovodrun's Gloo mode (HOROVOD_RANK/SIZE and nothing tfring can
+    meet through) each rank would otherwise run alone."""
+    for k in list(os.environ):
+        if k.startswith(LAUNCHER_VARS):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("HOROVOD_RANK", "1")
+    monkeypatch.setenv("HOROVOD_SIZE", "4")
+    from tfring import _bootstrap
+
+    with pytest.raises(RuntimeError, match="started by horovodrun .* tfring-run"):
+        _bootstrap.discover()
+    monkeypatch.setenv("HOROVOD_SIZE", "1")
+    assert _bootstrap.discover() == (0, 1, None, "")
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

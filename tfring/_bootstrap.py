@@ -154,6 +154,14 @@ def discover(comm=None):
         return _via_fallback(slurm_rank, slurm_size, _first_slurm_host())
     if os.environ.get("TF_CONFIG", "").strip():
         return _via_tf_config(os.environ["TF_CONFIG"])
+    hvd_size = _env_int("HOROVOD_SIZE")
+    if hvd_size is not None and hvd_size > 1 and _env_int("HOROVOD_RANK") is not None:
+        # horovodrun's Gloo mode: its rendezvous is Horovod's own. Running on
+        # as a job of one would split the job into HOROVOD_SIZE jobs.
+        raise RuntimeError(
+            f"this process was started by horovodrun (HOROVOD_RANK/HOROVOD_SIZE="
+            f"{hvd_size}) in Gloo mode, whose rendezvous tfring cannot join: start the "
+            "job with tfring-run, which takes the same options, or with horovodrun --mpi")
     return 0, 1, None, ""
 
 
