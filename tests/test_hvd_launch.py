@@ -251,6 +251,17 @@ def test_config_file_fills_unset_options(tmp_path):
     assert env["TFRING_TIMELINE"] == "/tmp/x.json"
     assert env["TFRING_STALL_CHECK_TIME"] == _horovod_env.NEVER_S
     assert env["TFRING_LOG_LEVEL"] == "3"
+    # horovodrun's documented YAML layout, read with or without PyYAML.
+    path.write_text("# horovodrun config\nparams:\n  fusion_threshold_mb: 4\n"
+                    "  hierarchical_allreduce: true\ntimeline:\n"
+                    "  filename: '/tmp/y.json'   # quoted\nlogging:\n  level: DEBUG\n"
+                    "stall_check:\n  enabled: true\n  warning_time_seconds: 15\n")
+    args = build_parser().parse_args(["-np", "1", "--config-file", str(path), "true"])
+    horovodrun.load_config_file(args)
+    env, _ = horovodrun.tunables(args)
+    assert env == {"TFRING_FUSION_THRESHOLD": str(4 << 20), "TFRING_ALLREDUCE_ALGO": "hier",
+                   "TFRING_TIMELINE": "/tmp/y.json", "TFRING_LOG_LEVEL": "0",
+                   "TFRING_STALL_CHECK_TIME": "15"}, env
     path.write_text(json.dumps({"params": {"fusion_mb": 8}}))
     args = build_parser().parse_args(["-np", "1", "--config-file", str(path), "true"])
     with pytest.raises(ValueError, match="unknown key params.fusion_mb"):

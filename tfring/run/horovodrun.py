@@ -178,8 +178,8 @@ def add_options(parser):
     p.add_argument("--verbose", action="store_true", default=False,
                    help="print the placement, each rank's command and its tunables")
     p.add_argument("--config-file", default=None, metavar="FILE",
-                   help="horovodrun's YAML parameter file (JSON also read); options on the "
-                   "command line win")
+                   help="horovodrun's YAML parameter file (PyYAML, else its plain "
+                   "two-level layout or JSON); options on the command line win")
     p.add_argument("--num-nccl-streams", type=nint, default=None, help="accepted; no effect")
     p.add_argument("--thread-affinity", type=nint, default=None, help="accepted; no effect")
     g = p.add_mutually_exclusive_group()
@@ -268,9 +268,56 @@ def _read_config(path):
     try:
         return json.loads(text)  # JSON is YAML too
     except ValueError:
+        pass
+    try:
+        return _two_level_yaml(text)
+    except ValueError as e:
         raise ValueError(
-            f"--config-file {path}: reading YAML needs PyYAML (pip install pyyaml); "
-            "without it the file must be JSON") from None
+            f"--config-file {path}: {e}; without PyYAML (pip install pyyaml) only "
+            "horovodrun's plain layout (section:, then indented key: value lines) or "
+            "JSON is read") from None
+
+
+def _scalar(text):
+    t = text.strip()
+    if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"":
+        return t[1:-1]
+    low = t.lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    if low in ("null", "~", ""):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(t)
+        except ValueError:
+            pass
+    return t
+
+
+def _two_level_yaml(text):
+    """horovodrun's config layout without PyYAML: top-level ``key: value``
+    or ``section:`` followed by indented ``key: value`` lines of scalars."""
+    config, section = {}, None
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split(" #", 1)[0].rstrip()
+        if not line.strip() or line.lstrip().startswith("#") or line.strip() == "---":
+            continue
+        key, sep, value = line.strip().partition(":")
+        if not sep or not key or any(c in line for c in "[]{}&*|>"):
+            raise ValueError(f"line {lineno} is not 'key: value'")
+        if line[0] in " \t":
+            if section is None:
+                raise ValueError(f"line {lineno} is indented outside a section")
+            config[section][key.strip()] = _scalar(value)
+        elif value.strip():
+            config[key.strip()], section = _scalar(value), None
+        else:
+            section = key.strip()
+            config[section] = {}
+    return config
 
 
 def load_config_file(args):
