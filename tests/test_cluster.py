@@ -115,6 +115,22 @@ def test_tfring_run_over_ssh(ssh_hosts, tmp_path):
     check_job(cluster.read_reports(tmp_path, 4), [out.stdout, out.stderr])
 
 
+def test_tfring_run_hostfile_over_ssh(ssh_hosts, tmp_path):
+    """horovodrun's way: a host file in Open MPI's format, an ssh identity
+    file, a tunable option. The ranks land where the file says."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# two hosts\nhost1 slots=2 max_slots=4\n\nhost2 slots=2  # second\n")
+    argv = [cluster.PYTHON, "-m", "tfring.run", "-np", "4", "--hostfile", str(hostfile),
+            "-i", "/etc/ssh/user_key", "--fusion-threshold-mb", "8", "--start-timeout", "90",
+            "-x", "PYTHONPATH", "-x", "TFRING_RESULT_DIR", "-x", "OMP_NUM_THREADS",
+            "--timeout", "100", cluster.PYTHON, cluster.WORKER, "collectives"]
+    out = ssh_hosts.hosts[0].run(argv, env=_launcher_env(tmp_path), cwd=cluster.ROOT,
+                                 timeout=150)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "not watched" not in out.stderr, out.stderr[-3000:]
+    check_job(cluster.read_reports(tmp_path, 4), [out.stdout, out.stderr])
+
+
 def test_tfring_run_over_ssh_fails_fast_when_a_remote_rank_dies(ssh_hosts, tmp_path):
     """A rank on host2 is SIGKILLed mid-allreduce: the launcher names it and
     exits non-zero, and every other rank reports an error naming it."""

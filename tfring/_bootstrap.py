@@ -7,6 +7,8 @@ Launchers understood, in order:
     PMI_SIZE), PMIx (PMIX_RANK); the store address and secret are exchanged
     through mpi4py when it is importable
   * Slurm srun (SLURM_PROCID, SLURM_NTASKS)
+  * TF_CONFIG (tf.distribute's cluster description, set by Kubernetes
+    training operators): rank 0's address hosts the store (tfring/_tf_config.py)
   * nothing: a single process is a job of size 1.
 """
 
@@ -150,7 +152,52 @@ def discover(comm=None):
     slurm_size = _env_int("SLURM_NTASKS", "SLURM_NPROCS")
     if slurm_rank is not None and slurm_size is not None and slurm_size > 1:
         return _via_fallback(slurm_rank, slurm_size, _first_slurm_host())
+    if os.environ.get("TF_CONFIG", "").strip():
+        return _via_tf_config(os.environ["TF_CONFIG"])
+    hvd_size = _env_int("HOROVOD_SIZE")
+    if hvd_size is not None and hvd_size > 1 and _env_int("HOROVOD_RANK") is not None:
+        # horovodrun's Gloo mode: its rendezvous is Horovod's own. Running on
+        # as a job of one would split the job into HOROVOD_SIZE jobs.
+        raise RuntimeError(
+            f"this process was started by horovodrun (HOROVOD_RANK/HOROVOD_SIZE="
+            f"{hvd_size}) in Gloo mode, whose rendezvous tfring cannot join: start the "
+            "job with tfring-run, which takes the same options, or with horovodrun --mpi")
     return 0, 1, None, ""
+
+
+def _via_tf_config(text):
+    """Rank and size from TF_CONFIG; rank 0 serves the store on the port its
+    address in TF_CONFIG names, on every interface unless TFRING_IFACE /
+    TFRING_IFACE_ADDR pins one (the name in TF_CONFIG may be a service
+    address that no local interface carries)."""
+    from tfring import _tf_config
+
+    job = _tf_config.parse(text)
+    if job.size == 1:
+        return 0, 1, None, os.environ.get("TFRING_SECRET", "")
+    secret = os.environ.get("TFRING_SECRET")
+    if not secret:
+        # Every task derives the same secret from the cluster it is part of.
+        secret = hashlib.sha256(
+            f"tf_config:{job.cluster_id}:{os.getuid()}".encode()).hexdigest()[:32]
+        if job.rank == 0:
+            _warn_derived_secret("TF_CONFIG's cluster")
+    if job.rank == 0:
+        pinned = os.environ.get("TFRING_IFACE_ADDR") or os.environ.get("TFRING_IFACE")
+        _serve(secret, job.store_port, bind=_core._listen_address() if pinned else "0.0.0.0")
+    addr = (f"[{job.store_host}]:{job.store_port}" if ":" in job.store_host
+            else f"{job.store_host}:{job.store_port}")
+    return job.rank, job.size, _connect(addr, secret), secret
+
+
+def _warn_derived_secret(source):
+    import warnings
+
+    warnings.warn(
+        f"tfring: without mpi4py or TFRING_SECRET the job secret is derived from "
+        f"{source} and the uid, which other users of these hosts can compute; export "
+        "the same random TFRING_SECRET to every rank (e.g. in the batch script) "
+        "to keep strangers out of the job.", RuntimeWarning, stacklevel=4)
 
 
 def _warn_mpi_mismatch(env_size, mpi_size, host):
@@ -201,13 +248,7 @@ def _via_fallback(rank, size, host):
         return rank, size, _connect(addr, secret), secret
     if host is not None:
         if not os.environ.get("TFRING_SECRET") and rank == 0:
-            import warnings
-
-            warnings.warn(
-                "tfring: without mpi4py or TFRING_SECRET the job secret is derived from "
-                "the job id and uid, which other users of these hosts can compute; export "
-                "the same random TFRING_SECRET to every rank (e.g. in the batch script) "
-                "to keep strangers out of the job.", RuntimeWarning, stacklevel=3)
+            _warn_derived_secret("the job id")
         port = 20000 + int(hashlib.sha256(job.encode()).hexdigest(), 16) % 20000
         if rank == 0:
             _serve(secret, port)

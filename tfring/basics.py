@@ -2,7 +2,7 @@
 
 import atexit
 
-from tfring import _bootstrap, _core
+from tfring import _bootstrap, _core, _horovod_env
 
 
 _joins = 0  # init attempts in this process
@@ -10,12 +10,22 @@ _joins = 0  # init attempts in this process
 
 def init(comm=None):
     """Joins the job. Reads the launcher's environment (tfring-run, mpirun,
-    srun); a process started without a launcher is a job of size 1. `comm`
-    may be an mpi4py communicator to run on instead of MPI_COMM_WORLD."""
+    srun, else TF_CONFIG); a process started without a launcher is a job of
+    size 1. `comm` may be an mpi4py communicator to run on instead of
+    MPI_COMM_WORLD. HOROVOD_* tunables are read as their TFRING_* ones."""
     global _joins
     if _core.is_initialized():
         return
-    rank, size, store, secret = _bootstrap.discover(comm)
+    # Before anything reads TFRING_*: the bootstrap (TFRING_TIMEOUT,
+    # TFRING_IFACE) and the core's configuration at _core.init.
+    notices = _horovod_env.apply()
+    try:
+        rank, size, store, secret = _bootstrap.discover(comm)
+    except Exception:
+        _horovod_env.emit(notices)
+        raise
+    if rank == 0:
+        _horovod_env.emit(notices)
     if store is not None and _joins:
         # After a shutdown the store still holds the last join's keys (job
         # id, addresses, barriers): every rank's n-th join uses keys of its

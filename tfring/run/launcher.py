@@ -2,13 +2,20 @@
 
     tfring-run -np 4 python train.py
     tfring-run -np 8 -H node1:4,node2:4 python train.py
+    tfring-run -np 8 --hostfile hosts.txt --fusion-threshold-mb 32 python train.py
+
+horovodrun's options are accepted too (tfring/run/horovodrun.py): its tunables
+become TFRING_* variables in every rank, and HOROVOD_* variables in the
+launcher's environment are read as their TFRING_* equivalents
+(tfring/_horovod_env.py) and passed on to remote ranks.
 
 The launcher hosts the job's rendezvous store (a ``tfring._core.TcpStoreServer``
 guarded by a fresh per-job secret) and starts one process per rank with the
 environment ``tfring.init()`` reads: ``TFRING_RANK``, ``TFRING_SIZE``,
 ``TFRING_LOCAL_RANK``, ``TFRING_LOCAL_SIZE``, ``TFRING_CROSS_RANK``,
 ``TFRING_CROSS_SIZE``, ``TFRING_STORE_ADDR``, ``TFRING_SECRET`` and
-``TFRING_HOSTNAME``.
+``TFRING_HOSTNAME``, and the ``HOROVOD_RANK``... variables horovodrun sets,
+for scripts that read them.
 
 Ranks on the launcher's own host are its children; ranks on other hosts start
 over ``ssh -o BatchMode=yes`` (keys must already be set up). Each rank runs in
@@ -40,6 +47,9 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+
+from tfring.run import horovodrun
+from tfring.run.hostfile import parse_hostfile
 
 __all__ = [
     "RankSpec",
@@ -193,6 +203,19 @@ def rank_env(spec, store_addr, secret):
     return env
 
 
+def horovod_rank_env(spec):
+    """The variables horovodrun sets in each rank, for scripts that read them."""
+    return {
+        "HOROVOD_RANK": str(spec.rank),
+        "HOROVOD_SIZE": str(spec.size),
+        "HOROVOD_LOCAL_RANK": str(spec.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(spec.local_size),
+        "HOROVOD_CROSS_RANK": str(spec.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(spec.cross_size),
+        "HOROVOD_HOSTNAME": spec.host,
+    }
+
+
 def ssh_command(host, cwd, env, command, ssh_port=None, ssh_args=()):
     """argv that runs ``command`` in ``cwd`` on ``host`` with ``env`` set.
 
@@ -262,9 +285,10 @@ def _is_ip(host):
 class OutputRelay:
     """Relays ranks' output a whole line at a time, so lines never mix."""
 
-    def __init__(self):
+    def __init__(self, timestamps=False):
         self._lock = threading.Lock()
         self._broken = False
+        self.timestamps = timestamps  # -prefix-timestamp: the time before each line
 
     def write(self, stream, data):
         if self._broken:
@@ -297,7 +321,9 @@ class OutputRelay:
                         copy.flush()
                     if not line.endswith(b"\n"):
                         line += b"\n"
-                    self.write(stream, prefix + line)
+                    stamp = time.strftime("%a %b %d %H:%M:%S %Y").encode() if \
+                        self.timestamps else b""
+                    self.write(stream, stamp + prefix + line)
             except (OSError, ValueError):
                 pass  # the pipe broke: the rank is gone, Job.wait reports how
 
@@ -325,9 +351,10 @@ def _signal_name(signum):
 class Job:
     """The running ranks: spawning, watching, stopping."""
 
-    def __init__(self, relay, grace_s):
+    def __init__(self, relay, grace_s, rank_dir=lambda rank: f"rank.{rank}"):
         self.relay = relay
         self.grace_s = grace_s
+        self.rank_dir = rank_dir  # name of a rank's directory under output_dir
         self.procs = []  # (rank, Popen)
         self.returncodes = {}  # rank -> returncode
         self.threads = []
@@ -358,7 +385,7 @@ class Job:
         ):
             copy_path = None
             if output_dir:
-                rank_dir = os.path.join(output_dir, f"rank.{rank}")
+                rank_dir = os.path.join(output_dir, self.rank_dir(rank))
                 os.makedirs(rank_dir, exist_ok=True)
                 copy_path = os.path.join(rank_dir, name)
             self.threads.append(self.relay.start(pipe, rank, name, stream, copy_path))
@@ -395,9 +422,14 @@ class Job:
             )
             self.signal_all(signal.SIGKILL)
 
-    def wait(self, timeout_s=None):
+    def wait(self, timeout_s=None, start_watch=None):
         start = time.monotonic()
         while True:
+            if start_watch is not None and self.exit_code is None:
+                late = start_watch.poll()
+                if late:
+                    self.relay.message(late)
+                    self.stop(EXIT_TIMEOUT)
             for rank, proc in self.running():
                 rc = proc.poll()
                 if rc is None:
@@ -485,23 +517,28 @@ def build_parser():
     p = argparse.ArgumentParser(
         prog=PROG,
         allow_abbrev=False,
-        description="Start the ranks of a tfring job (no MPI needed).",
-        epilog="Example: tfring-run -np 4 python train.py",
+        description="Start the ranks of a tfring job (no MPI needed). Takes "
+        "horovodrun's options too (see docs/launching-horovod.md).",
+        epilog="Examples: tfring-run -np 4 python train.py; "
+        "tfring-run -np 8 --hostfile hosts.txt python train.py",
     )
+    p.add_argument("-v", "--version", action="store_true", default=False,
+                   help="print tfring's version and exit")
     p.add_argument(
         "-np",
         "-n",
         "--num-proc",
         dest="np",
         type=int,
-        required=True,
-        help="number of ranks",
+        default=None,
+        help="number of ranks (required)",
     )
     p.add_argument(
         "-H",
         "--hosts",
         default=None,
-        help="host1:slots,host2:slots,... (default: all ranks on this host)",
+        help="host1:slots,host2:slots,... (default: all ranks on this host); "
+        "or --hostfile",
     )
     p.add_argument(
         "--timeout",
@@ -544,19 +581,48 @@ def build_parser():
         "(default: 127.0.0.1, or the route to the first remote host)",
     )
     p.add_argument(
-        "--ssh-port", type=int, default=None, help="ssh port for remote hosts"
+        "-p", "--ssh-port", type=int, default=None, help="ssh port for remote hosts"
     )
+    horovodrun.add_options(p)
     p.add_argument(
         "command", nargs=argparse.REMAINDER, help="the program every rank runs"
     )
     return p
 
 
+def _version():
+    try:
+        from importlib import metadata
+
+        return metadata.version("tfring")
+    except Exception:  # noqa: BLE001 - a source tree without metadata
+        return "(source tree)"
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.version:
+        print(f"tfring {_version()}")
+        return 0
+    horovodrun.check_args(parser, args)
+    if args.check_build:
+        horovodrun.check_build(sys.stdout)
+        return 0
+    if args.np is None:
+        parser.error("the following arguments are required: -np")
     if args.restarts < 0:
         parser.error("--restarts must be >= 0")
+    tunables = horovodrun.launcher_tunables(args, sys.stderr)
+    if args.use_mpi:
+        from tfring.run import mpi
+
+        return mpi.run_job(parser, args, tunables, _hosts, _parse_env_items)
+    with horovodrun.environ(tunables):
+        return _run_attempts(parser, args)
+
+
+def _run_attempts(parser, args):
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     for attempt in range(args.restarts + 1):
         if attempt:
@@ -583,15 +649,13 @@ def _run_once(parser, args, attempt):
     if args.np < 1:
         parser.error("-np must be >= 1")
     try:
-        hosts = (
-            parse_hosts(args.hosts) if args.hosts else [(socket.gethostname(), args.np)]
-        )
-        specs = assign_ranks(args.np, hosts)
+        specs = assign_ranks(args.np, _hosts(args))
         user_env = _parse_env_items(args.env)
     except ValueError as e:
         parser.error(str(e))
+    user_env = horovodrun.translate_x(user_env, relay_notices=attempt == 0)
 
-    relay = OutputRelay()
+    relay = OutputRelay(args.prefix_output_with_timestamp)
     remote_hosts = sorted({s.host for s in specs if not s.local})
     if remote_hosts:
         # Listen on the interface the ranks are told to use (TFRING_IFACE /
@@ -626,11 +690,26 @@ def _run_once(parser, args, attempt):
     # Which start of the job this is (--restarts), never inherited.
     forwarded["TFRING_RESTART"] = base_env["TFRING_RESTART"] = str(attempt)
 
-    job = Job(relay, args.grace_period)
+    output_dir = args.output_dir or args.output_filename
+    if args.output_filename:  # horovodrun pads ranks to sort: rank.07 before rank.10
+        width = len(str(max(args.np - 1, 0)))
+        job = Job(relay, args.grace_period, lambda rank: f"rank.{rank:0{width}d}")
+    else:
+        job = Job(relay, args.grace_period)
+    ssh_args = ("-i", args.ssh_identity_file) if args.ssh_identity_file else ()
+    if args.verbose:
+        relay.message(f"{len(specs)} rank(s): " + ", ".join(
+            f"{s.rank}@{s.host}" for s in specs) + f"; store at {store_addr}")
+        tuned = {k: v for k, v in os.environ.items() if k.startswith("TFRING_")}
+        tuned.update({k: v for k, v in user_env.items() if k.startswith("TFRING_")})
+        if tuned:
+            relay.message("tunables: " + " ".join(f"{k}={v}" for k, v in sorted(tuned.items())
+                                                  if k not in RANK_VARS))
     previous = {s: signal.signal(s, job.on_signal) for s in FORWARDED_SIGNALS}
     try:
         for spec in specs:
             renv = rank_env(spec, store_addr, secret)
+            renv.update(horovod_rank_env(spec))
             if spec.local:
                 env = dict(base_env)
                 env.update(user_env)
@@ -644,19 +723,30 @@ def _run_once(parser, args, attempt):
                 remote_env = dict(forwarded)
                 remote_env.update(user_env)
                 remote_env.update(renv)
-                argv = ssh_command(spec.host, cwd, remote_env, command, args.ssh_port)
+                argv = ssh_command(spec.host, cwd, remote_env, command, args.ssh_port,
+                                   ssh_args)
+            if args.verbose:
+                relay.message(f"rank {spec.rank}: {shlex.join(argv)}")
             if job.exit_code is not None:
                 break  # a signal arrived while starting: start no more ranks
             stdin_data = None if spec.local else (secret + "\n").encode()
             try:
-                job.spawn(spec.rank, argv, env, cwd, args.output_dir, stdin_data)
+                job.spawn(spec.rank, argv, env, cwd, output_dir, stdin_data)
             except OSError as e:
                 relay.message(
                     f"cannot start rank {spec.rank} ({shlex.join(argv)}): {e}"
                 )
                 job.stop(127 if isinstance(e, FileNotFoundError) else 126)
                 break
-        code = job.wait(args.timeout)
+        watch = None
+        if args.start_timeout and server is not None and job.exit_code is None:
+            try:
+                watch = horovodrun.StartWatch(bind_host, server.port, secret, args.np,
+                                              args.start_timeout)
+            except Exception as e:  # noqa: BLE001 - the job runs on without it
+                relay.message(f"warning: --start-timeout is not watched: cannot reach "
+                              f"the store: {e}")
+        code = job.wait(args.timeout, watch)
         return code, bool(job.signals_received) or code == EXIT_TIMEOUT
     finally:
         for s, h in previous.items():
@@ -664,3 +754,12 @@ def _run_once(parser, args, attempt):
         if server is not None:
             with contextlib.suppress(Exception):  # the job is over either way
                 server.stop()
+
+
+def _hosts(args):
+    """[(host, slots)] from -H, --hostfile, or all ranks on this host."""
+    if args.hostfile:
+        return parse_hostfile(args.hostfile)
+    if args.hosts:
+        return parse_hosts(args.hosts)
+    return [(socket.gethostname(), args.np)]

@@ -20,6 +20,7 @@ What Open MPI 5 needs on a plain machine:
 """
 
 import os
+import shlex
 import shutil
 import sys
 import sysconfig
@@ -30,6 +31,7 @@ __all__ = [
     "mpirun_command",
     "mpirun_env",
     "physical_cores",
+    "run_job",
 ]
 
 
@@ -159,3 +161,52 @@ def mpirun_command(
     cmd += list(extra)
     cmd += [str(a) for a in args]
     return cmd
+
+
+def run_job(parser, args, tunables, hosts_of, parse_env_items):
+    """--mpi: the job runs under mpirun instead; the ranks find each other
+    through MPI (mpi4py) as under any mpirun. Replaces this process."""
+    from tfring.run import horovodrun
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        parser.error("no command given")
+    try:
+        hosts = hosts_of(args) if (args.hosts or args.hostfile) else None
+        user_env = parse_env_items(args.env)
+    except ValueError as e:
+        parser.error(str(e))
+    user_env = horovodrun.translate_x(user_env)
+    env = mpirun_env()
+    env.update(tunables)
+    seen = {env.get(horovodrun.SEEN_VAR, ""), user_env.get(horovodrun.SEEN_VAR, "")}
+    env.update(user_env)
+    if any(seen):
+        env[horovodrun.SEEN_VAR] = ",".join(sorted(set(",".join(seen).split(",")) - {""}))
+    extra = []
+    if hosts:
+        extra += ["-H", ",".join(f"{h}:{n}" for h, n in hosts)]
+    ssh = []
+    if args.ssh_port:
+        ssh += ["-p", str(args.ssh_port)]
+    if args.ssh_identity_file:
+        ssh += ["-i", args.ssh_identity_file]
+    if ssh:
+        extra += ["--mca", "plm_rsh_args", " ".join(ssh)]
+    if args.output_filename:
+        extra += ["--output-filename", args.output_filename]
+    # Tunables reach every rank, remote ones included.
+    for k in sorted(set(tunables) | set(user_env) |
+                    {k for k in os.environ if k.startswith("TFRING_")}):
+        extra += ["-x", k]
+    extra += horovodrun.mpi_extra_args(args)
+    try:
+        argv = mpirun_command(args.np, command, extra=extra)
+    except FileNotFoundError as e:
+        parser.error(f"--mpi: {e}")
+    if args.verbose:
+        sys.stderr.write(f"tfring-run: {shlex.join(argv)}\n")
+        sys.stderr.flush()
+    os.execve(argv[0], argv, env)
