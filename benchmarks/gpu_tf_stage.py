@@ -447,6 +447,8 @@ def probe(target, sonames=SONAMES):
     the staged ones added, and which files of other majors exist."""
     machine = machine_lib_dirs()
     staged = lib_dirs(target) if target else []
+    # Folders of stand-ins tried by hand (gpu_tf_stage.sh's EXTRA_LD_PATH).
+    staged += [d for d in os.environ.get("EXTRA_LD_PATH", "").split(":") if d]
     out = {"machine_dirs": machine, "staged_dirs": staged, "libraries": {}}
     for so, wheel in sonames.items():
         r = {"wheel": wheel,

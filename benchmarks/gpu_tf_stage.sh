@@ -37,8 +37,8 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 ROOT=$PWD
 PY=${PYTHON:-python3}
-STAGE=${STAGE:-$ROOT/gpu-tf-stage}
-TARGET=${TARGET:-$STAGE/site}
+STAGE=$(realpath -m "${STAGE:-$ROOT/gpu-tf-stage}")
+TARGET=$(realpath -m "${TARGET:-$STAGE/site}")
 HELPER=$ROOT/benchmarks/gpu_tf_stage.py
 log() { printf 'gpu_tf_stage: %s\n' "$*" >&2; }
 

@@ -291,21 +291,28 @@ def _a_system_lib():
     pytest.skip("no libz.so.1 to probe with")
 
 
-def test_probe_tells_machine_from_staged(tmp_path):
+def test_probe_tells_machine_from_staged(tmp_path, monkeypatch):
     lib = _a_system_lib()
     target = tmp_path / "site"
     libdir = target / "nvidia" / "fake" / "lib"
     libdir.mkdir(parents=True)
     shutil.copy(lib, libdir / "libtfringfake.so.3")
+    # A stand-in tried by hand, from EXTRA_LD_PATH.
+    extra = tmp_path / "standin"
+    extra.mkdir()
+    shutil.copy(lib, extra / "libtfringextra.so.5")
+    monkeypatch.setenv("EXTRA_LD_PATH", str(extra))
     # Another major of a missing one, as a CUDA 13 library next to a
     # CUDA 12 soname: named as a candidate, not loaded in its place.
     shutil.copy(lib, libdir / "libtfringother.so.13")
     sonames = {"libz.so.1": "zlib-wheel", "libtfringfake.so.3": "fake-wheel",
                "libtfringother.so.12": "other-wheel",
-               "libtfringnowhere.so.1": "nowhere-wheel"}
+               "libtfringnowhere.so.1": "nowhere-wheel", "libtfringextra.so.5": "extra-wheel"}
     res = st.probe(str(target), sonames)
     libs = res["libraries"]
-    assert res["staged_dirs"] == [str(libdir)]
+    assert res["staged_dirs"] == [str(libdir), str(extra)]
+    assert libs["libtfringextra.so.5"]["staged"]["ok"]
+    assert not libs["libtfringextra.so.5"]["machine"]["ok"]
     assert libs["libz.so.1"]["machine"]["ok"] and libs["libz.so.1"]["staged"]["ok"]
     assert not libs["libtfringfake.so.3"]["machine"]["ok"]
     assert libs["libtfringfake.so.3"]["staged"]["ok"]
@@ -314,5 +321,6 @@ def test_probe_tells_machine_from_staged(tmp_path):
     assert libs["libtfringother.so.12"]["candidates_staged"] == [
         str(libdir / "libtfringother.so.13")]
     assert "libtfringnowhere.so.1" in libs["libtfringnowhere.so.1"]["staged"]["error"]
-    assert res["needs_cuda12_wheel"] == ["fake-wheel", "nowhere-wheel", "other-wheel"]
+    assert res["needs_cuda12_wheel"] == ["extra-wheel", "fake-wheel", "nowhere-wheel",
+                                         "other-wheel"]
     assert res["still_missing"] == ["libtfringnowhere.so.1", "libtfringother.so.12"]
