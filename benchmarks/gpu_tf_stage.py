@@ -29,7 +29,6 @@ else is assumed).
 """
 
 import argparse
-import ctypes
 import glob
 import hashlib
 import json
