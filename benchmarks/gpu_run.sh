@@ -14,8 +14,8 @@
 #               CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY in a fresh
 #               temporary directory (or the system's daemon in
 #               /tmp/nvidia-mps when one runs, left running)
-#   tests       tests/test_gpu.py, under MPS when it started, else
-#               time-sliced
+#   tests       tests/test_gpu.py (or $GPU_TESTS), under MPS when it
+#               started, else time-sliced
 #   bench-mps   benchmarks/gpu_bench.py --mode mps
 #   mps-stop    echo quit | nvidia-cuda-mps-control (also on any exit)
 #   bench-timeslice  benchmarks/gpu_bench.py --mode timeslice, MPS stopped
@@ -25,7 +25,12 @@
 # gpu_bench.py, e.g. "--quick"; BENCH_ARGS_MPS and BENCH_ARGS_TIMESLICE
 # (default "--algos ring,auto,host") are added for one mode), OUT (if set: test_gpu.log,
 # gpu_bench_mps.json, gpu_bench_timeslice.json and the MPS logs are written
-# there), SKIP_TESTS=1 / SKIP_BENCH=1 / SKIP_MPS=1.
+# there), SKIP_TESTS=1 / SKIP_BENCH=1 / SKIP_MPS=1, GPU_TESTS (test files,
+# default tests/test_gpu.py). TFRING_TF_PYTHONPATH (where TensorFlow is
+# importable from; benchmarks/gpu_tf_stage.sh run sets it): build the
+# TensorFlow op library too (build-gpu-tf-run/; never the carried build,
+# which has none), its GPU kernels registered as TFRING_TF_GPU says
+# (cmake/tensorflow.cmake; default AUTO).
 # Building needs cmake, ninja (or make) and pybind11: from PATH and Python,
 # or from build-gpu/carry/deps (benchmarks/gpu_carry.sh prepares it on a
 # machine that has them). Exit status: 0 when every step that ran passed,
@@ -36,6 +41,8 @@ ROOT=$PWD
 PY=${PYTHON:-python3}
 CARRY=$ROOT/build-gpu/carry
 BUILD=$ROOT/build-gpu-run
+TF_PATH=${TFRING_TF_PYTHONPATH:-}
+[[ -n "$TF_PATH" ]] && BUILD=$ROOT/build-gpu-tf-run
 PKG=$BUILD/pkg
 OUTDIR=${OUT:-}
 [[ -n "$OUTDIR" ]] && mkdir -p "$OUTDIR"
@@ -82,13 +89,14 @@ link_sources() {
 }
 
 imports() {
+  if [[ -n "$TF_PATH" && ! -f "$PKG/tfring/_tfring_ops.so" ]]; then return 1; fi
   (cd /tmp && PYTHONPATH="$PKG" "$PY" -c "from tfring import _core; assert _core.cuda_built()") \
     >/dev/null 2>&1
 }
 
 build() {
   mkdir -p "$PKG/tfring"
-  if compgen -G "$CARRY/pkg/tfring/_core*.so" >/dev/null; then
+  if [[ -z "$TF_PATH" ]] && compgen -G "$CARRY/pkg/tfring/_core*.so" >/dev/null; then
     cp "$CARRY"/pkg/tfring/*.so "$PKG/tfring/"
   fi
   link_sources
@@ -107,8 +115,11 @@ build() {
   [[ -z "$pybind" ]] && pybind=$("$PY" -c "import pybind11; print(pybind11.get_cmake_dir())" 2>/dev/null)
   [[ -n "$pybind" ]] || { log "error: no pybind11 (pip install pybind11, or set pybind11_DIR)"; return 2; }
   command -v ninja >/dev/null && gen=(-G Ninja)
+  local tf=(-DTFRING_WITH_TF=OFF)
+  [[ -n "$TF_PATH" ]] && tf=(-DTFRING_WITH_TF=ON -DTFRING_TF_PYTHONPATH="$TF_PATH"
+                             -DTFRING_TF_GPU="${TFRING_TF_GPU:-AUTO}")
   "$cmake" -S "$ROOT" -B "$BUILD" ${gen[@]+"${gen[@]}"} -DCMAKE_BUILD_TYPE=Release \
-    -DTFRING_WITH_CUDA=ON -DTFRING_WITH_TF=OFF -DTFRING_OUTPUT_DIR="$PKG/tfring" \
+    -DTFRING_WITH_CUDA=ON "${tf[@]}" -DTFRING_OUTPUT_DIR="$PKG/tfring" \
     -Dpybind11_DIR="$pybind" -DPython_EXECUTABLE="$(command -v "$PY")" || return 2
   "$cmake" --build "$BUILD" -j "$(nproc)" || return 2
   link_sources
@@ -211,14 +222,15 @@ with_mode() {
 }
 
 run_tests() {
-  local mode=$1
+  local mode=$1 t files=()
   shift
-  log "GPU tests ($mode)"
+  for t in ${GPU_TESTS:-tests/test_gpu.py}; do files+=("$ROOT/$t"); done
+  log "GPU tests ($mode): ${GPU_TESTS:-tests/test_gpu.py}"
   if [[ -n "$OUTDIR" ]]; then
-    (cd /tmp && with_mode "$mode" "$PY" -m pytest -q -rs "$ROOT/tests/test_gpu.py" "$@" 2>&1 \
+    (cd /tmp && with_mode "$mode" "$PY" -m pytest -q -rs "${files[@]}" "$@" 2>&1 \
       | tee "$OUTDIR/test_gpu.log")
   else
-    (cd /tmp && with_mode "$mode" "$PY" -m pytest -q -rs "$ROOT/tests/test_gpu.py" "$@")
+    (cd /tmp && with_mode "$mode" "$PY" -m pytest -q -rs "${files[@]}" "$@")
   fi
 }
 

@@ -24,8 +24,8 @@ string(TOUPPER "${TFRING_WITH_CUDA}" _cuda_mode)
 
 # TFRING_WITH_CUDA=EMU: the CUDA emulation build, for tests on machines
 # without a GPU. The unchanged kernel sources and GPU runtime are compiled
-# with the host compiler against csrc/gpu/emu/include and linked to a fake
-# CUDA runtime (csrc/gpu/emu/*.cc) whose streams are host threads and
+# with the host compiler against tests/cuda_emu/include and linked to a fake
+# CUDA runtime (tests/cuda_emu/*.cc) whose streams are host threads and
 # whose device memory and IPC handles are shared-memory mappings. It needs
 # no CUDA toolkit. Never a product build: it reports itself through
 # _core.cuda_emulated(), and GPU benchmarks refuse to run on it.
@@ -37,20 +37,20 @@ if(_cuda_mode STREQUAL "EMU")
   set_source_files_properties(${_emu_kernel_srcs} PROPERTIES
     LANGUAGE CXX COMPILE_OPTIONS "-xc++;-Wno-unknown-pragmas")
   file(GLOB _emu_gpu_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/cuda/*.cc)
-  file(GLOB _emu_runtime_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/emu/*.cc)
+  file(GLOB _emu_runtime_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu/*.cc)
   target_sources(tfring_core PRIVATE ${_emu_gpu_srcs} ${_emu_kernel_srcs} ${_emu_runtime_srcs})
   target_include_directories(tfring_core BEFORE PRIVATE
-                             ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/emu/include)
+                             ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu/include)
   target_compile_definitions(tfring_core PRIVATE TFRING_HAVE_CUDA=1 TFRING_CUDA_EMULATION=1)
   find_package(Threads REQUIRED)
   target_link_libraries(tfring_core PRIVATE Threads::Threads)
-  # A fake NCCL (csrc/gpu/emu/nccl/nccl.cc) for the product's NCCL backend:
+  # A fake NCCL (tests/cuda_emu/nccl/nccl.cc) for the product's NCCL backend:
   # <build>/nccl/libnccl.so.2, outside the package so that only
   # TFRING_NCCL_LIB finds it (tests/gpu_emu.sh sets it). It links
   # libtfring_core.so, whose already-loaded instance (same soname) it then
   # shares: the emulated streams the product made are the ones it queues on.
-  add_library(tfring_emu_nccl SHARED ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/emu/nccl/nccl.cc)
-  target_include_directories(tfring_emu_nccl PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/emu/include)
+  add_library(tfring_emu_nccl SHARED ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu/nccl/nccl.cc)
+  target_include_directories(tfring_emu_nccl PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu/include)
   target_link_libraries(tfring_emu_nccl PRIVATE tfring_core Threads::Threads rt)
   target_link_options(tfring_emu_nccl PRIVATE -Wl,--no-undefined)
   # NCCL's C API only (cmake/exports/emu_nccl.map; its functions carry no

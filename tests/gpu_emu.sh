@@ -4,7 +4,7 @@
 # CUDA kernels and GPU runtime (CUDA-IPC ring, host-staged ring, executor,
 # stream handling) compiled with the host compiler and linked to a fake CUDA
 # runtime whose streams are host threads and whose device memory and IPC
-# handles are shared-memory mappings (csrc/gpu/emu/README.md), and the NCCL
+# handles are shared-memory mappings (tests/cuda_emu/README.md), and the NCCL
 # backend against a fake NCCL whose collectives run on those stream threads.
 # It proves the GPU code paths' logic and synchronization, not their speed.
 #
@@ -42,7 +42,7 @@ export PYTHONPATH="$PKG"
 export TFRING_EMU_DELAY_US=${TFRING_EMU_DELAY_US:-100}
 # Two emulated GPUs: the tests that need a GPU per rank run too.
 export TFRING_EMU_DEVICES=${TFRING_EMU_DEVICES:-2}
-# The emulation's fake NCCL (csrc/gpu/emu/nccl), so the NCCL backend runs
+# The emulation's fake NCCL (tests/cuda_emu/nccl), so the NCCL backend runs
 # too; it is found through TFRING_NCCL_LIB only. Left alone when set.
 if [[ -z "${TFRING_NCCL_LIB+set}" ]]; then
   export TFRING_NCCL_LIB="$BUILD/nccl/libnccl.so.2"

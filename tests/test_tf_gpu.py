@@ -148,8 +148,11 @@ if __name__ != "__main__":
         if not _probe()["gpus"]:
             pytest.skip("no GPU visible to TensorFlow")
 
+    # Ranks sharing GPU 0 (benchmarks/gpu_tf_stage.sh run asks for 1,2,4).
+    GPU_SIZES = [int(n) for n in os.environ.get("TFRING_TF_GPU_SIZES", "1,2").split(",")]
+
     @pytest.mark.parametrize("check", GPU_CHECKS)
-    @pytest.mark.parametrize("size", [1, 2])
+    @pytest.mark.parametrize("size", GPU_SIZES)
     def test_gpu(size, check):
         _require_gpu()
         _assert_check("gpu", size, check)

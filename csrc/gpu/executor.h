@@ -34,7 +34,7 @@ struct Topology;
 namespace gpu {
 
 bool builtWithCuda();
-// True in the CUDA emulation build (TFRING_WITH_CUDA=EMU, csrc/gpu/emu):
+// True in the CUDA emulation build (TFRING_WITH_CUDA=EMU, tests/cuda_emu):
 // "GPU" work runs on host threads, for tests; no timing means anything.
 bool cudaEmulated();
 

@@ -204,7 +204,7 @@ inline unsigned blocksFor(size_t work_items) {
 
 // kernel<<<grid, block, 0, stream>>>(args...) is written
 // TFRING_LAUNCH(grid, block, stream, kernel)(args...): under nvcc it is that
-// launch; the CUDA emulation build (csrc/gpu/emu) queues the grid on the
+// launch; the CUDA emulation build (tests/cuda_emu) queues the grid on the
 // stream's host thread instead.
 #ifdef TFRING_CUDA_EMULATION
 #define TFRING_LAUNCH(grid, block, stream, ...) \

@@ -1,7 +1,7 @@
 // CUDA emulation (TFRING_WITH_CUDA=EMU): what csrc/kernels/cuda needs from
 // <cuda_runtime.h> beyond the runtime API, so that the unchanged kernel
 // sources compile with the host compiler and run on the fake runtime's
-// stream threads (csrc/gpu/emu/streams.cc). See csrc/gpu/emu/README.md.
+// stream threads (tests/cuda_emu/streams.cc). See tests/cuda_emu/README.md.
 //
 // A launch (TFRING_LAUNCH in kernels/cuda/elements.cuh) copies the kernel's
 // arguments at launch time, as CUDA does, and queues the whole grid on the

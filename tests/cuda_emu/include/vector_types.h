@@ -1,5 +1,5 @@
 // CUDA emulation (TFRING_WITH_CUDA=EMU): the CUDA vector types the product
-// code uses, laid out as CUDA lays them out. See csrc/gpu/emu/README.md.
+// code uses, laid out as CUDA lays them out. See tests/cuda_emu/README.md.
 #pragma once
 
 struct uint3 {

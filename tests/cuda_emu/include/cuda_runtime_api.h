@@ -1,11 +1,11 @@
 // CUDA emulation (TFRING_WITH_CUDA=EMU): the subset of the CUDA runtime API
 // that the product's GPU code uses, with CUDA's names, numeric values and
 // struct layouts where the product depends on them (error codes, flags, IPC
-// handles of 64 bytes). Implemented by csrc/gpu/emu/*.cc (state.h says
+// handles of 64 bytes). Implemented by tests/cuda_emu/*.cc (state.h says
 // which file does what), which run "device" work on host threads. Only what
 // the product calls is declared, so a new CUDA call in the product fails to
 // compile here instead of silently behaving differently. See
-// csrc/gpu/emu/README.md.
+// tests/cuda_emu/README.md.
 #pragma once
 
 #include <stddef.h>
