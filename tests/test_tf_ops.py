@@ -460,7 +460,8 @@ def _grad_allgather(mode):
         x = _values("float64", (rows[rank], 3), rank, 631)
         got = _gradient(tf, mode, tfring.allgather, x, ws[rank])
         begin = sum(rows[:rank])
-        exp = np.sum(ws, axis=0)[begin:begin + rows[rank]]
+        # Horovod's gradient: the upstream gradients averaged over ranks.
+        exp = np.mean(ws, axis=0)[begin:begin + rows[rank]]
         _assert_close("allgather", got, exp)
     return check
 
@@ -474,7 +475,8 @@ def _grad_broadcast(mode):
         for root in (0, size - 1):
             got = _gradient(tf, mode, lambda t, root=root: tfring.broadcast(t, root),
                             x, ws[rank])
-            exp = np.sum(ws, axis=0) if rank == root else np.zeros(4)
+            # Horovod's gradient: averaged over ranks, to the root only.
+            exp = np.mean(ws, axis=0) if rank == root else np.zeros(4)
             _assert_close(f"broadcast root {root}", got, exp)
     return check
 
@@ -797,7 +799,7 @@ def _grad_session(tf, tfring, rank, size):
     got = _gradient(tf, "session", lambda t: tfring.allreduce(t), x, w)
     _assert_close("allreduce", got, np.sum(ws, axis=0) / size)
     got = _gradient(tf, "session", lambda t: tfring.broadcast(t, 0), x, w)
-    _assert_close("broadcast", got, np.sum(ws, axis=0) if rank == 0 else 0 * w)
+    _assert_close("broadcast", got, np.mean(ws, axis=0) if rank == 0 else 0 * w)
 
 
 def _worker():
