@@ -100,7 +100,7 @@ if __name__ != "__main__":
 # Everything below runs inside the ranks.
 
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
-INTS = ["int32", "int64", "uint8", "int8"]
+INTS = ["int32", "int64", "uint8", "int8", "int16", "uint16"]
 REDUCE_DTYPES = FLOATS + INTS
 ALL_DTYPES = REDUCE_DTYPES + ["bool"]
 REDUCE_OPS = ["sum", "average", "min", "max", "product"]
@@ -120,7 +120,7 @@ def _values(dtype, shape, rank, salt, op=None):
         return rng.integers(1, 3, shape)
     if dtype in FLOATS:
         return rng.integers(-16, 17, shape) / 4.0
-    if dtype == "uint8":
+    if dtype in ("uint8", "uint16"):
         return rng.integers(0, 30, shape)
     return rng.integers(-15, 16, shape)
 
@@ -264,7 +264,7 @@ def _allreduce_cases(tf, tfring, rank, size):
 def _grouped_cases(tf, tfring, rank, size):
 
     dtypes = REDUCE_DTYPES
-    shapes = [(2, 3), (7,), (), (1, 1, 4), (5,), (3,), (4, 2), (0,)]
+    shapes = [(2, 3), (7,), (), (1, 1, 4), (5,), (3,), (4, 2), (0,), (2, 2), (6,)]
     xs = {d: [_values(d, s, r, 200 + i) for r in range(size)]
           for i, (d, s) in enumerate(zip(dtypes, shapes))}
     cases = []

@@ -93,10 +93,10 @@ def barrier(process_set=None):
 
 def start_timeline(file_path, mark_cycles=False):
     """Starts writing the timeline (a Chrome trace: chrome://tracing or
-    ui.perfetto.dev) to `file_path`, replacing one being written; rank 0
-    writes it, or every rank its own file when the path contains "{rank}".
-    Call it on every rank. `mark_cycles` is accepted; engine cycles are
-    not marked."""
+    ui.perfetto.dev) to `file_path`, replacing one being written. Rank 0
+    writes it, or, when the path contains "{rank}", every rank that calls
+    this its own file; no other rank needs to take part. `mark_cycles` is
+    accepted; engine cycles are not marked."""
     _require()
     if mark_cycles:
         warnings.warn("tfring: start_timeline(mark_cycles=True): engine "
