@@ -8,7 +8,8 @@
    provides (process sets, alltoall and join, the optimizers and Keras)
    are checked as soon as that part is in the tree (its marker name exists).
 2. tests/workers/hvd_api.py runs Horovod-style calls on 1, 2 and 3 ranks
-   and checks every result against numpy (see that file).
+   (Adasum and the grouped collectives on 4 too, where Adasum's tree has
+   two levels) and checks every result against numpy (see that file).
 """
 
 import inspect
@@ -212,3 +213,18 @@ def test_on_ranks(size, check, tmp_path_factory):
     failed = [(r, o[check].get("error")) for r, o in enumerate(outs)
               if not o[check]["ok"]]
     assert not failed, "\n".join(f"rank {r}:\n{e}" for r, e in failed)
+
+
+@pytest.mark.skipif(not tf_available(),
+                    reason="TensorFlow or tfring's op library missing")
+def test_adasum_and_grouped_on_4_ranks(tmp_path):
+    from multiproc import check_ok, run_ranks
+
+    checks = ["adasum", "grouped_allgather", "grouped_reducescatter"]
+    outs = check_ok(run_ranks(4, "hvd_api.py", [tmp_path, ",".join(checks)],
+                              env=RANK_ENV, timeout=JOB_TIMEOUT))
+    for check in checks:
+        failed = [(r, o[check].get("error")) for r, o in enumerate(outs)
+                  if not o[check]["ok"]]
+        assert not failed, "\n".join(f"rank {r}:\n{e}" for r, e in failed)
+    assert all("skipped" not in o["adasum"] for o in outs)
