@@ -1,19 +1,27 @@
-"""Process-level API: init, shutdown and the job's topology."""
+"""Process-level API: init, shutdown, the job's topology, barrier, the
+timeline, and what this build can do (Horovod's *_built / *_enabled)."""
 
 import atexit
+import warnings
+
+import numpy as np
 
 from tfring import _bootstrap, _core, _horovod_env
+from tfring.process_sets import _process_set_arg
 
 
 _joins = 0  # init attempts in this process
 
 
-def init(comm=None):
+def init(comm=None, process_sets=None):
     """Joins the job. Reads the launcher's environment (tfring-run, mpirun,
     srun, else TF_CONFIG); a process started without a launcher is a job of
     size 1. `comm` may be an mpi4py communicator to run on instead of
-    MPI_COMM_WORLD. HOROVOD_* tunables are read as their TFRING_* ones."""
+    MPI_COMM_WORLD. HOROVOD_* tunables are read as their TFRING_* ones.
+    `process_sets` (Horovod's) may name only the global set."""
     global _joins
+    for ps in process_sets or ():
+        _process_set_arg(ps)
     if _core.is_initialized():
         return
     # Before anything reads TFRING_*: the bootstrap (TFRING_TIMEOUT,
@@ -77,6 +85,101 @@ def cross_rank():
 def cross_size():
     _require()
     return _core.cross_size()
+
+
+def is_homogeneous():
+    """True when every host runs the same number of ranks."""
+    _require()
+    return bool(_core.is_homogeneous())
+
+
+def barrier(process_set=None):
+    """Blocks until every rank has called barrier()."""
+    _require()
+    _process_set_arg(process_set)
+    # An allreduce finishes on a rank only after every rank has submitted it.
+    _core.allreduce(np.zeros(1, np.int32), "sum", name="tfring.barrier")
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing the timeline (a Chrome trace: chrome://tracing or
+    ui.perfetto.dev) to `file_path`, replacing one being written. Rank 0
+    writes it, or, when the path contains "{rank}", every rank that calls
+    this its own file; no other rank needs to take part. `mark_cycles` is
+    accepted; engine cycles are not marked."""
+    _require()
+    if mark_cycles:
+        warnings.warn("tfring: start_timeline(mark_cycles=True): engine "
+                      "cycles are not marked in tfring's timeline",
+                      stacklevel=2)
+    _core.start_timeline(str(file_path))
+
+
+def stop_timeline():
+    """Stops the timeline and closes its file."""
+    _require()
+    _core.stop_timeline()
+
+
+# What this build can do, in Horovod's words. tfring has its own transport
+# (shared memory, TCP) and needs neither MPI nor Gloo; mpirun and srun only
+# start its ranks.
+
+def mpi_built():
+    """False: tfring has no MPI code (it runs under mpirun; mpi4py may hand
+    it a communicator at init, used only to exchange its store address)."""
+    return False
+
+
+def mpi_enabled():
+    """False: no collective or control message goes through MPI."""
+    return False
+
+
+def mpi_threads_supported():
+    """True: tfring never calls MPI from its own threads, so a script may use
+    mpi4py alongside it whatever MPI's thread level is."""
+    _require()
+    return True
+
+
+def gloo_built():
+    """False: tfring's TCP and shared-memory links are its own, not Gloo."""
+    return False
+
+
+def gloo_enabled():
+    """False (see gloo_built)."""
+    return False
+
+
+def cuda_built():
+    """True when this build runs collectives on CUDA tensors."""
+    return bool(_core.cuda_built()) and not _core.cuda_emulated()
+
+
+def nccl_built():
+    """The NCCL version code (e.g. 22703 for 2.27.3) when this build has CUDA
+    support and NCCL loads (tfring loads libnccl at run time), else 0."""
+    if not cuda_built():
+        return 0
+    info = _core.nccl_info()
+    return int(info["version"]) if info["loaded"] else 0
+
+
+def rocm_built():
+    """False: no ROCm support."""
+    return False
+
+
+def ddl_built():
+    """False: no IBM DDL support."""
+    return False
+
+
+def ccl_built():
+    """False: no oneCCL support."""
+    return False
 
 
 atexit.register(_core.shutdown)

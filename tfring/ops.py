@@ -1,6 +1,15 @@
 """TensorFlow collectives: loads the op library (_tfring_ops.so), wraps its
 ops (RingAllreduce, RingGroupedAllreduce, RingAllgather, RingBroadcast,
-RingReducescatter) and registers their gradients.
+RingReducescatter, and the topology queries RingRank, RingSize, ...) and
+registers their gradients.
+
+Horovod's arguments. Every collective takes the keyword arguments Horovod's
+has: `process_set=` (see tfring/process_sets.py), `ignore_name_scope=`
+(the op's node name leaves out the enclosing name scopes), `average=`
+(deprecated; Horovod's rule: True is Average, False is Sum, and giving both
+`average` and `op` is an error), and `device_dense=` / `device_sparse=`,
+which do nothing: every op runs where its input tensor lives (host or GPU),
+so there is no device to choose.
 
 Naming. Ranks match tensors by name, so every collective gets one that is the
 same on every rank:
@@ -21,19 +30,24 @@ in flight together and the engine fuses them.
 
 import os
 import re
+import warnings
 import weakref
 
 import tensorflow as tf
 from tensorflow.python.framework import func_graph as _func_graph
 from tensorflow.python.ops import control_flow_util as _cf_util
 
-from tfring import Average, Max, Min, Product, Sum, basics
+from tfring import Adasum, Average, Max, Min, Product, Sum, basics
 from tfring.compression import Compression
+from tfring.process_sets import _process_set_arg
 
 __all__ = [
-    "Average", "Compression", "Max", "Min", "Product", "Sum", "allgather",
-    "allreduce", "broadcast", "broadcast_variables", "grouped_allreduce",
-    "reducescatter",
+    "Adasum", "Average", "Compression", "Max", "Min", "Product", "Sum",
+    "allgather", "allreduce", "broadcast", "broadcast_",
+    "broadcast_global_variables", "broadcast_variables",
+    "grouped_allgather", "grouped_allreduce", "grouped_reducescatter",
+    "local_rank_op", "local_size_op", "process_set_included_op", "rank_op",
+    "reducescatter", "size_op",
 ]
 
 _LIB_FILE = "_tfring_ops.so"
@@ -84,7 +98,7 @@ _lib = _load_library()
 # ------------------------------------------------------------ reduce ops ----
 
 _REDUCE_OP_NAMES = {Sum: "sum", Average: "average", Min: "min", Max: "max",
-                    Product: "product"}
+                    Product: "product", Adasum: "adasum"}
 
 
 def _reduce_op_name(op):
@@ -99,7 +113,20 @@ def _reduce_op_name(op):
     elif not isinstance(op, bool) and op in _REDUCE_OP_NAMES:
         return _REDUCE_OP_NAMES[op]
     raise ValueError(f"tfring: unknown reduce op {op!r}; use tfring.Sum, "
-                     f"Average, Min, Max or Product")
+                     f"Average, Min, Max, Product or Adasum")
+
+
+def _handle_average(op, average):
+    """Horovod's deprecated `average=`: True is Average, False is Sum; it may
+    not be combined with `op`."""
+    if average is None:
+        return Average if op is None else op
+    if op is not None:
+        raise ValueError("tfring: the op parameter supersedes average; "
+                         "give only one of them")
+    warnings.warn("Parameter `average` has been replaced with `op` and will "
+                  "be removed in v1.0", DeprecationWarning, stacklevel=3)
+    return Average if average else Sum
 
 
 # ---------------------------------------------------------------- naming ----
@@ -147,11 +174,14 @@ def _in_xla_context(graph):
         return False
 
 
-def _run_op(op_fn, op_type, name, **attrs):
+def _run_op(op_fn, op_type, name, ignore_name_scope=False, **attrs):
     """Creates one collective op with its cross-rank name; returns outputs."""
     if tf.executing_eagerly():
         return op_fn(tensor_name=name or "", **attrs)
     graph = tf.compat.v1.get_default_graph()
+    if ignore_name_scope:
+        with graph.name_scope(None):  # the root scope
+            return _run_op(op_fn, op_type, name, **attrs)
     if _in_xla_context(graph):
         raise NotImplementedError(
             f"tfring: {op_type} cannot be compiled by XLA "
@@ -175,99 +205,155 @@ def _run_op(op_fn, op_type, name, **attrs):
 # ----------------------------------------------------------- collectives ----
 
 def _allreduce(tensor, op="average", name=None, prescale_factor=1.0,
-               postscale_factor=1.0):
-    return _run_op(_lib.ring_allreduce, "RingAllreduce", name, tensor=tensor,
+               postscale_factor=1.0, ignore_name_scope=False):
+    return _run_op(_lib.ring_allreduce, "RingAllreduce", name,
+                   ignore_name_scope, tensor=tensor,
                    reduce_op=_reduce_op_name(op),
                    prescale_factor=float(prescale_factor),
                    postscale_factor=float(postscale_factor))
 
 
 @_no_autograph
-def allreduce(tensor, op=Average, name=None, compression=Compression.none,
-              prescale_factor=1.0, postscale_factor=1.0):
+def allreduce(tensor, op=None, name=None, compression=Compression.none,
+              prescale_factor=1.0, postscale_factor=1.0, *, average=None,
+              device_dense="", device_sparse="", process_set=None,
+              ignore_name_scope=False):
     """Reduces `tensor` across all ranks; every rank gets
     `postscale_factor * op(prescale_factor * tensor)`. `op` is one of
-    Sum, Average, Min, Max, Product.
+    Sum, Average (the default), Min, Max, Product, Adasum.
 
     A tf.IndexedSlices is allgathered (values and indices), not densified:
-    the result is an IndexedSlices holding every rank's rows (scaled by
-    1/size for Average). Only Sum and Average apply to it.
+    the result is an IndexedSlices holding every rank's rows (divided by
+    the number of ranks for Average; integer values then become floating,
+    as Horovod's true division makes them). Only Sum and Average apply to it.
+
+    Horovod's keywords: `average` (deprecated), `process_set`,
+    `ignore_name_scope`; `device_dense`/`device_sparse` are accepted and
+    do nothing (the op runs where the tensor is).
     """
-    op_name = _reduce_op_name(op)
+    _process_set_arg(process_set)
+    op_name = _reduce_op_name(_handle_average(op, average))
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_indexed_slices(tensor, op_name, name, compression,
-                                         prescale_factor * postscale_factor)
+                                         prescale_factor * postscale_factor,
+                                         ignore_name_scope)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
-    reduced = _allreduce(compressed, op_name, name, prescale_factor,
-                         postscale_factor)
+    if op_name == "adasum":
+        from tfring import adasum
+        reduced = adasum.allreduce(compressed, name, prescale_factor,
+                                   postscale_factor, ignore_name_scope)
+    else:
+        reduced = _allreduce(compressed, op_name, name, prescale_factor,
+                             postscale_factor, ignore_name_scope)
     return compression.decompress(reduced, ctx)
 
 
-def _allreduce_indexed_slices(slices, op_name, name, compression, scale):
+def _scale_gathered_values(values, op_name, scale):
+    """Scales allgathered IndexedSlices values: Average divides by the number
+    of ranks with true division (integers become floating, as in Horovod);
+    an integer Sum with a scale other than 1 is scaled in float64 and
+    truncated toward zero, as the dense integer collectives do."""
+    if op_name == "average":
+        if values.dtype.is_integer or values.dtype.is_bool:
+            values = tf.math.truediv(values, tf.cast(basics.size(), values.dtype))
+            return values * tf.cast(scale, values.dtype) if scale != 1.0 else values
+        scale = scale / basics.size()
+    if scale == 1.0:
+        return values
+    if values.dtype.is_integer:
+        return tf.cast(tf.cast(values, tf.float64) * scale, values.dtype)
+    return values * tf.cast(scale, values.dtype)
+
+
+def _allreduce_indexed_slices(slices, op_name, name, compression, scale,
+                              ignore_name_scope=False):
     if op_name not in ("sum", "average"):
         raise NotImplementedError(
             f"tfring: allreduce of a tf.IndexedSlices supports Sum and "
             f"Average only, not {op_name}; densify it first "
             f"(tf.convert_to_tensor) or use sparse_as_dense=True")
     values, ctx = compression.compress(slices.values)
-    values = allgather(values, name=f"{name}.values" if name else None)
+    values = allgather(values, name=f"{name}.values" if name else None,
+                       ignore_name_scope=ignore_name_scope)
     indices = allgather(slices.indices,
-                        name=f"{name}.indices" if name else None)
-    values = compression.decompress(values, ctx)
-    if op_name == "average":
-        scale = scale / basics.size()
-    if scale != 1.0:
-        values = values * tf.cast(scale, values.dtype)
+                        name=f"{name}.indices" if name else None,
+                        ignore_name_scope=ignore_name_scope)
+    values = _scale_gathered_values(compression.decompress(values, ctx),
+                                    op_name, scale)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
 @_no_autograph
-def grouped_allreduce(tensors, op=Average, name=None,
+def grouped_allreduce(tensors, op=None, name=None,
                       compression=Compression.none, prescale_factor=1.0,
-                      postscale_factor=1.0):
+                      postscale_factor=1.0, *, average=None, device_dense="",
+                      device_sparse="", process_set=None,
+                      ignore_name_scope=False):
     """Allreduces a list of tensors (any mix of dtypes) as one op: all are
     handed to the engine together, so they are fused and finish together.
-    tf.IndexedSlices entries are allgathered as in `allreduce`."""
+    tf.IndexedSlices entries are allgathered as in `allreduce`. Takes
+    Horovod's keywords as `allreduce` does."""
+    _process_set_arg(process_set)
     tensors = list(tensors)
     if not tensors:
         return []
-    op_name = _reduce_op_name(op)
+    op_name = _reduce_op_name(_handle_average(op, average))
     results = [None] * len(tensors)
     dense, dense_idx, ctxs = [], [], []
     for i, t in enumerate(tensors):
         if isinstance(t, tf.IndexedSlices):
             results[i] = _allreduce_indexed_slices(
                 t, op_name, f"{name}.{i}" if name else None, compression,
-                prescale_factor * postscale_factor)
+                prescale_factor * postscale_factor, ignore_name_scope)
             continue
         c, ctx = compression.compress(tf.convert_to_tensor(t))
         dense.append(c)
         dense_idx.append(i)
         ctxs.append(ctx)
-    if dense:
+    if dense and op_name == "adasum":
+        from tfring import adasum
+        reduced = adasum.grouped_allreduce(dense, name, prescale_factor,
+                                           postscale_factor, ignore_name_scope)
+    elif dense:
         reduced = _run_op(_lib.ring_grouped_allreduce, "RingGroupedAllreduce",
-                          name, tensors=dense, reduce_op=op_name,
+                          name, ignore_name_scope, tensors=dense,
+                          reduce_op=op_name,
                           prescale_factor=float(prescale_factor),
                           postscale_factor=float(postscale_factor))
-        for i, r, ctx in zip(dense_idx, reduced, ctxs):
-            results[i] = compression.decompress(r, ctx)
+    for i, r, ctx in zip(dense_idx, reduced if dense else [], ctxs):
+        results[i] = compression.decompress(r, ctx)
     return results
 
 
 @_no_autograph
-def allgather(tensor, name=None):
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     """Concatenates every rank's `tensor` along dimension 0, in rank order.
     The first dimension may differ between ranks; the others must agree."""
+    _process_set_arg(process_set)
     return _run_op(_lib.ring_allgather, "RingAllgather", name,
-                   tensor=tf.convert_to_tensor(tensor))
+                   ignore_name_scope, tensor=tf.convert_to_tensor(tensor))
 
 
 @_no_autograph
-def broadcast(tensor, root_rank=0, name=None):
+def grouped_allgather(tensors, name=None, ignore_name_scope=False,
+                      process_set=None):
+    """Allgathers each tensor of a list (any mix of dtypes and shapes), all
+    in flight together; returns the list of results. Tensor i is matched
+    across ranks by `name.i` (eager, with a name) or its node name."""
+    _process_set_arg(process_set)
+    return [allgather(t, name=f"{name}.{i}" if name else None,
+                      ignore_name_scope=ignore_name_scope)
+            for i, t in enumerate(tensors)]
+
+
+@_no_autograph
+def broadcast(tensor, root_rank=0, name=None, ignore_name_scope=False,
+              process_set=None):
     """Every rank gets `root_rank`'s `tensor`."""
+    _process_set_arg(process_set)
     return _run_op(_lib.ring_broadcast, "RingBroadcast", name,
-                   tensor=tf.convert_to_tensor(tensor),
+                   ignore_name_scope, tensor=tf.convert_to_tensor(tensor),
                    root_rank=int(root_rank))
 
 
@@ -277,14 +363,20 @@ def _reducescatter_rows(rows, rank, size):
 
 @_no_autograph
 def reducescatter(tensor, op=Average, name=None, compression=Compression.none,
-                  prescale_factor=1.0, postscale_factor=1.0):
+                  prescale_factor=1.0, postscale_factor=1.0, *,
+                  device_dense="", process_set=None, ignore_name_scope=False):
     """Reduces `tensor` across ranks like `allreduce` and returns this rank's
     rows of the result: dimension 0 is split as evenly as possible, the first
     (rows % size) ranks getting one extra row."""
+    _process_set_arg(process_set)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
+    op_name = _reduce_op_name(op)
+    if op_name == "adasum":
+        raise NotImplementedError(
+            "tfring: reducescatter does not support Adasum (as in Horovod)")
     out = _run_op(_lib.ring_reducescatter, "RingReducescatter", name,
-                  tensor=compressed, reduce_op=_reduce_op_name(op),
+                  ignore_name_scope, tensor=compressed, reduce_op=op_name,
                   prescale_factor=float(prescale_factor),
                   postscale_factor=float(postscale_factor))
     rows = tensor.shape[0] if tensor.shape.rank else None
@@ -292,6 +384,24 @@ def reducescatter(tensor, op=Average, name=None, compression=Compression.none,
         out.set_shape([_reducescatter_rows(rows, basics.rank(), basics.size())]
                       + tensor.shape[1:].as_list())
     return compression.decompress(out, ctx)
+
+
+@_no_autograph
+def grouped_reducescatter(tensors, device_dense="",
+                          compression=Compression.none, op=Average,
+                          process_set=None, prescale_factor=1.0,
+                          postscale_factor=1.0, *, name=None,
+                          ignore_name_scope=False):
+    """`reducescatter` of each tensor of a list, all in flight together;
+    returns the list of this rank's shares. The positional order is
+    Horovod's (it has no `name`; here `name` is keyword-only)."""
+    _process_set_arg(process_set)
+    return [reducescatter(t, op=op, name=f"{name}.{i}" if name else None,
+                          compression=compression,
+                          prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor,
+                          ignore_name_scope=ignore_name_scope)
+            for i, t in enumerate(tensors)]
 
 
 # tf.function used by broadcast_variables in eager mode, so all broadcasts
@@ -314,11 +424,14 @@ def _as_tf_variable(var):
 
 
 @_no_autograph
-def broadcast_variables(variables, root_rank=0):
+def broadcast_variables(variables, root_rank=0, process_set=None,
+                        inplace=False):
     """Assigns `root_rank`'s value to every variable on every rank
     (tf.Variable or Keras variables). Eager: runs at once, all broadcasts in
-    flight together. Graph: returns the op to run."""
+    flight together. Graph: returns the op to run. `inplace=True` is
+    `broadcast_` (the same result)."""
     global _broadcast_group_fn
+    _process_set_arg(process_set)
     variables = list(variables)
     if tf.executing_eagerly():
         variables = [_as_tf_variable(v) for v in variables]
@@ -328,6 +441,68 @@ def broadcast_variables(variables, root_rank=0):
             _broadcast_group_fn(variables, int(root_rank))
         return None
     return tf.group(*[v.assign(broadcast(v, root_rank)) for v in variables])
+
+
+@_no_autograph
+def broadcast_(variables, root_rank, name=None, process_set=None):
+    """Horovod's in-place broadcast: every variable in `variables` takes
+    `root_rank`'s value; returns the variables' new values (a list). Unlike
+    Horovod's it does not save memory: each variable's value travels in a
+    temporary tensor, then is assigned. Variable i is matched across ranks
+    by `name.i` when a name is given."""
+    _process_set_arg(process_set)
+    variables = [_as_tf_variable(v) for v in variables]
+    updates = [v.assign(broadcast(v, root_rank,
+                                  name=f"{name}.{i}" if name else None))
+               for i, v in enumerate(variables)]
+    if tf.executing_eagerly():
+        return [v.read_value() for v in variables]
+    with tf.control_dependencies(updates):
+        return [v.read_value() for v in variables]
+
+
+def broadcast_global_variables(root_rank):
+    """tf.compat.v1 graphs: the op that assigns `root_rank`'s value to every
+    global variable. Eager code broadcasts its variables with
+    broadcast_variables(model.variables, root_rank) instead."""
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "tfring.broadcast_global_variables() needs a tf.compat.v1 graph; "
+            "in eager code use tfring.broadcast_variables(<model and "
+            "optimizer variables>, root_rank)")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+# ------------------------------------------------------- topology as ops ----
+# Evaluated when the graph runs, not when it is built (Horovod's *_op).
+
+def rank_op(name=None):
+    """An int32 scalar op: this process's rank, read when it runs."""
+    return _lib.ring_rank(name=name)
+
+
+def local_rank_op(name=None):
+    """An int32 scalar op: this process's rank on its host."""
+    return _lib.ring_local_rank(name=name)
+
+
+def size_op(process_set_id=0, name=None):
+    """An int32 scalar op: the number of ranks (of the process set with
+    this id; 0 is every rank)."""
+    return _lib.ring_size(process_set_id=int(process_set_id), name=name)
+
+
+def local_size_op(name=None):
+    """An int32 scalar op: the number of ranks on this host."""
+    return _lib.ring_local_size(name=name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """An int32 scalar op: 1 when this process belongs to the process set,
+    0 when not, -3 (Horovod's code for an unknown set) when there is no set
+    with this id."""
+    return _lib.ring_process_set_included(process_set_id=int(process_set_id),
+                                          name=name)
 
 
 # ------------------------------------------------------------- gradients ----
@@ -396,11 +571,17 @@ def _grouped_allreduce_grad(op, *grads):
     return out
 
 
+# Allgather and broadcast: Horovod's gradients, which average the upstream
+# gradients over ranks where the plain chain rule (with every rank's loss
+# summed) would sum them. Averaged data-parallel training divides the summed
+# loss by the number of ranks, so these match it; a rank that wants the sum
+# multiplies by size(). (Allreduce and reducescatter keep the chain rule.)
+
 def _allgather_grad(op, grad):
-    # Every rank's loss depends on every rank's rows: sum the gradients over
-    # ranks, then keep this rank's rows. Ranks may contribute different row
-    # counts, so the offsets come from the gathered counts.
-    grad = _allreduce(tf.convert_to_tensor(grad), "sum")
+    # Every rank's loss depends on every rank's rows: average the gradients
+    # over ranks, then keep this rank's rows. Ranks may contribute different
+    # row counts, so the offsets come from the gathered counts.
+    grad = _allreduce(tf.convert_to_tensor(grad), "average")
     rows = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
     all_rows = allgather(rows)
     begin = tf.reduce_sum(all_rows[:basics.rank()])
@@ -408,11 +589,11 @@ def _allgather_grad(op, grad):
 
 
 def _broadcast_grad(op, grad):
-    # Only the root's input reaches the outputs: it gets the sum of every
+    # Only the root's input reaches the outputs: it gets the average of every
     # rank's gradient, the others zero. Every rank builds the same graph
     # (the allreduce feeds the result on all of them), or graph optimizers
     # could drop the allreduce on non-root ranks only.
-    grad = _allreduce(tf.convert_to_tensor(grad), "sum")
+    grad = _allreduce(tf.convert_to_tensor(grad), "average")
     is_root = basics.rank() == op.get_attr("root_rank")
     return grad * tf.constant(1 if is_root else 0, grad.dtype)
 
@@ -436,6 +617,12 @@ def _register_gradients():
         try:
             tf.RegisterGradient(op_type)(fn)
         except KeyError:  # already registered (module imported twice)
+            pass
+    for op_type in ("RingRank", "RingLocalRank", "RingSize", "RingLocalSize",
+                    "RingProcessSetIncluded"):
+        try:
+            tf.no_gradient(op_type)
+        except KeyError:
             pass
 
 

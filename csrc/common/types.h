@@ -19,8 +19,10 @@ enum class DataType : uint8_t {
   kUInt8 = 6,
   kInt8 = 7,
   kBool = 8,  // broadcast/allgather only
+  kInt16 = 9,
+  kUInt16 = 10,
 };
-constexpr int kNumDataTypes = 9;
+constexpr int kNumDataTypes = 11;
 
 enum class ReduceOp : uint8_t {
   kSum = 0,

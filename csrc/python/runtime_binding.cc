@@ -68,10 +68,14 @@ bool builtinDtype(const py::dtype& d, DataType* dt) {
     if (n == 8) { *dt = DataType::kFloat64; return true; }
   } else if (k == 'i') {
     if (n == 1) { *dt = DataType::kInt8; return true; }
+    if (n == 2) { *dt = DataType::kInt16; return true; }
     if (n == 4) { *dt = DataType::kInt32; return true; }
     if (n == 8) { *dt = DataType::kInt64; return true; }
   } else if (k == 'u' && n == 1) {
     *dt = DataType::kUInt8;
+    return true;
+  } else if (k == 'u' && n == 2) {
+    *dt = DataType::kUInt16;
     return true;
   } else if (k == 'b' && n == 1) {
     *dt = DataType::kBool;
@@ -88,7 +92,7 @@ DataType resolveDtype(const py::array& a, const py::object& dtype) {
   if (!parseDataType(name, &dt))
     throw py::type_error(strCat("tfring does not support dtype ", name,
                                 " (supported: float16, bfloat16, float32, float64, int32, "
-                                "int64, uint8, int8, bool)"));
+                                "int64, uint8, int8, int16, uint16, bool)"));
   if (dtypeSize(dt) != static_cast<size_t>(a.itemsize()))
     throw py::type_error(strCat("dtype ", name, " needs ", dtypeSize(dt),
                                 "-byte elements but the array has ", a.itemsize()));
@@ -202,6 +206,7 @@ void bindRuntime(py::module_& m) {
   m.def("local_size", &runtime::localSize);
   m.def("cross_rank", &runtime::crossRank);
   m.def("cross_size", &runtime::crossSize);
+  m.def("is_homogeneous", &runtime::isHomogeneous);
   m.def("transport", &runtime::transportName);
   m.def("config", []() {
     const Config& c = runtime::config();
@@ -221,6 +226,14 @@ void bindRuntime(py::module_& m) {
     return d;
   });
   m.def("reducescatter_shape", &runtime::reducescatterShape);
+  m.def("start_timeline", [](const std::string& path) {
+    Status s = runtime::startTimeline(path);
+    if (!s.ok()) throwStatus(s);
+  }, py::arg("path"));
+  m.def("stop_timeline", []() {
+    Status s = runtime::stopTimeline();
+    if (!s.ok()) throwStatus(s);
+  });
 
   auto arOpts = [](const char* kind, CollectiveType type) {
     return [kind, type](py::object a, const std::string& op, py::object name, int root,

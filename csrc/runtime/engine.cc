@@ -106,7 +106,12 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
     for (auto& e : es) inline_ok = inline_ok && (e->req.device < 0 || !e->req.stream);
     if (inline_ok) {
       std::lock_guard<std::mutex> lk(inline_mu_);
-      for (auto& e : es) e->done(runInline(*e));
+      for (auto& e : es) {
+        if (timeline_.enabled()) timeline_.begin(e->meta.name, collectiveName(e->meta.type));
+        Status st = runInline(*e);
+        if (timeline_.enabled()) timeline_.end(e->meta.name);
+        e->done(st);
+      }
       return Status::OK();
     }
   }

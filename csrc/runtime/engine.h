@@ -94,6 +94,9 @@ class Engine {
   void onCtrlLost();
 
   const transport::Topology& topology() const { return links_->topology(); }
+  // Starts (or restarts, in a new file) and stops the timeline at run time.
+  bool startTimeline(const std::string& path) { return timeline_.open(path, topology().rank); }
+  void stopTimeline() { timeline_.close(); }
   std::string transportName() const { return links_->transportName(); }
 
  private:

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 
 #include "common/abort.h"
@@ -169,6 +170,13 @@ int localRank() { return G().topo.local_rank; }
 int localSize() { return G().topo.local_size; }
 int crossRank() { return G().topo.cross_rank; }
 int crossSize() { return G().topo.cross_size; }
+bool isHomogeneous() {
+  std::map<std::string, int> per_host;
+  for (const auto& p : G().topo.peers) ++per_host[p.host];
+  for (const auto& kv : per_host)
+    if (kv.second != per_host.begin()->second) return false;
+  return true;
+}
 const Config& config() { return G().cfg; }
 std::string transportName() { return G().transport; }
 
@@ -202,6 +210,26 @@ void tryDrive() {
   Global& g = G();
   Engine* e = g.engine.get();
   if (g.initialized && e) e->tryDrive();
+}
+
+Status startTimeline(const std::string& path) {
+  Global& g = G();
+  std::lock_guard<std::mutex> lk(g.mu);
+  if (!g.initialized || !g.engine)
+    return Status(Code::kAborted, "tfring is not initialized: call tfring.init() first");
+  if (path.empty()) return Status(Code::kInvalidArgument, "the timeline path is empty");
+  if (!g.engine->startTimeline(path))
+    return Status(Code::kInvalidArgument, strCat("cannot create the timeline file '", path, "'"));
+  return Status::OK();
+}
+
+Status stopTimeline() {
+  Global& g = G();
+  std::lock_guard<std::mutex> lk(g.mu);
+  if (!g.initialized || !g.engine)
+    return Status(Code::kAborted, "tfring is not initialized: call tfring.init() first");
+  g.engine->stopTimeline();
+  return Status::OK();
 }
 
 std::vector<int64_t> reducescatterShape(const std::vector<int64_t>& shape, int rank, int size) {

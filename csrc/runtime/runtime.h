@@ -39,9 +39,19 @@ int localRank();
 int localSize();
 int crossRank();
 int crossSize();
+// True when every host runs the same number of ranks.
+bool isHomogeneous();
 const Config& config();
 // "shm", "tcp" or "shm+tcp": what the ring links in this job use.
 std::string transportName();
+
+// Starts writing the timeline (timeline.h) to `path` while the job runs,
+// replacing one already being written; a path without "{rank}" is written
+// by rank 0 only. kAborted when not initialized, kInvalidArgument when the
+// file cannot be created. stopTimeline closes it (a no-op when none is
+// open).
+Status startTimeline(const std::string& path);
+Status stopTimeline();
 
 // Allocates the output once its shape is known (allgather, reducescatter).
 using Allocator =

@@ -29,6 +29,8 @@ bool toRingDataType(tfw::DataType in, DataType* out) {
     case tfw::DT_UINT8: *out = DataType::kUInt8; return true;
     case tfw::DT_INT8: *out = DataType::kInt8; return true;
     case tfw::DT_BOOL: *out = DataType::kBool; return true;
+    case tfw::DT_INT16: *out = DataType::kInt16; return true;
+    case tfw::DT_UINT16: *out = DataType::kUInt16; return true;
     default: return false;
   }
 }

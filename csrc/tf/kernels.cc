@@ -10,6 +10,7 @@
 // only once every rank has been heard from, so the engine calls back into
 // outputAllocator() to allocate it.
 #include <string>
+#include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
 
@@ -173,22 +174,45 @@ class RingReducescatterOp : public RingOpKernel {
 // GPU kernels take device memory for every input and output (the attributes
 // stay on the host) and are registered only in builds whose tfring_core can
 // run GPU collectives for this TensorFlow (cmake/tensorflow.cmake,
-// TFRING_TF_GPU); otherwise TF places the ops on the CPU.
-#define TFRING_REGISTER_KERNELS(device)                                      \
-  REGISTER_KERNEL_BUILDER(Name("RingAllreduce").Device(device),              \
-                          RingAllreduceOp);                                  \
-  REGISTER_KERNEL_BUILDER(Name("RingGroupedAllreduce").Device(device),       \
+// TFRING_TF_GPU); otherwise TF places the ops on the CPU. 16-bit integers
+// have no NCCL type, so their GPU kernels are left out too and TF runs those
+// collectives on the host (copying the tensor there and back).
+#define TFRING_REGISTER_KERNELS(device, types)                               \
+  REGISTER_KERNEL_BUILDER(                                                   \
+      Name("RingAllreduce").Device(device).TypeConstraint("T", types),       \
+      RingAllreduceOp);                                                      \
+  REGISTER_KERNEL_BUILDER(Name("RingGroupedAllreduce")                       \
+                              .Device(device)                                \
+                              .TypeConstraint("T", types),                   \
                           RingGroupedAllreduceOp);                           \
-  REGISTER_KERNEL_BUILDER(Name("RingAllgather").Device(device),              \
-                          RingAllgatherOp);                                  \
-  REGISTER_KERNEL_BUILDER(Name("RingBroadcast").Device(device),              \
-                          RingBroadcastOp);                                  \
-  REGISTER_KERNEL_BUILDER(Name("RingReducescatter").Device(device),          \
-                          RingReducescatterOp)
+  REGISTER_KERNEL_BUILDER(                                                   \
+      Name("RingAllgather").Device(device).TypeConstraint("T", types),       \
+      RingAllgatherOp);                                                      \
+  REGISTER_KERNEL_BUILDER(                                                   \
+      Name("RingBroadcast").Device(device).TypeConstraint("T", types),       \
+      RingBroadcastOp);                                                      \
+  REGISTER_KERNEL_BUILDER(                                                   \
+      Name("RingReducescatter").Device(device).TypeConstraint("T", types),   \
+      RingReducescatterOp)
 
-TFRING_REGISTER_KERNELS(tfw::DEVICE_CPU);
+namespace {
+// Every dtype of the op registrations (each op's own list is narrower where
+// it excludes bool); GPU: without the 16-bit integers.
+const std::vector<tfw::DataType> kCpuTypes = {
+    tfw::DT_HALF,  tfw::DT_BFLOAT16, tfw::DT_FLOAT, tfw::DT_DOUBLE,
+    tfw::DT_INT32, tfw::DT_INT64,    tfw::DT_UINT8, tfw::DT_INT8,
+    tfw::DT_INT16, tfw::DT_UINT16,   tfw::DT_BOOL};
 #if TFRING_TF_GPU
-TFRING_REGISTER_KERNELS(tfw::DEVICE_GPU);
+const std::vector<tfw::DataType> kGpuTypes = {
+    tfw::DT_HALF,  tfw::DT_BFLOAT16, tfw::DT_FLOAT, tfw::DT_DOUBLE,
+    tfw::DT_INT32, tfw::DT_INT64,    tfw::DT_UINT8, tfw::DT_INT8,
+    tfw::DT_BOOL};
+#endif
+}  // namespace
+
+TFRING_REGISTER_KERNELS(tfw::DEVICE_CPU, kCpuTypes);
+#if TFRING_TF_GPU
+TFRING_REGISTER_KERNELS(tfw::DEVICE_GPU, kGpuTypes);
 #endif
 
 }  // namespace tf

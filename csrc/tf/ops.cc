@@ -37,7 +37,7 @@ absl::Status unknownFirstDim(InferenceContext* c) {
 }  // namespace
 
 REGISTER_OP("RingAllreduce")
-    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8}")
+    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, int16, uint16}")
     .Attr("reduce_op: {'sum', 'average', 'min', 'max', 'product'} = 'sum'")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
@@ -54,7 +54,7 @@ divides by the number of ranks.
 )doc");
 
 REGISTER_OP("RingGroupedAllreduce")
-    .Attr("T: list({half, bfloat16, float, double, int32, int64, uint8, int8})")
+    .Attr("T: list({half, bfloat16, float, double, int32, int64, uint8, int8, int16, uint16})")
     .Attr("reduce_op: {'sum', 'average', 'min', 'max', 'product'} = 'sum'")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
@@ -74,7 +74,7 @@ request for tensor i is named "<tensor_name>.i".
 )doc");
 
 REGISTER_OP("RingAllgather")
-    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, bool}")
+    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, int16, uint16, bool}")
     .Attr("tensor_name: string = ''")
     .Input("tensor: T")
     .Output("gathered: T")
@@ -87,7 +87,7 @@ The first dimension may differ between ranks; the others must agree.
 )doc");
 
 REGISTER_OP("RingBroadcast")
-    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, bool}")
+    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, int16, uint16, bool}")
     .Attr("root_rank: int")
     .Attr("tensor_name: string = ''")
     .Input("tensor: T")
@@ -100,7 +100,7 @@ Every rank receives `root_rank`'s `tensor` (the shapes must agree).
 )doc");
 
 REGISTER_OP("RingReducescatter")
-    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8}")
+    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, int16, uint16}")
     .Attr("reduce_op: {'sum', 'average', 'min', 'max', 'product'} = 'sum'")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
