@@ -58,8 +58,8 @@ def broadcast_global_variables(root_rank=0, model=None):
     the older tfring form broadcast_global_variables(m, 0)) to assign
     root_rank's weights and optimizer state to it; without one this raises,
     as Horovod does in eager mode."""
-    if model is None and not isinstance(root_rank, int) and hasattr(
-            root_rank, "variables"):
+    if not isinstance(root_rank, int) and hasattr(root_rank, "variables"):
+        # The older form: broadcast_global_variables(model, root_rank=0).
         root_rank, model = (0 if model is None else model), root_rank
     if model is not None:
         broadcast_model(model, int(root_rank))

@@ -97,10 +97,11 @@ class SyncBatchNormalization(tf_keras.layers.BatchNormalization):
             kwargs["name"] = "sync_batch_normalization"
         super().__init__(fused=False, **kwargs)
 
-    def _moments(self, inputs, reduction_axes, keep_dims):
+    def _moments(self, inputs, reduction_axes, keep_dims, mask=None):
         if _basics.size() == 1:
-            return super()._moments(inputs, reduction_axes, keep_dims)
-        return global_moments(inputs, list(reduction_axes),
+            return super()._moments(inputs, reduction_axes, keep_dims,
+                                    mask=mask)
+        return global_moments(inputs, list(reduction_axes), mask,
                               keepdims=keep_dims, name=f"{self.name}.moments")
 
 
