@@ -87,12 +87,19 @@ class _BroadcastGlobalVariables:
         # Keras builds the model and its optimizer before fit calls
         # on_train_begin; a model it could not build waits for its first
         # batch.
-        if not self.broadcast_done and self.model.variables:
+        if not self.broadcast_done and _built(self.model):
             self._broadcast()
 
     def on_train_batch_end(self, batch, logs=None):
         if not self.broadcast_done:
             self._broadcast()
+
+
+def _built(model):
+    """Whether the model has its weights: a model without an Input is built
+    by its first batch (before that its variables may hold only the
+    dropout seed generators)."""
+    return bool(getattr(model, "built", True) and model.trainable_variables)
 
 
 def _no_xla_for_tfring_optimizer(model):
@@ -303,7 +310,7 @@ class _RingAllreduce:
         # The train function may have been traced before the optimizer
         # reduced gradients (an earlier fit): trace it again.
         model.make_train_function(force=True)
-        if self._broadcast_for != id(model) and model.variables:
+        if self._broadcast_for != id(model) and _built(model):
             broadcast_model(model, self.root_rank)
             self._broadcast_for = id(model)
         if basics.rank() != 0 and not self.checkpoint_all_ranks:
