@@ -241,7 +241,9 @@ class _LearningRateWarmup:
     def on_train_batch_begin(self, batch, logs=None):
         if self.current_epoch > self.warmup_epochs:
             return
-        epoch_float = self.current_epoch + batch / self.steps_per_epoch
+        # As Horovod: the rate a batch trains with is the one at the end of
+        # that batch, so the last batch of the warm-up reaches initial_lr.
+        epoch_float = self.current_epoch + (batch + 1) / self.steps_per_epoch
         self.model.optimizer.learning_rate = self.learning_rate(epoch_float)
 
     def on_epoch_end(self, epoch, logs=None):
