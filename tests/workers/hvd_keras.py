@@ -64,14 +64,14 @@ def weights(model):
     return [np.asarray(w) for w in model.get_weights()]
 
 
-def mlp(seed, optimizer, bn=None, loss="mse"):
+def mlp(seed, optimizer, bn=None, loss="mse", jit_compile="auto"):
     keras.utils.set_random_seed(seed)
     layers = [keras.Input((FEATURES,)), keras.layers.Dense(8, activation="tanh")]
     if bn is not None:
         layers.append(bn())
     layers.append(keras.layers.Dense(1))
     model = keras.Sequential(layers)
-    model.compile(optimizer=optimizer, loss=loss)
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)
     return model
 
 
@@ -240,7 +240,8 @@ if MODE == "all":
     @check("tfring_distributed_optimizer_keras")
     def _():
         """tfring.DistributedOptimizer given a Keras 3 optimizer, with every
-        Horovod keyword, trains in fit like one process on the full batch."""
+        Horovod keyword, trains in fit (compiled with jit_compile=True) like
+        one process on the full batch."""
         batch = 4 * SIZE
         x, y = data(batch * 6, seed=21)
         kwargs = dict(name=None, device_dense="/gpu:0", device_sparse="",
@@ -253,7 +254,9 @@ if MODE == "all":
                       scale_local_gradients=True)
         opt = tfring.DistributedOptimizer(
             keras.optimizers.SGD(0.05, momentum=0.9), **kwargs)
-        model = mlp(22 + RANK, opt)
+        # XLA on, as Keras 3 sets it by default on GPU hosts: the broadcast
+        # callback turns it off for the step that runs tfring's ops.
+        model = mlp(22 + RANK, opt, jit_compile=True)
         model.fit(shard_batches(x, batch), shard_batches(y, batch),
                   batch_size=batch // SIZE, epochs=2, shuffle=False,
                   verbose=0, callbacks=[

@@ -95,7 +95,10 @@ def __getattr__(name):
     if name in _FROM_TFRING:
         import tfring
 
-        return getattr(tfring, name)
+        try:
+            return getattr(tfring, name)
+        except AttributeError:
+            pass
     raise AttributeError(f"module 'tfring.keras' has no attribute {name!r}")
 
 
