@@ -86,6 +86,8 @@ def test_two_ranks(check, tmp_path_factory):
     if check == "partial_optimizer_fit":
         assert len({o["local_digest"] for o in outs}) == 2, (
             "the local layer trained on each rank's data alone")
+    if check == "legacy_syncbn_and_callbacks":
+        assert outs[0]["distributed"]
     if check == "load_model":
         assert outs[0]["distributed"] and outs[0]["class"] == "Adam"
         assert outs[0]["iterations_loaded"] > 0

@@ -491,8 +491,8 @@ if MODE == "all":
     @check("legacy_syncbn_and_callbacks")
     def _():
         """tf_keras SyncBatchNormalization on uneven batches == BN on the
-        concatenation; the tf_keras LR schedule callback and
-        PartialDistributedOptimizer exist and run."""
+        concatenation; the tf_keras LR schedule callback,
+        PartialDistributedOptimizer and load_model."""
         tf_keras, hvdl = _legacy()
         if tf_keras is None:
             return {"skipped": "tf_keras is not installed"}
@@ -529,8 +529,17 @@ if MODE == "all":
                               m.optimizer.learning_rate))))])
         want = [0.1] * 2 + [0.05] * 2
         worst_lr = diff([lrs], [want])
-        return {"max_diff": max(worst, worst_lr), "tol": 1e-4,
-                "shared_digest": digest(m.layers[0].get_weights())}
+        # load_model: the saved optimizer state comes back, distributed.
+        path = os.path.join(SHARED, f"legacy{RANK}.keras")
+        m.save(path)
+        loaded = hvdl.load_model(path)
+        restored = diff(
+            [loaded.optimizer.iterations.numpy()] + loaded.get_weights(),
+            [m.optimizer.iterations.numpy()] + m.get_weights())
+        return {"max_diff": max(worst, worst_lr, restored), "tol": 1e-4,
+                "shared_digest": digest(m.layers[0].get_weights()),
+                "distributed": getattr(loaded.optimizer, "_tfring_config",
+                                       None) is not None}
 
 
 report(results)
