@@ -4,7 +4,8 @@ The one-line way:
 
     model.fit(x, y, callbacks=[tfring.keras.callbacks.RingAllreduceCallback()])
 
-Horovod-style, one piece at a time:
+Horovod-style, one piece at a time (a horovod.tensorflow.keras script
+runs with `import tfring.keras as hvd`; see docs/from-horovod-keras.md):
 
     import tfring.keras as tk
     tk.init()
@@ -86,8 +87,7 @@ _FROM_TFRING = (
     "start_timeline", "stop_timeline", "mpi_threads_supported",
     "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
     "ddl_built", "ccl_built", "cuda_built", "rocm_built", "ProcessSet",
-    "global_process_set", "add_process_set", "remove_process_set", "join",
-    "barrier", "broadcast_object", "allgather_object",
+    "global_process_set", "add_process_set", "remove_process_set",
 )
 
 
