@@ -71,6 +71,8 @@ _LAZY = {
     "Compression": "tfring.compression",
     "DistributedGradientTape": "tfring.optimizers",
     "DistributedOptimizer": "tfring.optimizers",
+    "PartialDistributedGradientTape": "tfring.optimizers",
+    "SyncBatchNormalization": "tfring.keras",
     # The function shadows its module once loaded; an explicit
     # `import tfring.rewrite` before first use leaves the module here instead.
     "rewrite": "tfring.rewrite",
