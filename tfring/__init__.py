@@ -39,6 +39,11 @@ _LAZY = {
     "Compression": "tfring.compression",
     "DistributedGradientTape": "tfring.optimizers",
     "DistributedOptimizer": "tfring.optimizers",
+    "ProcessSet": "tfring.process_sets",
+    "global_process_set": "tfring.process_sets",
+    "add_process_set": "tfring.process_sets",
+    "remove_process_set": "tfring.process_sets",
+    "process_set_by_id": "tfring.process_sets",
     # The function shadows its module once loaded; an explicit
     # `import tfring.rewrite` before first use leaves the module here instead.
     "rewrite": "tfring.rewrite",

@@ -8,10 +8,13 @@ from tfring import _bootstrap, _core
 _joins = 0  # init attempts in this process
 
 
-def init(comm=None):
+def init(comm=None, process_sets=None):
     """Joins the job. Reads the launcher's environment (tfring-run, mpirun,
     srun); a process started without a launcher is a job of size 1. `comm`
-    may be an mpi4py communicator to run on instead of MPI_COMM_WORLD."""
+    may be an mpi4py communicator to run on instead of MPI_COMM_WORLD.
+    `process_sets`: tfring.ProcessSet objects to create now, on every rank
+    (see tfring.process_sets); "dynamic" is accepted, as in Horovod (sets
+    can always be added later here)."""
     global _joins
     if _core.is_initialized():
         return
@@ -23,11 +26,21 @@ def init(comm=None):
         store = _core.PrefixStore(f"join{_joins}/", store)
     _joins += 1
     _core.init(rank, size, store, secret)
+    # ---- process sets (tfring/process_sets.py) ----
+    from tfring import process_sets as _ps
+
+    _ps._setup()
+    if process_sets is not None and process_sets != "dynamic":
+        for ps in process_sets:
+            _ps.add_process_set(ps)
 
 
 def shutdown():
     """Leaves the job. Outstanding collectives fail; init() may be called again."""
     _core.shutdown()
+    from tfring import process_sets as _ps
+
+    _ps._reset()
 
 
 def is_initialized():
