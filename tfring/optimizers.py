@@ -27,7 +27,7 @@ class _GradientReducer:
     """Allreduces a list of gradients; None entries stay None."""
 
     def __init__(self, op, compression, sparse_as_dense,
-                 gradient_predivide_factor, name):
+                 gradient_predivide_factor, name, process_set=None):
         self.op_name = _ops._reduce_op_name(op)
         if self.op_name not in ("sum", "average"):
             raise ValueError(f"tfring: gradients are averaged or summed over "
@@ -40,12 +40,15 @@ class _GradientReducer:
         self.sparse_as_dense = sparse_as_dense
         self.predivide = float(gradient_predivide_factor)
         self.name = name
+        self.process_set = process_set  # None: every rank
 
     def _op_and_scales(self):
         # Predividing splits the 1/size of an average into a factor applied
         # before the sum (keeps float16 sums in range) and one after it.
         if self.predivide != 1.0:
-            return "sum", 1.0 / self.predivide, self.predivide / basics.size()
+            size = (basics.size() if self.process_set is None
+                    else len(self.process_set.ranks))
+            return "sum", 1.0 / self.predivide, self.predivide / size
         return self.op_name, 1.0, 1.0
 
     def reduce(self, grads):
@@ -61,7 +64,7 @@ class _GradientReducer:
             reduced = _ops.grouped_allreduce(
                 [grads[i] for i in present], op, name=self.name,
                 compression=self.compression, prescale_factor=pre,
-                postscale_factor=post)
+                postscale_factor=post, process_set=self.process_set)
         else:
             # One op per gradient, so each starts as soon as backprop has
             # produced it and communication overlaps the rest of backprop;
@@ -70,7 +73,8 @@ class _GradientReducer:
                 reduced = [_ops.allreduce(grads[i], op,
                                           compression=self.compression,
                                           prescale_factor=pre,
-                                          postscale_factor=post)
+                                          postscale_factor=post,
+                                          process_set=self.process_set)
                            for i in present]
         for i, r in zip(present, reduced):
             out[i] = r
@@ -180,7 +184,7 @@ class DistributedGradientTape(tf.GradientTape):
     def __init__(self, gradtape, device_dense="", device_sparse="",
                  compression=Compression.none, sparse_as_dense=False,
                  op=Average, gradient_predivide_factor=1.0,
-                 backward_passes_per_step=1):
+                 backward_passes_per_step=1, process_set=None):
         if not isinstance(gradtape, tf.GradientTape):
             raise TypeError(f"tfring.DistributedGradientTape wraps a "
                             f"tf.GradientTape, got {type(gradtape).__name__}")
@@ -188,7 +192,7 @@ class DistributedGradientTape(tf.GradientTape):
         self.__dict__.update(gradtape.__dict__)
         self._tfring_reducer = _GradientReducer(
             op, compression, sparse_as_dense, gradient_predivide_factor,
-            "DistributedGradientTape_Allreduce")
+            "DistributedGradientTape_Allreduce", process_set)
         self._tfring_passes = _check_passes(backward_passes_per_step)
 
     def gradient(self, target, sources, output_gradients=None,
@@ -283,7 +287,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False,
                          device_dense="", device_sparse="",
                          compression=Compression.none, sparse_as_dense=False,
                          op=Average, gradient_predivide_factor=1.0,
-                         backward_passes_per_step=1):
+                         backward_passes_per_step=1, process_set=None):
     """Wraps a tf.compat.v1.train optimizer: compute_gradients (and so
     minimize) averages (op=Average) or sums (op=Sum) every gradient over all
     ranks before apply_gradients sees it. Works in tf.compat.v1 graphs and
@@ -294,7 +298,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False,
     (and global_step) on those calls only.
 
     device_dense/device_sparse are accepted for Horovod compatibility and
-    ignored (the collectives run on tfring's engine).
+    ignored (the collectives run on tfring's engine). process_set: reduce
+    over that tfring.ProcessSet's ranks only (default: every rank).
     """
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise TypeError(
@@ -304,7 +309,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False,
             f"in a custom training loop")
     reducer = _GradientReducer(op, compression, sparse_as_dense,
                                gradient_predivide_factor,
-                               "DistributedOptimizer_Allreduce")
+                               "DistributedOptimizer_Allreduce", process_set)
     return _DistributedOptimizer(
         optimizer, name or f"Distributed{type(optimizer).__name__}",
         use_locking, reducer, _check_passes(backward_passes_per_step))

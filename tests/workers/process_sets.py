@@ -188,7 +188,10 @@ def run_static():
     @check("dynamic_add_remove")
     def _():
         os.environ["TFRING_DYNAMIC_PROCESS_SETS"] = "1"  # accepted, not needed
-        threads = None
+        def usage():
+            return (len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd")))
+
+        base, alive = None, []
         for cycle in range(5):
             ps = tfring.add_process_set([0, 3] if cycle % 2 else [1, 2, 3])
             assert ps.process_set_id == 3 + cycle
@@ -196,18 +199,21 @@ def run_static():
                 y = _core.allreduce(np.full(4, rank + cycle, dtype=np.int64), op="sum",
                                     name="dyn", process_set=ps.process_set_id)
                 assert np.array_equal(y, np.full(4, sum(r + cycle for r in ps.ranks)))
+                alive.append(usage())
             assert tfring.remove_process_set(ps) is True
             assert ps.process_set_id is None and ps.ranks is None
             # The world still works after a removal.
             w = _core.allreduce(np.ones(3), op="sum", name="after.remove")
             assert np.array_equal(w, np.full(3, 4.0))
-            now = len(os.listdir("/proc/self/task"))
+            now = usage()
             if cycle == 1:
-                threads = now
-            elif cycle > 1:
-                assert now <= threads, f"threads grew from {threads} to {now}"
+                base = now
+            elif cycle > 1:  # nothing leaks from one add/remove to the next
+                assert now <= base, f"(threads, fds) grew from {base} to {now}"
         assert tfring.remove_process_set(tfring.global_process_set) is False
-        return {"threads": threads}
+        # What a live set costs this member, over the state after removal.
+        cost = [(t - base[0], f - base[1]) for t, f in alive]
+        return {"threads_fds_after_remove": base, "per_set_threads_fds": cost}
 
     @check("shutdown_and_reinit")
     def _():
@@ -353,6 +359,28 @@ def run_tf():
         g = step().numpy()
         want = np.array([3.0 if rank == 3 else 0.0, 3.0 if rank == 1 else 0.0])
         assert np.allclose(g, want), (g, want)
+
+    @check("tf_tape")
+    def _():
+        # DistributedGradientTape averages over the set only.
+        xs = inputs(41, mine.ranks, (5,))
+        w = tf.Variable(tf.zeros(5, tf.float64))
+
+        @tf.function
+        def step(x):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(w * x)
+            tape = tfring.DistributedGradientTape(tape, process_set=mine)
+            return tape.gradient(loss, [w])[0]
+
+        g = step(tf.constant(xs[rank])).numpy()
+        assert np.allclose(g, sum(xs.values()) / 2, rtol=1e-12), g
+
+    @check("tf_broadcast_variables")
+    def _():
+        v = tf.Variable(tf.fill([3], float(rank)))
+        tfring.broadcast_variables([v], root_rank=mine.ranks[1], process_set=mine)
+        assert np.array_equal(v.numpy(), np.full(3, float(mine.ranks[1]))), v.numpy()
 
     @check("tf_two_sets_concurrently")
     def _():
