@@ -50,3 +50,16 @@ def test_tf_ops_on_process_sets():
     outs = run("tf", timeout=240)
     assert_all_ok(outs, ["tf_eager", "tf_function", "tf_gradient", "tf_tape",
                          "tf_broadcast_variables", "tf_two_sets_concurrently"])
+
+
+def test_a_member_dying_fails_every_rank_naming_it():
+    results = run_ranks(4, "process_sets.py", args=["fault"], timeout=120)
+    assert results[3].returncode != 0
+    for r in results[:3]:
+        assert r.returncode == 0, r.stderr[-3000:]
+        out = r.result["fault"]
+        assert out["ok"], out
+        assert out["type"] == "PeerFailureError", out
+        # Rank 3 is named as the job's rank, not its index in the set.
+        assert "rank 3" in out["msg"] and "rank 1:" not in out["msg"], out["msg"]
+        assert out["seconds"] < 30, out  # detected, not waited out (TFRING_TIMEOUT=60)

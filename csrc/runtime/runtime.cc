@@ -105,6 +105,7 @@ std::unique_ptr<Comm> connectComm(rendezvous::Store* store, int rank, int size,
     std::vector<std::string> desc;
     for (int r = 0; r < size; ++r) desc.push_back(describeRank(T, r, label(r)));
     coord.reset(new Coordinator(std::move(fds), std::move(desc), c->cfg));
+    if (labels) coord->setRankLabels(*labels);
   } else {
     int port = std::stoi(store->getString("coord/port", c->cfg.timeout_s));
     ctrl = net::connectTo(T.peers[0].addr, port, deadline);

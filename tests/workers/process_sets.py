@@ -7,9 +7,11 @@ Modes:
   static   -- sets created by init(process_sets=[...]), dynamic add/remove
   errors   -- bad sets, a non-member calling, a removed set, a mismatch
   tf       -- the TF ops with process_set=, eager and tf.function, gradients
+  fault    -- a member of a set dies: every survivor's error names it
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -396,7 +398,30 @@ def run_tf():
             assert np.allclose(y.numpy(), sum(xs.values()), rtol=1e-12), i
 
 
-{"core": run_core, "static": run_static, "errors": run_errors, "tf": run_tf}[mode]()
-# Every rank leaves the world together: nothing still needs a set.
-_core.allreduce(np.zeros(1), name="end")
+def run_fault():
+    """Rank 3 dies while rank 2 waits for it on set [2, 3] and ranks 0 and 1
+    wait for it on the world: every survivor's error names rank 3."""
+    b = tfring.add_process_set([2, 3])
+    if b.included():
+        _core.allreduce(np.ones(4), name="warm", process_set=b.process_set_id)
+    _core.allreduce(np.ones(4), name="warm")
+    t0 = time.monotonic()
+    if rank == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        if rank == 2:
+            _core.allreduce(np.ones(1000), name="f", process_set=b.process_set_id)
+        else:
+            _core.allreduce(np.ones(10), name="w")
+        results["fault"] = {"ok": False, "error": "no error"}
+    except Exception as e:  # noqa: BLE001 - the message is what is checked
+        results["fault"] = {"ok": True, "msg": str(e), "type": type(e).__name__,
+                            "seconds": time.monotonic() - t0}
+
+
+{"core": run_core, "static": run_static, "errors": run_errors, "tf": run_tf,
+ "fault": run_fault}[mode]()
+if mode != "fault":
+    # Every rank leaves the world together: nothing still needs a set.
+    _core.allreduce(np.zeros(1), name="end")
 report(results)
