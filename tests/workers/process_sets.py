@@ -195,7 +195,7 @@ def run_static():
 
         base, alive = None, []
         for cycle in range(5):
-            ps = tfring.add_process_set([0, 3] if cycle % 2 else [1, 2, 3])
+            ps = tfring.add_process_set([[1, 2, 3], [0, 3], [2], [0, 3], [1, 2, 3]][cycle])
             assert ps.process_set_id == 3 + cycle
             if ps.included():
                 y = _core.allreduce(np.full(4, rank + cycle, dtype=np.int64), op="sum",
