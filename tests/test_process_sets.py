@@ -48,7 +48,7 @@ def test_errors_name_the_set_on_every_rank():
 
 def test_tf_ops_on_process_sets():
     outs = run("tf", timeout=240)
-    assert_all_ok(outs, ["tf_eager", "tf_function", "tf_gradient", "tf_tape",
+    assert_all_ok(outs, ["tf_errors", "tf_eager", "tf_function", "tf_gradient", "tf_tape",
                          "tf_broadcast_variables", "tf_two_sets_concurrently"])
 
 

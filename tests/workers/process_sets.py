@@ -262,9 +262,10 @@ def run_errors():
 
     @check("non_member_python")
     def _():
+        # What every process_set= argument goes through (the TF wrappers'
+        # own use of it is checked in the tf mode).
         ps = b if rank in a.ranks else a
-        import tensorflow as tf  # noqa: F401 - the TF wrapper's check
-        return {"msg": expect_error(lambda: tfring.allreduce(np.ones(2), process_set=ps),
+        return {"msg": expect_error(lambda: psm._process_set_arg(ps),
                                     f"rank {rank} is not in process set "
                                     f"{ps.process_set_id} (ranks {ps.ranks})")}
 
@@ -296,9 +297,7 @@ def run_errors():
             expect_error(lambda: _core.allreduce(np.ones(2), name="gone",
                                                  process_set=old_id),
                          "process set 1 (ranks [0, 1])", "has been removed")
-        import tensorflow as tf  # noqa: F401
-        return {"msg": expect_error(lambda: tfring.allreduce(np.ones(2), process_set=a),
-                                    "is not registered")}
+        return {"msg": expect_error(lambda: psm._process_set_arg(a), "is not registered")}
 
     @check("unknown_set")
     def _():
@@ -333,6 +332,19 @@ def run_tf():
         assert np.allclose(rs.numpy(), full[3 * me:3 * me + 3], rtol=1e-12)
         assert np.allclose(gar[0].numpy(), full / 2, rtol=1e-12)
         assert np.allclose(gar[1].numpy(), full, rtol=1e-12)
+
+    @check("tf_errors")
+    def _():
+        other = b if mine is a else a
+        expect_error(lambda: tfring.allreduce(tf.ones(2), process_set=other),
+                     f"rank {rank} is not in process set {other.process_set_id}")
+        expect_error(lambda: tfring.broadcast(tf.ones(2), root_rank=other.ranks[0],
+                                              process_set=mine),
+                     f"root rank {other.ranks[0]} is not in process set")
+        gone = tfring.add_process_set([0, 1, 2])
+        tfring.remove_process_set(gone)
+        expect_error(lambda: tfring.allgather(tf.ones(2), process_set=gone),
+                     "is not registered")
 
     @check("tf_eager")
     def _():
