@@ -118,6 +118,8 @@ _next_id = 1
 
 
 def _label(ps_id, ranks):
+    if ps_id == 0:
+        return f"the global process set (id 0, ranks {list(ranks)})"
     return f"process set {ps_id} (ranks {list(ranks)})"
 
 
