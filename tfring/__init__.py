@@ -73,6 +73,11 @@ _LAZY = {
     "DistributedOptimizer": "tfring.optimizers",
     "PartialDistributedGradientTape": "tfring.optimizers",
     "SyncBatchNormalization": "tfring.keras",
+    "ProcessSet": "tfring.process_sets",
+    "global_process_set": "tfring.process_sets",
+    "add_process_set": "tfring.process_sets",
+    "remove_process_set": "tfring.process_sets",
+    "process_set_by_id": "tfring.process_sets",
     # The function shadows its module once loaded; an explicit
     # `import tfring.rewrite` before first use leaves the module here instead.
     "rewrite": "tfring.rewrite",

@@ -18,10 +18,10 @@ def init(comm=None, process_sets=None):
     srun, else TF_CONFIG); a process started without a launcher is a job of
     size 1. `comm` may be an mpi4py communicator to run on instead of
     MPI_COMM_WORLD. HOROVOD_* tunables are read as their TFRING_* ones.
-    `process_sets` (Horovod's) may name only the global set."""
+    `process_sets`: tfring.ProcessSet objects to create now, on every rank
+    (see tfring.process_sets); "dynamic" is accepted, as in Horovod (sets
+    can always be added later here)."""
     global _joins
-    for ps in process_sets or ():
-        _process_set_arg(ps)
     if _core.is_initialized():
         return
     # Before anything reads TFRING_*: the bootstrap (TFRING_TIMEOUT,
@@ -41,11 +41,21 @@ def init(comm=None, process_sets=None):
         store = _core.PrefixStore(f"join{_joins}/", store)
     _joins += 1
     _core.init(rank, size, store, secret)
+    # ---- process sets (tfring/process_sets.py) ----
+    from tfring import process_sets as _ps
+
+    _ps._setup()
+    if process_sets is not None and process_sets != "dynamic":
+        for ps in process_sets:
+            _ps.add_process_set(ps)
 
 
 def shutdown():
     """Leaves the job. Outstanding collectives fail; init() may be called again."""
     _core.shutdown()
+    from tfring import process_sets as _ps
+
+    _ps._reset()
 
 
 def is_initialized():
@@ -94,11 +104,12 @@ def is_homogeneous():
 
 
 def barrier(process_set=None):
-    """Blocks until every rank has called barrier()."""
+    """Blocks until every rank (of `process_set`) has called barrier()."""
     _require()
-    _process_set_arg(process_set)
+    ps_id = _process_set_arg(process_set)
     # An allreduce finishes on a rank only after every rank has submitted it.
-    _core.allreduce(np.zeros(1, np.int32), "sum", name="tfring.barrier")
+    _core.allreduce(np.zeros(1, np.int32), "sum", name="tfring.barrier",
+                    process_set=ps_id)
 
 
 def start_timeline(file_path, mark_cycles=False):

@@ -23,7 +23,7 @@ import pickle
 import numpy as np
 
 from tfring import _core, basics
-from tfring.process_sets import _process_set_arg
+from tfring.process_sets import _process_set_arg, _rank_size
 
 try:
     import cloudpickle as _pickler
@@ -48,19 +48,23 @@ def broadcast_object(obj, root_rank=0, session=None, name=None,
     """Returns `root_rank`'s `obj` on every rank (other ranks' `obj` is
     ignored; None will do)."""
     basics._require()
-    _process_set_arg(process_set)
+    ps_id = _process_set_arg(process_set)
     name = name or "broadcast_object"
     root_rank = int(root_rank)
     if not 0 <= root_rank < basics.size():
         raise ValueError(f"tfring: broadcast_object root_rank {root_rank} is "
                          f"not a rank of this job (size {basics.size()})")
+    if ps_id and root_rank not in process_set.ranks:
+        raise ValueError(f"tfring: broadcast_object root_rank {root_rank} is "
+                         f"not in process set {ps_id} (ranks {process_set.ranks})")
     is_root = basics.rank() == root_rank
     data = _dumps(obj) if is_root else None
     n = np.array([data.size if is_root else 0], np.int64)
-    n = _core.broadcast(n, root=root_rank, name=f"{name}.sz")
+    n = _core.broadcast(n, root=root_rank, name=f"{name}.sz", process_set=ps_id)
     if not is_root:
         data = np.zeros(int(n[0]), np.uint8)
-    data = _core.broadcast(data, root=root_rank, name=f"{name}.t")
+    data = _core.broadcast(data, root=root_rank, name=f"{name}.t",
+                           process_set=ps_id)
     return obj if is_root else _loads(data)
 
 
@@ -80,11 +84,12 @@ def broadcast_object_fn(root_rank=0, session=None, name=None,
 def allgather_object(obj, session=None, name=None, process_set=None):
     """Returns the list of every rank's `obj`, in rank order."""
     basics._require()
-    _process_set_arg(process_set)
+    ps_id = _process_set_arg(process_set)
     name = name or "allgather_object"
     data = _dumps(obj)
-    sizes = _core.allgather(np.array([data.size], np.int64), name=f"{name}.sz")
-    gathered = _core.allgather(data, name=f"{name}.t")
+    sizes = _core.allgather(np.array([data.size], np.int64), name=f"{name}.sz",
+                            process_set=ps_id)
+    gathered = _core.allgather(data, name=f"{name}.t", process_set=ps_id)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     return [_loads(gathered[offsets[r]:offsets[r + 1]])
-            for r in range(basics.size())]
+            for r in range(_rank_size(ps_id)[1])]

@@ -39,7 +39,7 @@ from tensorflow.python.ops import control_flow_util as _cf_util
 
 from tfring import Adasum, Average, Max, Min, Product, Sum, basics
 from tfring.compression import Compression
-from tfring.process_sets import _process_set_arg
+from tfring.process_sets import _process_set_arg, _rank_size
 
 __all__ = [
     "Adasum", "Average", "Compression", "Max", "Min", "Product", "Sum",
@@ -205,12 +205,13 @@ def _run_op(op_fn, op_type, name, ignore_name_scope=False, **attrs):
 # ----------------------------------------------------------- collectives ----
 
 def _allreduce(tensor, op="average", name=None, prescale_factor=1.0,
-               postscale_factor=1.0, ignore_name_scope=False):
+               postscale_factor=1.0, ignore_name_scope=False, ps_id=0):
     return _run_op(_lib.ring_allreduce, "RingAllreduce", name,
                    ignore_name_scope, tensor=tensor,
                    reduce_op=_reduce_op_name(op),
                    prescale_factor=float(prescale_factor),
-                   postscale_factor=float(postscale_factor))
+                   postscale_factor=float(postscale_factor),
+                   process_set_id=ps_id)
 
 
 @_no_autograph
@@ -220,7 +221,9 @@ def allreduce(tensor, op=None, name=None, compression=Compression.none,
               ignore_name_scope=False):
     """Reduces `tensor` across all ranks; every rank gets
     `postscale_factor * op(prescale_factor * tensor)`. `op` is one of
-    Sum, Average (the default), Min, Max, Product, Adasum.
+    Sum, Average (the default), Min, Max, Product, Adasum. `process_set`
+    (a tfring.ProcessSet, default every rank) restricts it to that set's
+    ranks; every collective here takes it.
 
     A tf.IndexedSlices is allgathered (values and indices), not densified:
     the result is an IndexedSlices holding every rank's rows (divided by
@@ -231,34 +234,42 @@ def allreduce(tensor, op=None, name=None, compression=Compression.none,
     `ignore_name_scope`; `device_dense`/`device_sparse` are accepted and
     do nothing (the op runs where the tensor is).
     """
-    _process_set_arg(process_set)
+    ps_id = _process_set_arg(process_set)
     op_name = _reduce_op_name(_handle_average(op, average))
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_indexed_slices(tensor, op_name, name, compression,
                                          prescale_factor * postscale_factor,
-                                         ignore_name_scope)
+                                         ignore_name_scope, process_set)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     if op_name == "adasum":
+        _adasum_world_only(ps_id)
         from tfring import adasum
         reduced = adasum.allreduce(compressed, name, prescale_factor,
                                    postscale_factor, ignore_name_scope)
     else:
         reduced = _allreduce(compressed, op_name, name, prescale_factor,
-                             postscale_factor, ignore_name_scope)
+                             postscale_factor, ignore_name_scope, ps_id)
     return compression.decompress(reduced, ctx)
 
 
-def _scale_gathered_values(values, op_name, scale):
+def _adasum_world_only(ps_id):
+    if ps_id:
+        raise NotImplementedError(
+            f"tfring: Adasum runs on every rank only, not on process set "
+            f"{ps_id}; use op=Average or Sum on a process set")
+
+
+def _scale_gathered_values(values, op_name, scale, size):
     """Scales allgathered IndexedSlices values: Average divides by the number
     of ranks with true division (integers become floating, as in Horovod);
     an integer Sum with a scale other than 1 is scaled in float64 and
     truncated toward zero, as the dense integer collectives do."""
     if op_name == "average":
         if values.dtype.is_integer or values.dtype.is_bool:
-            values = tf.math.truediv(values, tf.cast(basics.size(), values.dtype))
+            values = tf.math.truediv(values, tf.cast(size, values.dtype))
             return values * tf.cast(scale, values.dtype) if scale != 1.0 else values
-        scale = scale / basics.size()
+        scale = scale / size
     if scale == 1.0:
         return values
     if values.dtype.is_integer:
@@ -267,7 +278,7 @@ def _scale_gathered_values(values, op_name, scale):
 
 
 def _allreduce_indexed_slices(slices, op_name, name, compression, scale,
-                              ignore_name_scope=False):
+                              ignore_name_scope=False, process_set=None):
     if op_name not in ("sum", "average"):
         raise NotImplementedError(
             f"tfring: allreduce of a tf.IndexedSlices supports Sum and "
@@ -275,12 +286,15 @@ def _allreduce_indexed_slices(slices, op_name, name, compression, scale,
             f"(tf.convert_to_tensor) or use sparse_as_dense=True")
     values, ctx = compression.compress(slices.values)
     values = allgather(values, name=f"{name}.values" if name else None,
-                       ignore_name_scope=ignore_name_scope)
+                       ignore_name_scope=ignore_name_scope,
+                       process_set=process_set)
     indices = allgather(slices.indices,
                         name=f"{name}.indices" if name else None,
-                        ignore_name_scope=ignore_name_scope)
+                        ignore_name_scope=ignore_name_scope,
+                        process_set=process_set)
+    size = _rank_size(_process_set_arg(process_set))[1]
     values = _scale_gathered_values(compression.decompress(values, ctx),
-                                    op_name, scale)
+                                    op_name, scale, size)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -294,7 +308,7 @@ def grouped_allreduce(tensors, op=None, name=None,
     handed to the engine together, so they are fused and finish together.
     tf.IndexedSlices entries are allgathered as in `allreduce`. Takes
     Horovod's keywords as `allreduce` does."""
-    _process_set_arg(process_set)
+    ps_id = _process_set_arg(process_set)
     tensors = list(tensors)
     if not tensors:
         return []
@@ -305,13 +319,15 @@ def grouped_allreduce(tensors, op=None, name=None,
         if isinstance(t, tf.IndexedSlices):
             results[i] = _allreduce_indexed_slices(
                 t, op_name, f"{name}.{i}" if name else None, compression,
-                prescale_factor * postscale_factor, ignore_name_scope)
+                prescale_factor * postscale_factor, ignore_name_scope,
+                process_set)
             continue
         c, ctx = compression.compress(tf.convert_to_tensor(t))
         dense.append(c)
         dense_idx.append(i)
         ctxs.append(ctx)
     if dense and op_name == "adasum":
+        _adasum_world_only(ps_id)
         from tfring import adasum
         reduced = adasum.grouped_allreduce(dense, name, prescale_factor,
                                            postscale_factor, ignore_name_scope)
@@ -320,7 +336,8 @@ def grouped_allreduce(tensors, op=None, name=None,
                           name, ignore_name_scope, tensors=dense,
                           reduce_op=op_name,
                           prescale_factor=float(prescale_factor),
-                          postscale_factor=float(postscale_factor))
+                          postscale_factor=float(postscale_factor),
+                          process_set_id=ps_id)
     for i, r, ctx in zip(dense_idx, reduced if dense else [], ctxs):
         results[i] = compression.decompress(r, ctx)
     return results
@@ -330,9 +347,9 @@ def grouped_allreduce(tensors, op=None, name=None,
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     """Concatenates every rank's `tensor` along dimension 0, in rank order.
     The first dimension may differ between ranks; the others must agree."""
-    _process_set_arg(process_set)
     return _run_op(_lib.ring_allgather, "RingAllgather", name,
-                   ignore_name_scope, tensor=tf.convert_to_tensor(tensor))
+                   ignore_name_scope, tensor=tf.convert_to_tensor(tensor),
+                   process_set_id=_process_set_arg(process_set))
 
 
 @_no_autograph
@@ -343,18 +360,23 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
     across ranks by `name.i` (eager, with a name) or its node name."""
     _process_set_arg(process_set)
     return [allgather(t, name=f"{name}.{i}" if name else None,
-                      ignore_name_scope=ignore_name_scope)
+                      ignore_name_scope=ignore_name_scope,
+                      process_set=process_set)
             for i, t in enumerate(tensors)]
 
 
 @_no_autograph
 def broadcast(tensor, root_rank=0, name=None, ignore_name_scope=False,
               process_set=None):
-    """Every rank gets `root_rank`'s `tensor`."""
-    _process_set_arg(process_set)
+    """Every rank gets `root_rank`'s `tensor`. On a process set, root_rank
+    is a global rank, which must be in the set (as in Horovod)."""
+    ps_id = _process_set_arg(process_set)
+    if ps_id and int(root_rank) not in process_set.ranks:
+        raise ValueError(f"tfring: broadcast root rank {int(root_rank)} is not in "
+                         f"process set {ps_id} (ranks {process_set.ranks})")
     return _run_op(_lib.ring_broadcast, "RingBroadcast", name,
                    ignore_name_scope, tensor=tf.convert_to_tensor(tensor),
-                   root_rank=int(root_rank))
+                   root_rank=int(root_rank), process_set_id=ps_id)
 
 
 def _reducescatter_rows(rows, rank, size):
@@ -368,7 +390,7 @@ def reducescatter(tensor, op=Average, name=None, compression=Compression.none,
     """Reduces `tensor` across ranks like `allreduce` and returns this rank's
     rows of the result: dimension 0 is split as evenly as possible, the first
     (rows % size) ranks getting one extra row."""
-    _process_set_arg(process_set)
+    ps_id = _process_set_arg(process_set)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     op_name = _reduce_op_name(op)
@@ -378,10 +400,11 @@ def reducescatter(tensor, op=Average, name=None, compression=Compression.none,
     out = _run_op(_lib.ring_reducescatter, "RingReducescatter", name,
                   ignore_name_scope, tensor=compressed, reduce_op=op_name,
                   prescale_factor=float(prescale_factor),
-                  postscale_factor=float(postscale_factor))
+                  postscale_factor=float(postscale_factor),
+                  process_set_id=ps_id)
     rows = tensor.shape[0] if tensor.shape.rank else None
     if rows is not None and not tf.executing_eagerly() and basics.is_initialized():
-        out.set_shape([_reducescatter_rows(rows, basics.rank(), basics.size())]
+        out.set_shape([_reducescatter_rows(rows, *_rank_size(ps_id))]
                       + tensor.shape[1:].as_list())
     return compression.decompress(out, ctx)
 
@@ -400,7 +423,8 @@ def grouped_reducescatter(tensors, device_dense="",
                           compression=compression,
                           prescale_factor=prescale_factor,
                           postscale_factor=postscale_factor,
-                          ignore_name_scope=ignore_name_scope)
+                          ignore_name_scope=ignore_name_scope,
+                          process_set=process_set)
             for i, t in enumerate(tensors)]
 
 
@@ -409,9 +433,9 @@ def grouped_reducescatter(tensors, device_dense="",
 _broadcast_group_fn = None
 
 
-def _broadcast_group(variables, root_rank):
+def _broadcast_group(variables, root_rank, process_set=None):
     for var in variables:
-        var.assign(broadcast(var, root_rank))
+        var.assign(broadcast(var, root_rank, process_set=process_set))
 
 
 def _as_tf_variable(var):
@@ -438,9 +462,13 @@ def broadcast_variables(variables, root_rank=0, process_set=None,
         if _broadcast_group_fn is None:
             _broadcast_group_fn = tf.function(_broadcast_group, autograph=False)
         if variables:
-            _broadcast_group_fn(variables, int(root_rank))
+            if process_set is None:
+                _broadcast_group_fn(variables, int(root_rank))
+            else:
+                _broadcast_group_fn(variables, int(root_rank), process_set)
         return None
-    return tf.group(*[v.assign(broadcast(v, root_rank)) for v in variables])
+    return tf.group(*[v.assign(broadcast(v, root_rank, process_set=process_set))
+                      for v in variables])
 
 
 @_no_autograph
@@ -453,7 +481,8 @@ def broadcast_(variables, root_rank, name=None, process_set=None):
     _process_set_arg(process_set)
     variables = [_as_tf_variable(v) for v in variables]
     updates = [v.assign(broadcast(v, root_rank,
-                                  name=f"{name}.{i}" if name else None))
+                                  name=f"{name}.{i}" if name else None,
+                                  process_set=process_set))
                for i, v in enumerate(variables)]
     if tf.executing_eagerly():
         return [v.read_value() for v in variables]
@@ -515,10 +544,27 @@ def _attr_str(op, name):
     return v.decode() if isinstance(v, bytes) else v
 
 
-def _reduce_grad(op_name, x, y_full, g_full, pre, post):
+def _ps_of(op):
+    """The op's process set: (id, the ProcessSet or None for the world).
+    Gradients run on the same set as the op."""
+    try:
+        ps_id = int(op.get_attr("process_set_id"))
+    except ValueError:  # graphs built before the attribute existed
+        ps_id = 0
+    if ps_id == 0:
+        return 0, None
+    from tfring.process_sets import process_set_by_id
+    return ps_id, process_set_by_id(ps_id)
+
+
+def _reduce_grad(op_name, x, y_full, g_full, pre, post, ps_id=0):
     """dL/dx for y_full = post * op_r(pre * x_r), given g_full = the sum over
     ranks of dL/dy_full (y_full: the whole reduced tensor)."""
-    size = basics.size()
+    ps = None
+    if ps_id:
+        from tfring.process_sets import process_set_by_id
+        ps = process_set_by_id(ps_id)
+    me, size = _rank_size(ps_id)
     if op_name in ("sum", "average"):
         scale = pre * post / (size if op_name == "average" else 1)
         return g_full * tf.cast(scale, g_full.dtype)
@@ -528,18 +574,18 @@ def _reduce_grad(op_name, x, y_full, g_full, pre, post):
         # negative prescale swaps min and max).
         if pre < 0:
             op_name = "max" if op_name == "min" else "min"
-        best = _allreduce(x, op_name)
+        best = _allreduce(x, op_name, ps_id=ps_id)
         mask = tf.cast(tf.equal(x, best), g_full.dtype)
-        count = _allreduce(mask, "sum")
+        count = _allreduce(mask, "sum", ps_id=ps_id)
         return g_full * tf.cast(pre * post, g_full.dtype) * mask / count
     if op_name == "product":
         # dy/dx_r = post * pre^size * product of the other ranks' x, built
         # from exclusive cumulative products so zeros need no division.
-        xs = allgather(tf.expand_dims(x, 0))
+        xs = allgather(tf.expand_dims(x, 0), process_set=ps)
         others = (tf.math.cumprod(xs, axis=0, exclusive=True)
                   * tf.math.cumprod(xs, axis=0, exclusive=True, reverse=True))
         scale = post * pre ** size
-        return g_full * others[basics.rank()] * tf.cast(scale, g_full.dtype)
+        return g_full * others[me] * tf.cast(scale, g_full.dtype)
     raise NotImplementedError(f"tfring: no gradient for reduce op {op_name}")
 
 
@@ -547,10 +593,11 @@ def _allreduce_grad(op, grad):
     op_name = _attr_str(op, "reduce_op")
     pre = op.get_attr("prescale_factor")
     post = op.get_attr("postscale_factor")
+    ps_id, _ = _ps_of(op)
     if op_name in ("sum", "average"):
-        return _allreduce(grad, op_name, None, pre, post)
+        return _allreduce(grad, op_name, None, pre, post, ps_id=ps_id)
     return _reduce_grad(op_name, op.inputs[0], op.outputs[0],
-                        _allreduce(grad, "sum"), pre, post)
+                        _allreduce(grad, "sum", ps_id=ps_id), pre, post, ps_id)
 
 
 def _grouped_allreduce_grad(op, *grads):
@@ -559,15 +606,18 @@ def _grouped_allreduce_grad(op, *grads):
     post = op.get_attr("postscale_factor")
     present = [i for i, g in enumerate(grads) if g is not None]
     out = [None] * len(grads)
+    ps_id, ps = _ps_of(op)
     if op_name in ("sum", "average"):
         reduced = grouped_allreduce([grads[i] for i in present], op_name,
-                                    prescale_factor=pre, postscale_factor=post)
+                                    prescale_factor=pre, postscale_factor=post,
+                                    process_set=ps)
         for i, r in zip(present, reduced):
             out[i] = r
         return out
-    summed = grouped_allreduce([grads[i] for i in present], "sum")
+    summed = grouped_allreduce([grads[i] for i in present], "sum", process_set=ps)
     for i, g in zip(present, summed):
-        out[i] = _reduce_grad(op_name, op.inputs[i], op.outputs[i], g, pre, post)
+        out[i] = _reduce_grad(op_name, op.inputs[i], op.outputs[i], g, pre, post,
+                              ps_id)
     return out
 
 
@@ -581,10 +631,11 @@ def _allgather_grad(op, grad):
     # Every rank's loss depends on every rank's rows: average the gradients
     # over ranks, then keep this rank's rows. Ranks may contribute different
     # row counts, so the offsets come from the gathered counts.
-    grad = _allreduce(tf.convert_to_tensor(grad), "average")
+    ps_id, ps = _ps_of(op)
+    grad = _allreduce(tf.convert_to_tensor(grad), "average", ps_id=ps_id)
     rows = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
-    all_rows = allgather(rows)
-    begin = tf.reduce_sum(all_rows[:basics.rank()])
+    all_rows = allgather(rows, process_set=ps)
+    begin = tf.reduce_sum(all_rows[:_rank_size(ps_id)[0]])
     return grad[begin:begin + rows[0]]
 
 
@@ -593,7 +644,8 @@ def _broadcast_grad(op, grad):
     # rank's gradient, the others zero. Every rank builds the same graph
     # (the allreduce feeds the result on all of them), or graph optimizers
     # could drop the allreduce on non-root ranks only.
-    grad = _allreduce(tf.convert_to_tensor(grad), "average")
+    ps_id, _ = _ps_of(op)
+    grad = _allreduce(tf.convert_to_tensor(grad), "average", ps_id=ps_id)
     is_root = basics.rank() == op.get_attr("root_rank")
     return grad * tf.constant(1 if is_root else 0, grad.dtype)
 
@@ -604,8 +656,9 @@ def _reducescatter_grad(op, grad):
     op_name = _attr_str(op, "reduce_op")
     pre = op.get_attr("prescale_factor")
     post = op.get_attr("postscale_factor")
-    g_full = allgather(tf.convert_to_tensor(grad))
-    return _reduce_grad(op_name, op.inputs[0], None, g_full, pre, post)
+    ps_id, ps = _ps_of(op)
+    g_full = allgather(tf.convert_to_tensor(grad), process_set=ps)
+    return _reduce_grad(op_name, op.inputs[0], None, g_full, pre, post, ps_id)
 
 
 def _register_gradients():

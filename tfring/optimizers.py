@@ -141,22 +141,14 @@ def reduce_skipping_locals(reduce_fn, grads, variables, is_local, scale,
 
 def resolve_process_set(process_set):
     """None when gradients are reduced over all ranks (process_set=None or
-    the global set); otherwise the set, as tfring.process_sets resolves it."""
+    the global set); otherwise the set, checked by tfring.process_sets
+    (registered, and this rank a member)."""
     if process_set is None:
         return None
-    try:
-        from tfring import process_sets
-    except ImportError:
-        if getattr(process_set, "process_set_id", None) == 0:
-            return None
-        raise NotImplementedError(
-            f"tfring: process_set={process_set!r}: this build reduces "
-            f"gradients over all ranks only (process_set=None or the global "
-            f"set)") from None
-    resolved = process_sets._process_set_arg(process_set)
-    if resolved is None or getattr(resolved, "process_set_id", None) == 0:
+    from tfring import process_sets
+    if process_sets._process_set_arg(process_set) == 0:
         return None
-    return resolved
+    return process_set
 
 
 def _set_kwargs(process_set):

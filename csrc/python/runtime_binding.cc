@@ -123,7 +123,8 @@ std::string autoName(const char* kind, const py::object& name) {
 
 std::unique_ptr<Handle> submit(CollectiveType type, py::array input, const std::string& name,
                                ReduceOp op, int root, double prescale, double postscale,
-                               const py::object& dtype_override, py::object out) {
+                               const py::object& dtype_override, py::object out,
+                               int process_set) {
   py::array in = py::array::ensure(input, py::array::c_style);
   if (!in) throw py::type_error("expected an array-like input");
   DataType dt = resolveDtype(in, dtype_override);
@@ -131,7 +132,9 @@ std::unique_ptr<Handle> submit(CollectiveType type, py::array input, const std::
       dt == DataType::kBool)
     throw py::type_error(strCat(collectiveName(type), " does not support bool tensors"));
   auto st = std::make_shared<State>();
+  st->process_set = process_set;
   runtime::Request req;
+  req.process_set = process_set;
   req.name = name;
   req.type = type;
   req.dtype = dt;
@@ -172,6 +175,14 @@ std::unique_ptr<Handle> submit(CollectiveType type, py::array input, const std::
   }
   if (!s.ok()) throwStatus(s);
   return std::unique_ptr<Handle>(new Handle(st, in, output, in.dtype()));
+}
+
+// The numpy-level CUDA path (gpu_binding.cc) runs on the world only; TF's
+// GPU kernels take process sets.
+void cudaProcessSetCheck(int process_set) {
+  if (process_set != 0)
+    throw py::value_error("tfring._core: CUDA arrays run on the global process set only; use "
+                          "the TensorFlow ops for GPU tensors on other process sets");
 }
 
 }  // namespace
@@ -238,12 +249,14 @@ void bindRuntime(py::module_& m) {
   auto arOpts = [](const char* kind, CollectiveType type) {
     return [kind, type](py::object a, const std::string& op, py::object name, int root,
                         double prescale, double postscale, py::object dtype,
-                        py::object out) -> py::object {
-      if (isCudaArray(a))  // gpu_binding.cc
+                        py::object out, int process_set) -> py::object {
+      if (isCudaArray(a)) {  // gpu_binding.cc
+        cudaProcessSetCheck(process_set);
         return submitCuda(type, a, autoName(kind, name), resolveOp(op), root, prescale,
                           postscale, dtype, out);
+      }
       return py::cast(submit(type, py::array(a), autoName(kind, name), resolveOp(op), root,
-                             prescale, postscale, dtype, out));
+                             prescale, postscale, dtype, out, process_set));
     };
   };
   // The blocking form waits in C++ on the handle it made, without a Python
@@ -251,15 +264,17 @@ void bindRuntime(py::module_& m) {
   auto blocking = [](const char* kind, CollectiveType type) {
     return [kind, type](py::object a, const std::string& op, py::object name, int root,
                         double prescale, double postscale, py::object dtype,
-                        py::object out) -> py::object {
-      if (isCudaArray(a))
+                        py::object out, int process_set) -> py::object {
+      if (isCudaArray(a)) {
+        cudaProcessSetCheck(process_set);
         return submitCuda(type, a, autoName(kind, name), resolveOp(op), root, prescale,
                           postscale, dtype, out)
             .attr("wait")(-1.0);
+      }
       py::array arr = py::isinstance<py::array>(a) ? py::reinterpret_borrow<py::array>(a)
                                                     : py::array(a);
       auto h = submit(type, arr, autoName(kind, name), resolveOp(op), root, prescale, postscale,
-                      dtype, out);
+                      dtype, out, process_set);
       return h->wait(-1.0);
     };
   };
@@ -271,14 +286,38 @@ void bindRuntime(py::module_& m) {
     auto args = std::make_tuple(py::arg("array"), py::arg("op") = "sum", py::arg("name") = py::none(),
                                 py::arg("root") = 0, py::arg("prescale") = 1.0,
                                 py::arg("postscale") = 1.0, py::arg("dtype") = py::none(),
-                                py::arg("out") = py::none());
+                                py::arg("out") = py::none(), py::arg("process_set") = 0);
     m.def((std::string(sp.name) + "_async").c_str(), arOpts(sp.name, sp.type), std::get<0>(args),
           std::get<1>(args), std::get<2>(args), std::get<3>(args), std::get<4>(args),
-          std::get<5>(args), std::get<6>(args), std::get<7>(args));
+          std::get<5>(args), std::get<6>(args), std::get<7>(args), std::get<8>(args));
     m.def(sp.name, blocking(sp.name, sp.type), std::get<0>(args), std::get<1>(args),
           std::get<2>(args), std::get<3>(args), std::get<4>(args), std::get<5>(args),
-          std::get<6>(args), std::get<7>(args));
+          std::get<6>(args), std::get<7>(args), std::get<8>(args));
   }
+
+  // Process sets (runtime.h): the Python layer (tfring/process_sets.py)
+  // assigns ids and checks that every rank passes the same ranks.
+  m.def("add_process_set",
+        [](int id, const std::vector<int>& ranks) {
+          Status s;
+          {
+            py::gil_scoped_release nogil;
+            s = runtime::addProcessSet(id, ranks);
+          }
+          if (!s.ok()) throwStatus(s);
+        },
+        py::arg("id"), py::arg("ranks"));
+  m.def("remove_process_set",
+        [](int id) {
+          Status s;
+          {
+            py::gil_scoped_release nogil;
+            s = runtime::removeProcessSet(id);
+          }
+          if (!s.ok()) throwStatus(s);
+        },
+        py::arg("id"));
+  m.def("process_set_ranks", &runtime::processSetRanks, py::arg("id"));
 }
 
 }  // namespace python

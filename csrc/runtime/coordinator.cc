@@ -166,7 +166,8 @@ void Coordinator::abortAll(int culprit, const std::string& msg) {
   TFRING_LOG(kError, msg);
   wire::Writer w;
   w.put<uint8_t>(kMsgAbort);
-  w.put<int32_t>(culprit);
+  // Engines print it as "rank <culprit>: ...": the job's rank number.
+  w.put<int32_t>(labels_.empty() ? culprit : labels_[culprit]);
   w.putStr(msg);
   sendAll(w.bytes(), culprit);
 }

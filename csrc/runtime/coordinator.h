@@ -61,6 +61,9 @@ class Coordinator {
   void postLocal(const std::vector<uint8_t>& msg);
   // Where messages for rank 0 go (called on the coordinator's thread).
   void setLocalSink(std::function<void(const std::vector<uint8_t>&)> sink);
+  // A process set's coordinator: the job's rank of each of its ranks, for
+  // the culprit an Abort names.
+  void setRankLabels(std::vector<int> labels) { labels_ = std::move(labels); }
   ~Coordinator();
   void start();
   // Waits (up to timeout_s) for every rank's goodbye, then stops.
@@ -115,6 +118,7 @@ class Coordinator {
   std::mutex local_mu_;
   std::vector<std::vector<uint8_t>> local_in_;
   std::function<void(const std::vector<uint8_t>&)> local_sink_;
+  std::vector<int> labels_;  // empty: ranks are the job's
 };
 
 }  // namespace runtime

@@ -32,8 +32,9 @@ Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordin
   if (!cfg.timeline.empty()) timeline_.open(cfg.timeline, T.rank);
   cpu_set_t cpus;
   int ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-  transport::setSpinning(T.local_size <= ncpu);
-  engine_spins_ = 2 * T.local_size <= ncpu;
+  const int procs = cfg.host_procs > 0 ? cfg.host_procs : T.local_size;
+  transport::setSpinning(procs <= ncpu);
+  engine_spins_ = 2 * procs <= ncpu;
   // Without a doorbell to ring (the left link is TCP, or there is no link),
   // local wake-ups go through an eventfd the idle wait polls.
   if (T.size > 1 && (links_->left()->pollFd() >= 0 || !links_->bell()))
@@ -46,7 +47,7 @@ Engine::~Engine() {
 }
 
 void Engine::start() {
-  AbortState::get().setWaker([this] {
+  AbortState::get().addWaker(this, [this] {
     wakeLocal();
     cv_.notify_all();
   });
@@ -479,7 +480,12 @@ void Engine::stop() {
     net::closeFd(ctrl_fd_);
     ctrl_fd_ = -1;
   }
-  AbortState::get().setWaker(nullptr);
+  AbortState::get().removeWaker(this);
+}
+
+void Engine::expectStop() {
+  std::lock_guard<std::mutex> lk(mu_);
+  stopping_ = true;
 }
 
 }  // namespace runtime

@@ -87,6 +87,10 @@ class Engine {
   void tryDrive();
   // Says goodbye to the coordinator, fails what is still queued, joins.
   void stop();
+  // Every rank of this ring is about to stop (a process set is removed):
+  // refuses new work, and a peer's goodbye that arrives before stop() is
+  // expected rather than a reason to fail waits.
+  void expectStop();
   // A message from the coordinator (reader thread, or the coordinator's
   // own thread on rank 0).
   void onCtrlMessage(const std::vector<uint8_t>& msg);

@@ -10,6 +10,8 @@
 //
 // Every op carries `tensor_name`: the name that matches the request across
 // ranks. When empty the kernel uses its node name (see kernels.cc).
+// `process_set_id` picks the communicator (0: every rank; others: a process
+// set, runtime.h); a broadcast's root_rank is a global rank either way.
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -42,6 +44,7 @@ REGISTER_OP("RingAllreduce")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Output("reduced: T")
     .SetIsStateful()
@@ -59,6 +62,7 @@ REGISTER_OP("RingGroupedAllreduce")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensors: T")
     .Output("reduced: T")
     .SetIsStateful()
@@ -76,6 +80,7 @@ request for tensor i is named "<tensor_name>.i".
 REGISTER_OP("RingAllgather")
     .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, int16, uint16, bool}")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Output("gathered: T")
     .SetIsStateful()
@@ -90,6 +95,7 @@ REGISTER_OP("RingBroadcast")
     .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, int16, uint16, bool}")
     .Attr("root_rank: int")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Output("broadcast: T")
     .SetIsStateful()
@@ -105,6 +111,7 @@ REGISTER_OP("RingReducescatter")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Output("reduced: T")
     .SetIsStateful()
