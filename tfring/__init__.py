@@ -36,6 +36,8 @@ _LAZY = {
     "broadcast": "tfring.ops",
     "broadcast_variables": "tfring.ops",
     "reducescatter": "tfring.ops",
+    "alltoall": "tfring.ops",
+    "join": "tfring.ops",
     "Compression": "tfring.compression",
     "DistributedGradientTape": "tfring.optimizers",
     "DistributedOptimizer": "tfring.optimizers",

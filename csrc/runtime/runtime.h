@@ -67,6 +67,12 @@ struct Request {
   // it before enqueue() is done; null: the input is ready now. `done` comes
   // once the output is complete on the device (see gpu/executor.h).
   void* stream = nullptr;
+  // alltoall: rows of dim 0 for each rank, in rank order (empty: an even
+  // split); received_splits, when set, gets the rows that came from each
+  // rank before `done`. The output is allocated through `allocate`.
+  std::vector<int64_t> splits;
+  std::vector<int64_t>* received_splits = nullptr;
+  // join: `output` points to an int32 that gets the last rank to join.
 };
 
 // Queues a request. Errors found locally (not initialized, duplicate name in
