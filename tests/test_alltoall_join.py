@@ -19,7 +19,7 @@ def test_alltoall_core_ragged(n):
     _all_ok(check_ok(run_ranks(n, "alltoall_join.py", ["alltoall"], timeout=180)))
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, 3, 4])
 def test_alltoall_tf_eager_function_gradient(n):
     _all_ok(check_ok(run_ranks(n, "alltoall_join.py", ["alltoall_tf"], timeout=240)))
 
