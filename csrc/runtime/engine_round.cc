@@ -316,7 +316,12 @@ void Engine::runSlowGroup(const Group& g) {
     std::lock_guard<std::mutex> lk(mu_);
     for (size_t i = 0; i < g.names.size(); ++i) {
       auto it = inflight_.find(g.names[i]);
-      es.push_back(it != inflight_.end() ? it->second : joinFillEntry(g.fill[i]));
+      if (it != inflight_.end()) {
+        es.push_back(it->second);
+        continue;
+      }
+      es.push_back(joinFillEntry(g.fill[i]));
+      if (timeline_.enabled()) timeline_.begin(g.names[i], "JOINED");  // runGroup ends it
     }
   }
   runGroup(g, es);
