@@ -68,6 +68,8 @@ _LAZY = {
     "allgather_object": "tfring.functions",
     "broadcast_object": "tfring.functions",
     "broadcast_object_fn": "tfring.functions",
+    "alltoall": "tfring.ops",
+    "join": "tfring.ops",
     "Compression": "tfring.compression",
     "DistributedGradientTape": "tfring.optimizers",
     "DistributedOptimizer": "tfring.optimizers",

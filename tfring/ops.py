@@ -49,6 +49,7 @@ __all__ = [
     "local_rank_op", "local_size_op", "process_set_included_op", "rank_op",
     "reducescatter", "size_op",
 ]
+__all__ += ["alltoall", "join"]
 
 _LIB_FILE = "_tfring_ops.so"
 # Our Python runs as written inside tf.function, never rewritten by autograph.
@@ -661,12 +662,65 @@ def _reducescatter_grad(op, grad):
     return _reduce_grad(op_name, op.inputs[0], None, g_full, pre, post, ps_id)
 
 
+# ------------------------------------------------------ alltoall and join ----
+
+def _check_global_set(process_set, what):
+    # alltoall and join run on every rank only: their negotiation (splits
+    # matrix, joined ranks) lives in the world's coordinator.
+    ps_id = _process_set_arg(process_set)
+    if ps_id:
+        raise NotImplementedError(
+            f"tfring: {what} on process set {ps_id}: {what} runs on every "
+            f"rank only (process_set=None or tfring.global_process_set)")
+
+
+@_no_autograph
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
+             process_set=None):
+    """Sends `splits[i]` rows of `tensor`'s first dimension to rank i and
+    returns the rows received from every rank, concatenated in rank order.
+
+    Without `splits` the first dimension is split evenly (it must divide by
+    the number of ranks) and only the output is returned; with `splits`
+    (length size(), summing to the first dimension) the result is
+    `(output, received_splits)`, as in Horovod. The other dimensions must
+    agree across ranks. GPU tensors go through host memory.
+    """
+    _check_global_set(process_set, "alltoall")
+    tensor = tf.convert_to_tensor(tensor)
+    splits_t = (tf.constant([], tf.int32) if splits is None
+                else tf.cast(tf.convert_to_tensor(splits), tf.int32))
+    with tf.device("/cpu:0"):
+        output, received = _run_op(_lib.ring_alltoall, "RingAlltoall", name,
+                                   tensor=tensor, splits=splits_t)
+    return (output, received) if splits is not None else output
+
+
+def _alltoall_grad(op, grad, _grad_received):
+    # Rows went from rank s to rank d, so their gradients go back from d to
+    # s: an alltoall of the gradient with the received splits.
+    grad, _ = alltoall(tf.convert_to_tensor(grad), splits=op.outputs[1])
+    return [grad, None]
+
+
+def join():
+    """Says this rank is out of data. Until every rank has joined, it takes
+    part in the other ranks' allreduces with zeros (Average still divides by
+    size()); broadcast, allgather, reducescatter and alltoall fail while a
+    rank has joined, as in Horovod. Returns the last rank to join (an int32
+    scalar tensor)."""
+    if tf.executing_eagerly():
+        return _lib.ring_join(tensor_name="tfring.join")
+    return _lib.ring_join(tensor_name="tfring.join", name="RingJoin")
+
+
 def _register_gradients():
     for op_type, fn in (("RingAllreduce", _allreduce_grad),
                         ("RingGroupedAllreduce", _grouped_allreduce_grad),
                         ("RingAllgather", _allgather_grad),
                         ("RingBroadcast", _broadcast_grad),
-                        ("RingReducescatter", _reducescatter_grad)):
+                        ("RingReducescatter", _reducescatter_grad),
+                        ("RingAlltoall", _alltoall_grad)):
         try:
             tf.RegisterGradient(op_type)(fn)
         except KeyError:  # already registered (module imported twice)

@@ -44,6 +44,8 @@ const char* collectiveName(CollectiveType t) {
     case CollectiveType::kBroadcast: return "broadcast";
     case CollectiveType::kReducescatter: return "reducescatter";
     case CollectiveType::kBarrier: return "barrier";
+    case CollectiveType::kAlltoall: return "alltoall";
+    case CollectiveType::kJoin: return "join";
   }
   return "unknown";
 }

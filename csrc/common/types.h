@@ -39,6 +39,8 @@ enum class CollectiveType : uint8_t {
   kBroadcast = 2,
   kReducescatter = 3,
   kBarrier = 4,
+  kAlltoall = 5,  // rows of dim 0 scattered by per-rank splits
+  kJoin = 6,      // this rank is out of data (see coordinator.h)
 };
 
 size_t dtypeSize(DataType t);

@@ -30,6 +30,15 @@
 // fatal error reports it, and the coordinator relays it as an Abort. Names
 // submitted by some ranks only get a stall warning naming the missing ranks
 // after TFRING_STALL_CHECK_TIME, and an error at TFRING_TIMEOUT.
+//
+// Join. A rank that calls join() submits a kJoin request. From then until
+// every rank has joined, a name is complete once every rank that has not
+// joined submitted it; its group carries the agreed Metas (Group.fill) and
+// the joined ranks take part with zeros. Allreduce (any op: the zeros are
+// reduced like any input, and Average still divides by the job's size) and
+// barrier accept joined ranks; broadcast, allgather, reducescatter and
+// alltoall get an error naming the tensor, as in Horovod. When the last
+// rank joins, the join completes on every rank with that rank's number.
 #pragma once
 
 #include <atomic>
@@ -82,12 +91,19 @@ class Coordinator {
     Meta meta;
     std::vector<int64_t> dim0s;  // allgather
     double since = 0;
+    bool fill = false;  // completed without the joined ranks
   };
 
   void loop();
   void onMessage(int rank, const std::vector<uint8_t>& msg);
   void onMeta(int rank, Meta meta);
   void validate(const std::string& name, Pending& p);
+  // Join (coordinator_join.cc).
+  bool complete(const Pending& p) const;  // every rank submitted or joined
+  void onJoined(int rank);                 // completes what waited for it
+  std::string checkJoined(Pending& p, bool* fill);  // error text or ""
+  std::string checkAlltoall(const std::string& name, Pending& p,
+                            std::vector<int64_t>* matrix);
   void checkStalls();
   void maybeEmit();
   void sendAll(const std::vector<uint8_t>& payload, int except = -1);
@@ -113,6 +129,8 @@ class Coordinator {
   std::map<std::string, int32_t> ids_;
   std::vector<std::map<int32_t, Meta>> last_meta_;  // per rank: id -> Meta
   std::vector<Group> errors_;  // error groups waiting for the next Response
+  std::vector<bool> joined_;     // ranks that called join(), until all have
+  int last_joined_ = -1;
   bool aborted_ = false;
   int local_efd_ = -1;  // eventfd: rank 0's engine posted something
   std::mutex local_mu_;

@@ -82,6 +82,7 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
     m.postscale = req.postscale;
     // Ranks agree on host vs GPU; GPU ordinals legitimately differ per rank.
     m.device = req.device < 0 ? -1 : 0;
+    m.splits = req.splits;
     for (auto d : req.shape)
       if (d < 0)
         return Status(Code::kInvalidArgument, strCat("tensor '", req.name,
@@ -175,6 +176,18 @@ Status Engine::runInline(Entry& e) {
       case CollectiveType::kBroadcast: execBroadcast(e); break;
       case CollectiveType::kReducescatter: execReducescatter(e); break;
       case CollectiveType::kBarrier: break;
+      case CollectiveType::kAlltoall: {
+        std::vector<int64_t> rows;
+        std::string why = alltoallSplits(m, 1, &rows);
+        if (!why.empty())
+          return Status(Code::kMismatch, strCat("alltoall of tensor '", m.name, "' on rank 0: ",
+                                                why));
+        execAlltoall(e, rows);
+        break;
+      }
+      case CollectiveType::kJoin:
+        *static_cast<int32_t*>(e.req.output) = 0;  // the only rank is the last to join
+        break;
     }
     return Status::OK();
   } catch (const Error& err) {

@@ -65,6 +65,13 @@ std::vector<size_t> allgatherBytes(const Meta& m, const std::vector<int64_t>& di
                                    std::vector<int64_t>* out_shape);
 std::vector<size_t> reducescatterCounts(const Meta& m, int n);
 
+// alltoall_join.cc. Resolves one rank's alltoall splits over `size` ranks
+// (empty: an even split) into *rows; returns why they are invalid, or "".
+std::string alltoallSplits(const Meta& m, int size, std::vector<int64_t>* rows);
+// A stand-in for a tensor a joined rank never submitted: zeros of the
+// agreed Meta, its output discarded.
+std::shared_ptr<Entry> joinFillEntry(const Meta& m);
+
 class Engine {
  public:
   // ctrl_fd: the connection to the coordinator, or -1 on rank 0, whose
@@ -136,6 +143,8 @@ class Engine {
   void execAllgather(Entry& e, const std::vector<int64_t>& dim0s);
   void execBroadcast(Entry& e);
   void execReducescatter(Entry& e);
+  // alltoall_join.cc: `splits` is the size x size matrix, rank-major.
+  void execAlltoall(Entry& e, const std::vector<int64_t>& splits);
 
   // executor_gpu.cc: GPU tensors (Request.device >= 0)
   Status acceptGpu(Entry& e);

@@ -144,7 +144,7 @@ void Engine::classify(std::vector<std::shared_ptr<Entry>>& fresh) {
   std::vector<std::shared_ptr<Entry>> slow;
   for (auto& e : fresh) {
     auto it = ids_.find(e->meta.name);
-    if (cfg_.cache_enabled && it != ids_.end() &&
+    if (cfg_.cache_enabled && it != ids_.end() && e->meta.type != CollectiveType::kJoin &&
         static_cast<size_t>(it->second) < exec_meta_.size() &&
         exec_meta_[it->second] == e->meta && !fast_[it->second]) {
       e->id = it->second;
@@ -248,7 +248,8 @@ void Engine::round() {
       std::vector<std::shared_ptr<Entry>> es;
       es.reserve(idx.size());
       for (size_t k : idx) es.push_back(ready[k]);
-      if (g.type == CollectiveType::kAllgather) g.dim0s.push_back(exec_dim0s_[es[0]->id]);
+      if (g.type == CollectiveType::kAllgather || g.type == CollectiveType::kAlltoall)
+        g.dim0s.push_back(exec_dim0s_[es[0]->id]);
       runGroup(g, es);
     }
   }
@@ -305,9 +306,24 @@ void Engine::runSlowGroup(const Group& g) {
     finish(es, Status(Code::kMismatch, g.error));
     return;
   }
-  if (es.size() != g.names.size())
-    fail(Code::kInternal, "coordinator scheduled '", g.names[0],
-         "' which this rank never submitted");
+  if (es.size() != g.names.size()) {
+    if (g.fill.size() != g.names.size())
+      fail(Code::kInternal, "coordinator scheduled '", g.names[0],
+           "' which this rank never submitted");
+    // This rank has joined: zeros stand in for what it never submitted
+    // (alltoall_join.cc), in the group's order.
+    es.clear();
+    std::lock_guard<std::mutex> lk(mu_);
+    for (size_t i = 0; i < g.names.size(); ++i) {
+      auto it = inflight_.find(g.names[i]);
+      if (it != inflight_.end()) {
+        es.push_back(it->second);
+        continue;
+      }
+      es.push_back(joinFillEntry(g.fill[i]));
+      if (timeline_.enabled()) timeline_.begin(g.names[i], "JOINED");  // runGroup ends it
+    }
+  }
   runGroup(g, es);
 }
 
@@ -327,6 +343,10 @@ void Engine::runGroup(const Group& g, const std::vector<std::shared_ptr<Entry>>&
       case CollectiveType::kBroadcast: execBroadcast(*es[0]); break;
       case CollectiveType::kReducescatter: execReducescatter(*es[0]); break;
       case CollectiveType::kBarrier: break;
+      case CollectiveType::kAlltoall: execAlltoall(*es[0], g.dim0s[0]); break;
+      case CollectiveType::kJoin:
+        *static_cast<int32_t*>(es[0]->req.output) = static_cast<int32_t>(g.dim0s[0][0]);
+        break;
     }
   }
   // Remember what ran, so the next submission with the same Meta can take
@@ -335,7 +355,8 @@ void Engine::runGroup(const Group& g, const std::vector<std::shared_ptr<Entry>>&
     auto it = ids_.find(es[i]->meta.name);
     if (it == ids_.end()) continue;
     exec_meta_[it->second] = st.ok() ? es[i]->meta : Meta();
-    if (g.type == CollectiveType::kAllgather) exec_dim0s_[it->second] = g.dim0s[0];
+    if (g.type == CollectiveType::kAllgather || g.type == CollectiveType::kAlltoall)
+      exec_dim0s_[it->second] = g.dim0s[0];
   }
   finish(es, st);
 }

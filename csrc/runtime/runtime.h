@@ -80,6 +80,12 @@ struct Request {
   // The process set that runs it: 0 is the world; others are created by
   // addProcessSet. Every request of one batch names the same set.
   int process_set = 0;
+  // alltoall: rows of dim 0 for each rank, in rank order (empty: an even
+  // split); received_splits, when set, gets the rows that came from each
+  // rank before `done`. The output is allocated through `allocate`.
+  std::vector<int64_t> splits;
+  std::vector<int64_t>* received_splits = nullptr;
+  // join: `output` points to an int32 that gets the last rank to join.
 };
 
 // Queues a request. Errors found locally (not initialized, duplicate name in

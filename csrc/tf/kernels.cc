@@ -170,6 +170,70 @@ class RingReducescatterOp : public RingOpKernel {
   double prescale_ = 1.0, postscale_ = 1.0;
 };
 
+// ---- alltoall and join ----------------------------------------------------
+// Host tensors only: registered for DEVICE_CPU, so TensorFlow copies GPU
+// tensors to the host and back around them.
+
+class RingAlltoallOp : public RingOpKernel {
+ public:
+  explicit RingAlltoallOp(tfw::OpKernelConstruction* c)
+      : RingOpKernel(c, CollectiveType::kAlltoall) {}
+
+  void ComputeAsync(tfw::OpKernelContext* ctx, DoneCallback done) override {
+    runtime::Request req;
+    if (!prepare(ctx, &req)) return done();
+    OP_REQUIRES_ASYNC(
+        ctx, ctx->input(0).dims() >= 1,
+        absl::InvalidArgumentError("tfring: alltoall of tensor '" +
+                                   tensorName() +
+                                   "' needs at least one dimension"),
+        done);
+    const tfw::Tensor& splits = ctx->input(1);
+    auto flat = splits.flat<int32_t>();
+    for (int64_t i = 0; i < flat.size(); ++i) req.splits.push_back(flat(i));
+    auto received = std::make_shared<std::vector<int64_t>>();
+    req.received_splits = received.get();
+    req.allocate = outputAllocator(ctx);
+    // received_splits is output 1, written once the engine has run.
+    submit(ctx, {std::move(req)}, [ctx, received, done]() {
+      if (ctx->status().ok()) {
+        tfw::Tensor* out = nullptr;
+        auto st = ctx->allocate_output(
+            1, tfw::TensorShape({static_cast<int64_t>(received->size())}), &out);
+        if (!st.ok()) {
+          ctx->SetStatus(st);
+        } else {
+          auto v = out->flat<int32_t>();
+          for (size_t i = 0; i < received->size(); ++i)
+            v(i) = static_cast<int32_t>((*received)[i]);
+        }
+      }
+      done();
+    });
+  }
+};
+
+class RingJoinOp : public RingOpKernel {
+ public:
+  explicit RingJoinOp(tfw::OpKernelConstruction* c)
+      : RingOpKernel(c, CollectiveType::kJoin) {}
+
+  void ComputeAsync(tfw::OpKernelContext* ctx, DoneCallback done) override {
+    tfw::Tensor* out = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, tfw::TensorShape({}), &out),
+                         done);
+    runtime::Request req;
+    req.name = "tfring.join";  // one join per rank at a time, matched by type
+    req.type = CollectiveType::kJoin;
+    req.dtype = DataType::kInt32;
+    req.output = dataOf(*out);
+    submit(ctx, {std::move(req)}, std::move(done));
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("RingAlltoall").Device(tfw::DEVICE_CPU), RingAlltoallOp);
+REGISTER_KERNEL_BUILDER(Name("RingJoin").Device(tfw::DEVICE_CPU), RingJoinOp);
+
 // One class per op for both devices (RingOpKernel tells them apart). The
 // GPU kernels take device memory for every input and output (the attributes
 // stay on the host) and are registered only in builds whose tfring_core can

@@ -123,5 +123,40 @@ of the first dimension: rows are split as evenly as possible, the first
 (dim0 % size) ranks getting one extra row.
 )doc");
 
+// ---- alltoall and join ----------------------------------------------------
+
+REGISTER_OP("RingAlltoall")
+    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, bool}")
+    .Attr("tensor_name: string = ''")
+    .Input("tensor: T")
+    .Input("splits: int32")
+    .Output("output: T")
+    .Output("received_splits: int32")
+    .SetIsStateful()
+    .SetIsDistributedCommunication()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(unknownFirstDim(c));
+      ShapeHandle splits;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &splits));
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Sends splits[i] rows of `tensor`'s first dimension to rank i (an empty
+`splits`: an even split) and returns the rows received from every rank, in
+rank order, with how many came from each (`received_splits`).
+)doc");
+
+REGISTER_OP("RingJoin")
+    .Attr("tensor_name: string = ''")
+    .Output("last_rank: int32")
+    .SetIsStateful()
+    .SetIsDistributedCommunication()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+This rank is out of data: until every rank has joined it takes part in the
+others' allreduces with zeros. Returns the last rank to join.
+)doc");
+
 }  // namespace tf
 }  // namespace tfring
