@@ -111,6 +111,11 @@ ReduceOp resolveOp(const std::string& s) {
 // duplicate-name error.
 constexpr uint64_t kAutoNames = 4096;
 
+// What a mismatch of an unnamed collective adds to its error.
+const char kUnnamedHint[] =
+    " (an unnamed collective: ranks match unnamed calls by their order, so every rank must "
+    "make its unnamed collectives in the same order, or give them names)";
+
 std::string autoName(const char* kind, const py::object& name) {
   static std::atomic<uint64_t> counter{0};
   if (!name.is_none()) return std::string(py::str(name));
@@ -161,10 +166,16 @@ std::unique_ptr<Handle> submit(CollectiveType type, py::array input, const std::
       return Status::OK();
     };
   }
+  const bool unnamed = name.find(".noname.") != std::string::npos;
   Status s;
   {
     py::gil_scoped_release nogil;
-    s = runtime::enqueue(std::move(req), [st](const Status& status) { st->finish(status); });
+    s = runtime::enqueue(std::move(req), [st, unnamed](const Status& status) {
+      if (unnamed && status.code() == Code::kMismatch)
+        st->finish(Status(status.code(), status.message() + kUnnamedHint));
+      else
+        st->finish(status);
+    });
   }
   if (!s.ok()) throwStatus(s);
   return std::unique_ptr<Handle>(new Handle(st, in, output, in.dtype()));

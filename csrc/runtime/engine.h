@@ -52,6 +52,8 @@ struct Entry {
   std::shared_ptr<void> gpu_ready;  // GPU tensors: the input's ready event
   double submitted = 0;             // for the fast path's aging
   int32_t id = -1;                  // cache id while waiting on the fast path
+  uint64_t fresh_full = 0;          // engine_fresh.cc: hashes offered in the vote
+  uint32_t fresh_name = 0;
 };
 
 // Allocates a request's output through its allocator once the shape is
@@ -124,6 +126,14 @@ class Engine {
   void finish(const std::vector<std::shared_ptr<Entry>>& es, const Status& st);
   double agingLimit() const;
 
+  // engine_fresh.cc: first appearances agreed in the round's vote
+  static constexpr int kFreshSlots = 8;
+  static constexpr int kFreshWords = 1 + 3 * kFreshSlots;
+  bool freshEligible(Entry& e) const;  // and sets its hashes
+  void writeFreshVote(int32_t* out);
+  void runFresh(size_t len, size_t offset);
+  size_t waitingCount() const { return fast_count_ + fresh_.size(); }
+
   // executor.cc
   void execAllreduce(const std::vector<std::shared_ptr<Entry>>& es);
   void execAllgather(Entry& e, const std::vector<int64_t>& dim0s);
@@ -173,6 +183,7 @@ class Engine {
   std::vector<std::vector<int64_t>> exec_dim0s_;             // id -> allgather rows
   std::vector<std::shared_ptr<Entry>> fast_;                 // id -> waiting entry
   size_t fast_count_ = 0;
+  std::vector<std::shared_ptr<Entry>> fresh_;                // new names, in order (engine_fresh.cc)
   double fast_oldest_ = 1e300;                               // oldest submitted
   std::unordered_map<std::string, Meta> sent_;               // last Meta sent per name
   std::vector<int32_t> vote_, votes_;
