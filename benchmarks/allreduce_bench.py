@@ -383,8 +383,8 @@ def format_table(report):
 
 
 BATCH_TITLES = {
-    "tf_grouped_function": "tfring.grouped_allreduce in tf.function",
-    "tf_floor_function": "the same tf.function with tf.identity_n (TF alone, no collective)",
+    "tf_grouped_function": "tfring.grouped_allreduce in tf.function, results assigned",
+    "tf_floor_function": "the same tf.function with tf.identity_n and the assigns (TF alone, no collective)",
     "core_async": "core allreduce_async x count, then wait",
     "mpi_separate": "MPI_Allreduce x count",
     "mpi_concat": "one MPI_Allreduce of the concatenation",
