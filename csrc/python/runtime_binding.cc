@@ -103,12 +103,13 @@ ReduceOp resolveOp(const std::string& s) {
   return op;
 }
 
-// Unnamed collectives are matched across ranks by call order. Their names
-// cycle through a fixed set, so a long run neither grows the negotiation
-// cache without bound nor misses it: the n-th unnamed call reuses the name
-// (and, with the same shape, the fast path) of call n - kAutoNames. Only a
-// caller with kAutoNames unnamed collectives in flight at once would see a
-// duplicate-name error.
+// Unnamed collectives are matched across ranks by call order: the n-th
+// unnamed call is named after n modulo kAutoNames. A name without a cache id
+// is agreed in the engine's round like a cached one (engine_fresh.cc), so
+// such calls never wait for the coordinator; the names cycle through a
+// fixed set, so whatever does reach the coordinator keeps its cache
+// bounded. Only a caller with kAutoNames unnamed collectives in flight at
+// once would see a duplicate-name error.
 constexpr uint64_t kAutoNames = 4096;
 
 // What a mismatch of an unnamed collective adds to its error.

@@ -11,10 +11,12 @@
 // cached tensors are ready, which coordinator responses it has received and
 // whether it needs the coordinator; all ranks then execute the same list of
 // collectives. Tensors every rank has already negotiated once run in the
-// round that finds them ready everywhere, without a coordinator round trip;
-// anything else (a new name, a changed shape, a tensor only some ranks
-// submit) goes to the coordinator on rank 0 (coordinator.h), whose
-// responses are executed in rounds too, so all ranks see one order.
+// round that finds them ready everywhere, without a coordinator round trip,
+// and so do a few new names every rank offers alike in the same round
+// (engine_fresh.cc); anything else (a changed shape, many new names at
+// once, a tensor only some ranks submit) goes to the coordinator on rank 0
+// (coordinator.h), whose responses are executed in rounds too, so all
+// ranks see one order.
 //
 // A rank starts a round when it has news (new tensors, a new response, an
 // aged tensor) and joins one when bytes arrive from its left neighbour.
