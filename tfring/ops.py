@@ -203,6 +203,18 @@ def _run_op(op_fn, op_type, name, ignore_name_scope=False, **attrs):
     return outputs
 
 
+def _inline_consumers(outputs):
+    """In a graph, passes a collective's outputs through RingOutputs (a
+    synchronous, copy-free op; csrc/tf/outputs.cc) so that TF runs their
+    consumers inline when the collective finishes, instead of scheduling
+    each consumer on its thread pool. Eager mode and XLA: unchanged."""
+    if tf.executing_eagerly() or len(outputs) < 2:
+        return outputs
+    if _in_xla_context(tf.compat.v1.get_default_graph()):
+        return outputs
+    return _lib.ring_outputs(outputs)
+
+
 # ----------------------------------------------------------- collectives ----
 
 def _allreduce(tensor, op="average", name=None, prescale_factor=1.0,
@@ -339,6 +351,7 @@ def grouped_allreduce(tensors, op=None, name=None,
                           prescale_factor=float(prescale_factor),
                           postscale_factor=float(postscale_factor),
                           process_set_id=ps_id)
+        reduced = _inline_consumers(reduced)
     for i, r, ctx in zip(dense_idx, reduced if dense else [], ctxs):
         results[i] = compression.decompress(r, ctx)
     return results
@@ -714,8 +727,13 @@ def join():
     return _lib.ring_join(tensor_name="tfring.join", name="RingJoin")
 
 
+def _outputs_grad(op, *grads):
+    return list(grads)
+
+
 def _register_gradients():
-    for op_type, fn in (("RingAllreduce", _allreduce_grad),
+    for op_type, fn in (("RingOutputs", _outputs_grad),
+                        ("RingAllreduce", _allreduce_grad),
                         ("RingGroupedAllreduce", _grouped_allreduce_grad),
                         ("RingAllgather", _allgather_grad),
                         ("RingBroadcast", _broadcast_grad),

@@ -107,13 +107,19 @@ ReduceOp resolveOp(const std::string& s) {
   return op;
 }
 
-// Unnamed collectives are matched across ranks by call order. Their names
-// cycle through a fixed set, so a long run neither grows the negotiation
-// cache without bound nor misses it: the n-th unnamed call reuses the name
-// (and, with the same shape, the fast path) of call n - kAutoNames. Only a
-// caller with kAutoNames unnamed collectives in flight at once would see a
-// duplicate-name error.
+// Unnamed collectives are matched across ranks by call order: the n-th
+// unnamed call is named after n modulo kAutoNames. A name without a cache id
+// is agreed in the engine's round like a cached one (engine_fresh.cc), so
+// such calls never wait for the coordinator; the names cycle through a
+// fixed set, so whatever does reach the coordinator keeps its cache
+// bounded. Only a caller with kAutoNames unnamed collectives in flight at
+// once would see a duplicate-name error.
 constexpr uint64_t kAutoNames = 4096;
+
+// What a mismatch of an unnamed collective adds to its error.
+const char kUnnamedHint[] =
+    " (an unnamed collective: ranks match unnamed calls by their order, so every rank must "
+    "make its unnamed collectives in the same order, or give them names)";
 
 std::string autoName(const char* kind, const py::object& name) {
   static std::atomic<uint64_t> counter{0};
@@ -168,10 +174,16 @@ std::unique_ptr<Handle> submit(CollectiveType type, py::array input, const std::
       return Status::OK();
     };
   }
+  const bool unnamed = name.find(".noname.") != std::string::npos;
   Status s;
   {
     py::gil_scoped_release nogil;
-    s = runtime::enqueue(std::move(req), [st](const Status& status) { st->finish(status); });
+    s = runtime::enqueue(std::move(req), [st, unnamed](const Status& status) {
+      if (unnamed && status.code() == Code::kMismatch)
+        st->finish(Status(status.code(), status.message() + kUnnamedHint));
+      else
+        st->finish(status);
+    });
   }
   if (!s.ok()) throwStatus(s);
   return std::unique_ptr<Handle>(new Handle(st, in, output, in.dtype()));

@@ -464,6 +464,7 @@ void Engine::failAll(const Status& s, const std::function<Status(const Entry&)>&
   }
   for (auto& f : fast_) f.reset();
   fast_count_ = 0;
+  fresh_.clear();
   for (auto& e : es) e->done(per_entry ? per_entry(*e) : s);
 }
 

@@ -11,10 +11,12 @@
 // cached tensors are ready, which coordinator responses it has received and
 // whether it needs the coordinator; all ranks then execute the same list of
 // collectives. Tensors every rank has already negotiated once run in the
-// round that finds them ready everywhere, without a coordinator round trip;
-// anything else (a new name, a changed shape, a tensor only some ranks
-// submit) goes to the coordinator on rank 0 (coordinator.h), whose
-// responses are executed in rounds too, so all ranks see one order.
+// round that finds them ready everywhere, without a coordinator round trip,
+// and so do a few new names every rank offers alike in the same round
+// (engine_fresh.cc); anything else (a changed shape, many new names at
+// once, a tensor only some ranks submit) goes to the coordinator on rank 0
+// (coordinator.h), whose responses are executed in rounds too, so all
+// ranks see one order.
 //
 // A rank starts a round when it has news (new tensors, a new response, an
 // aged tensor) and joins one when bytes arrive from its left neighbour.
@@ -52,6 +54,8 @@ struct Entry {
   std::shared_ptr<void> gpu_ready;  // GPU tensors: the input's ready event
   double submitted = 0;             // for the fast path's aging
   int32_t id = -1;                  // cache id while waiting on the fast path
+  uint64_t fresh_full = 0;          // engine_fresh.cc: hashes offered in the vote
+  uint32_t fresh_name = 0;
 };
 
 // Allocates a request's output through its allocator once the shape is
@@ -138,6 +142,14 @@ class Engine {
   void finish(const std::vector<std::shared_ptr<Entry>>& es, const Status& st);
   double agingLimit() const;
 
+  // engine_fresh.cc: first appearances agreed in the round's vote
+  static constexpr int kFreshSlots = 8;
+  static constexpr int kFreshWords = 1 + 3 * kFreshSlots;
+  bool freshEligible(Entry& e) const;  // and sets its hashes
+  void writeFreshVote(int32_t* out);
+  void runFresh(size_t len, size_t offset);
+  size_t waitingCount() const { return fast_count_ + fresh_.size(); }
+
   // executor.cc
   void execAllreduce(const std::vector<std::shared_ptr<Entry>>& es);
   void execAllgather(Entry& e, const std::vector<int64_t>& dim0s);
@@ -189,6 +201,7 @@ class Engine {
   std::vector<std::vector<int64_t>> exec_dim0s_;             // id -> allgather rows
   std::vector<std::shared_ptr<Entry>> fast_;                 // id -> waiting entry
   size_t fast_count_ = 0;
+  std::vector<std::shared_ptr<Entry>> fresh_;                // new names, in order (engine_fresh.cc)
   double fast_oldest_ = 1e300;                               // oldest submitted
   std::unordered_map<std::string, Meta> sent_;               // last Meta sent per name
   std::vector<int32_t> vote_, votes_;

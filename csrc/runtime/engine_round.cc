@@ -9,6 +9,8 @@
 //             minimum is 0 when any rank does;
 //   [2 + i]   1 when cache id i is ready here with the Meta it last ran
 //             with, else 0; the minimum is 1 when it is ready everywhere.
+//   [2 + K..] this rank's first new names as hashes (engine_fresh.cc),
+//             read per rank, not reduced.
 // Votes travel as a ring allgather, and every ring step carries bytes (an
 // idle rank joins a round when bytes reach it).
 //
@@ -56,7 +58,7 @@ double Engine::agingLimit() const {
 
 bool Engine::hasNews() {
   if (news_.load(std::memory_order_acquire) != seen_news_) return true;
-  return !aged_ && fast_count_ > 0 && nowSeconds() - fast_oldest_ > agingLimit();
+  return !aged_ && waitingCount() > 0 && nowSeconds() - fast_oldest_ > agingLimit();
 }
 
 bool Engine::peerStartedRound() {
@@ -97,7 +99,7 @@ void Engine::idleWait() {
   }
   // Block until woken, or until an aging tensor or kMaxBlock is due.
   double timeout = kMaxBlock;
-  if (fast_count_ > 0 && !aged_)
+  if (waitingCount() > 0 && !aged_)
     timeout = std::min(timeout, std::max(0.0005, fast_oldest_ + agingLimit() - nowSeconds()));
   // The engine thread gives up the driver's seat while it sleeps, so a
   // submitting or waiting caller can drive without waking it.
@@ -151,9 +153,18 @@ void Engine::classify(std::vector<std::shared_ptr<Entry>>& fresh) {
       fast_[e->id] = e;
       ++fast_count_;
       fast_oldest_ = std::min(fast_oldest_, e->submitted);
+    } else if (freshEligible(*e)) {  // engine_fresh.cc
+      fresh_.push_back(e);
+      fast_oldest_ = std::min(fast_oldest_, e->submitted);
     } else {
       slow.push_back(e);
     }
+  }
+  // More new tensors than the vote has slots for (a step's first pass):
+  // the coordinator negotiates them all and grants ids for the fast path.
+  if (fresh_.size() > static_cast<size_t>(kFreshSlots)) {
+    slow.insert(slow.end(), fresh_.begin(), fresh_.end());
+    fresh_.clear();
   }
   if (!slow.empty()) sendSlow(slow);
 }
@@ -199,12 +210,14 @@ void Engine::round() {
   // The vote.
   const int N = comm_.size;
   const size_t K = ids_.size();
-  const size_t len = kVoteHeader + K;
+  const size_t fresh_at = kVoteHeader + K;  // engine_fresh.cc's part of the vote
+  const size_t len = fresh_at + kFreshWords;
   vote_.assign(len, 1);
   const uint64_t held = recv_seq_.load(std::memory_order_acquire);
   vote_[0] = static_cast<int32_t>(std::min<uint64_t>(held, INT32_MAX));
   for (size_t i = 0; i < K; ++i) vote_[kVoteHeader + i] = fast_[i] ? 1 : 0;
-  bool aged = fast_count_ > 0 && nowSeconds() - fast_oldest_ > agingLimit();
+  writeFreshVote(vote_.data() + fresh_at);
+  bool aged = waitingCount() > 0 && nowSeconds() - fast_oldest_ > agingLimit();
   aged_ = aged;
   vote_[1] = (slow_outstanding_ > 0 || aged) ? 0 : 1;
   // Every rank's vote goes round the ring (an allgather: N-1 steps, each
@@ -216,7 +229,7 @@ void Engine::round() {
   collectives::ringAllgather(comm_, votes_.data(),
                              std::vector<size_t>(N, len * sizeof(int32_t)));
   for (int q = 0; q < N; ++q)
-    for (size_t i = 0; i < len; ++i) vote_[i] = std::min(vote_[i], votes_[q * len + i]);
+    for (size_t i = 0; i < fresh_at; ++i) vote_[i] = std::min(vote_[i], votes_[q * len + i]);
 
   // 1. Coordinator responses every rank holds, in order.
   const uint64_t upto = static_cast<uint64_t>(vote_[0]);
@@ -254,20 +267,26 @@ void Engine::round() {
     }
   }
 
+  // 2b. New names every rank offered alike (engine_fresh.cc).
+  runFresh(len, fresh_at);
+
   // 3. Someone needs the coordinator: it must see every waiting tensor.
   if (vote_[1] == 0) {
     aged_ = false;
-    if (fast_count_ > 0) {
+    if (waitingCount() > 0) {
       std::vector<std::shared_ptr<Entry>> move;
       for (auto& f : fast_)
         if (f) move.push_back(std::move(f));
       fast_count_ = 0;
+      move.insert(move.end(), fresh_.begin(), fresh_.end());
+      fresh_.clear();
       sendSlow(move);
     }
   }
   fast_oldest_ = 1e300;
   for (auto& f : fast_)
     if (f) fast_oldest_ = std::min(fast_oldest_, f->submitted);
+  for (auto& f : fresh_) fast_oldest_ = std::min(fast_oldest_, f->submitted);
 }
 
 void Engine::executeResponse(const Response& resp) {
