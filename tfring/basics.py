@@ -23,6 +23,20 @@ def init(comm=None):
         store = _core.PrefixStore(f"join{_joins}/", store)
     _joins += 1
     _core.init(rank, size, store, secret)
+    _load_tf_ops()
+
+
+def _load_tf_ops():
+    """Loads the TensorFlow op library now when TensorFlow is in use: XLA
+    takes the ops' XLA kernels only if they are loaded before its first
+    compilation, which tracing a jit_compile function starts."""
+    import sys
+
+    if "tensorflow" in sys.modules:
+        try:
+            import tfring.ops  # noqa: F401
+        except ImportError:
+            pass  # reported with its cause when the ops are first used
 
 
 def shutdown():

@@ -147,17 +147,80 @@ def _in_xla_context(graph):
         return False
 
 
+_XLA_FILE = _LIB_FILE + ".xla"
+_xla_ready = set()  # op types checked compilable by XLA in this process
+_XLA_GPU_VISIBLE = None  # set on first use: whether TF sees a GPU
+
+
+def _xla_build_state():
+    """(built with XLA kernels?, why) from the build's _tfring_ops.so.xla."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _XLA_FILE)
+    try:
+        with open(path) as f:
+            state = f.read().strip()
+    except OSError:
+        return False, "this build predates tfring's XLA support"
+    on, _, why = state.partition(": ")
+    return on == "on", why
+
+
+def _xla_kernel_devices(op_type):
+    from tensorflow.python.framework import kernels
+
+    return {k.device_type
+            for k in kernels.get_registered_kernels_for_op(op_type).kernel}
+
+
+def _check_xla(op_type, tensor):
+    """Raises at trace time, naming the op and what to change, where XLA
+    cannot compile it; see docs/xla.md. XLA registers its compilation
+    kernels once per process, at the first XLA compilation: ops loaded
+    later (tfring imported after it) never get any."""
+    global _XLA_GPU_VISIBLE
+    if _XLA_GPU_VISIBLE is None:
+        _XLA_GPU_VISIBLE = bool(tf.config.list_logical_devices("GPU"))
+    if op_type in _xla_ready and not _XLA_GPU_VISIBLE:
+        return
+    built, why = _xla_build_state()
+    if not built:
+        raise NotImplementedError(
+            f"tfring: {op_type} cannot be compiled by XLA "
+            f"(tf.function(jit_compile=True)): tfring's op library was built "
+            f"without XLA support ({why}). Rebuild tfring against a "
+            f"TensorFlow that ships the tf2xla headers, or call the "
+            f"collectives from a function without jit_compile.")
+    devices = _xla_kernel_devices(op_type)
+    if not any(d.endswith("_JIT") for d in devices):
+        if any(d.endswith("_JIT") for d in _xla_kernel_devices("Identity")):
+            raise NotImplementedError(
+                f"tfring: {op_type} cannot be compiled by XLA in this "
+                f"process: tfring's op library was loaded after XLA's first "
+                f"compilation (which tracing any jit_compile function "
+                f"starts), and XLA takes no new ops after it. Call "
+                f"tfring.init() (or import tfring.ops) after importing "
+                f"TensorFlow and before tracing the first jit-compiled "
+                f"function.")
+        return  # XLA's registry is still open: it will take our kernels
+    device = getattr(tensor, "device", "") or ""
+    if (_XLA_GPU_VISIBLE and "XLA_GPU_JIT" not in devices
+            and "CPU" not in device.upper()):
+        raise NotImplementedError(
+            f"tfring: {op_type} cannot be compiled by XLA for the GPU: "
+            f"tfring's op library has no GPU kernels (see "
+            f"_tfring_ops.so.gpu next to it). Rebuild tfring with CUDA "
+            f"(TFRING_TF_GPU), place the step on the CPU "
+            f"(with tf.device('/CPU:0')), or compile without jit_compile.")
+    _xla_ready.add(op_type)
+
+
 def _run_op(op_fn, op_type, name, **attrs):
     """Creates one collective op with its cross-rank name; returns outputs."""
     if tf.executing_eagerly():
         return op_fn(tensor_name=name or "", **attrs)
     graph = tf.compat.v1.get_default_graph()
     if _in_xla_context(graph):
-        raise NotImplementedError(
-            f"tfring: {op_type} cannot be compiled by XLA "
-            f"(tf.function(jit_compile=True)): the collectives run on "
-            f"tfring's engine, outside XLA. Call them from a function "
-            f"without jit_compile and jit-compile only the math around them.")
+        inputs = attrs.get("tensors") or [attrs.get("tensor")]
+        _check_xla(op_type, inputs[0])
     # The user's name, made a valid node name ("grad:0" -> "grad_0").
     scope_name = _INVALID_SCOPE_CHARS.sub("_", name or "").lstrip("_-/") or op_type
     with tf.name_scope(scope_name) as scope:  # reserves a unique node name
