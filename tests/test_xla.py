@@ -2,7 +2,8 @@
 ranks (worker: tests/workers/xla.py): every supported op bit-equal to numpy
 and to the same function without XLA, a collective in a while loop, the
 same MismatchError as without XLA on every rank, a DistributedGradientTape
-training step reaching the non-XLA weights, and the errors for what XLA
+training step and a Keras fit with jit_compile=True reaching the non-XLA
+weights, and the errors for what XLA
 cannot run (ragged allgather, dynamic shapes, a late import)."""
 
 import os
@@ -15,7 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", "TFRING_TIMEOUT": "60"}
 CHECKS = ["ops_match_numpy_and_no_xla", "while_loop", "mismatch_same_error_as_without_xla",
           "allgather_needs_equal_rows_under_xla", "dynamic_shape_names_the_op",
-          "tape_training_matches_no_xla"]
+          "tape_training_matches_no_xla", "keras_fit_jit_matches_no_xla"]
 
 
 def _xla_built():

@@ -245,4 +245,34 @@ def _():
     return {"max_diff": diff}
 
 
+@check("keras_fit_jit_matches_no_xla")
+def _():
+    import keras
+
+    import tfring.keras as tk
+
+    features, batch, steps = 6, 8, 4
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(steps * batch * SIZE, features)).astype(np.float32)
+    y = np.sin(x).sum(axis=1, keepdims=True).astype(np.float32)
+    # Rank r's part of every global batch.
+    blocks = x.reshape(steps, SIZE, batch, features)[:, RANK].reshape(-1, features)
+    yblocks = y.reshape(steps, SIZE, batch, 1)[:, RANK].reshape(-1, 1)
+
+    def fit(jit):
+        keras.utils.set_random_seed(3 + RANK)  # rank 0's weights are broadcast
+        model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(8, "tanh"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=jit)
+        model.fit(blocks, yblocks, batch_size=batch, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[tk.callbacks.RingAllreduceCallback()])
+        assert bool(model.jit_compile) == jit, "the callback changed jit_compile"
+        return [v.numpy() for v in model.trainable_variables]
+
+    with_xla, without = fit(True), fit(False)
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(with_xla, without))
+    assert diff <= TOL, f"XLA and non-XLA fit differ by {diff}"
+    return {"max_diff": diff}
+
+
 report(results)
