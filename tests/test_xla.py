@@ -16,7 +16,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", "TFRING_TIMEOUT": "60"}
 CHECKS = ["ops_match_numpy_and_no_xla", "while_loop", "mismatch_same_error_as_without_xla",
           "allgather_needs_equal_rows_under_xla", "dynamic_shape_names_the_op",
-          "tape_training_matches_no_xla", "keras_fit_jit_matches_no_xla"]
+          "tape_training_matches_no_xla", "keras_fit_jit_matches_no_xla",
+          "gradients_match_no_xla"]
 
 
 def _xla_built():
@@ -71,6 +72,26 @@ def test_import_after_an_xla_compilation_fails_at_trace_time():
     outs = rank_results(run_ranks(1, "xla.py", ["late_import"], env=ENV, timeout=120),
                         "late_import")
     assert outs[0]["ok"], outs[0].get("error")
+
+
+def test_benchmark_reports_both_steps(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, **ENV)
+    r = subprocess.run(
+        [sys.executable, os.path.join(os.path.dirname(HERE), "benchmarks", "xla_bench.py"),
+         "--reps", "1", "--iters", "2", "--width", "16", "--layers", "1", "--batch", "8",
+         "--features", "8", "--json", str(out)],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "XLA/no XLA" in r.stdout and "target XLA/no XLA <= 1.10" in r.stdout, r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["ranks"] == 2 and set(doc["steps"]) == {"mlp", "fused"}, doc
+    for step in doc["steps"].values():
+        assert step["xla_s"] > 0 and step["no_xla_s"] > 0, step
 
 
 @pytest.mark.parametrize("size", [1, 2])

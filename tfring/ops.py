@@ -465,8 +465,13 @@ def _allgather_grad(op, grad):
     # counts, so the offsets come from the gathered counts.
     grad = _allreduce(tf.convert_to_tensor(grad), "sum")
     rows = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
-    all_rows = allgather(rows)
-    begin = tf.reduce_sum(all_rows[:basics.rank()])
+    if _in_xla_context(tf.compat.v1.get_default_graph()):
+        # Under XLA every rank gathers the same row count (docs/xla.md),
+        # and XLA needs the slice's bounds without running a collective.
+        begin = rows[0] * basics.rank()
+    else:
+        all_rows = allgather(rows)
+        begin = tf.reduce_sum(all_rows[:basics.rank()])
     return grad[begin:begin + rows[0]]
 
 

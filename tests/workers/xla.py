@@ -275,4 +275,28 @@ def _():
     return {"max_diff": diff}
 
 
+@check("gradients_match_no_xla")
+def _():
+    def grads(x, w):
+        with tf.GradientTape() as tape:
+            tape.watch(w)
+            a = tfring.allreduce(x * w, op=tfring.Sum, name="g_sum")
+            g = tfring.allgather(w * 2, name="g_gather")
+            b = tfring.broadcast(w, root_rank=0, name="g_bcast")
+            loss = tf.reduce_sum(a * a) + tf.reduce_sum(g) * 3 + tf.reduce_sum(b * x)
+        return tape.gradient(loss, w)
+
+    x, w = tf.constant(values([4, 2], 11)), tf.constant(values([4, 2], 12))
+    got = tf.function(grads, jit_compile=True)(x, w).numpy()
+    base = tf.function(grads)(x, w).numpy()
+    equal("gradient vs no XLA", got, base)
+    # d/dw: 2 * sum_r(a) * x (a is the same on every rank and the loss is
+    # summed over ranks), + 6 * size from the allgather, + the broadcast's
+    # sum of every rank's x on the root only.
+    xs, ws = every([4, 2], 11), every([4, 2], 12)
+    a = np.sum([xr.astype(np.float64) * wr for xr, wr in zip(xs, ws)], axis=0)
+    want = 2 * a * SIZE * xs[RANK] + 6 * SIZE + (np.sum(xs, axis=0) if RANK == 0 else 0)
+    equal("gradient vs numpy", got, want.astype(np.float32))
+
+
 report(results)
