@@ -41,6 +41,7 @@ def init(comm=None, process_sets=None):
         store = _core.PrefixStore(f"join{_joins}/", store)
     _joins += 1
     _core.init(rank, size, store, secret)
+    _load_tf_ops()
     # ---- process sets (tfring/process_sets.py) ----
     from tfring import process_sets as _ps
 
@@ -48,6 +49,19 @@ def init(comm=None, process_sets=None):
     if process_sets is not None and process_sets != "dynamic":
         for ps in process_sets:
             _ps.add_process_set(ps)
+
+
+def _load_tf_ops():
+    """Loads the TensorFlow op library now when TensorFlow is in use: XLA
+    takes the ops' XLA kernels only if they are loaded before its first
+    compilation, which tracing a jit_compile function starts."""
+    import sys
+
+    if "tensorflow" in sys.modules:
+        try:
+            import tfring.ops  # noqa: F401
+        except ImportError:
+            pass  # reported with its cause when the ops are first used
 
 
 def shutdown():

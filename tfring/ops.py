@@ -175,6 +175,81 @@ def _in_xla_context(graph):
         return False
 
 
+_XLA_FILE = _LIB_FILE + ".xla"
+_xla_ready = set()  # op types checked compilable by XLA in this process
+# The ops with XLA kernels (csrc/tf/xla_ops.cc).
+_XLA_OPS = frozenset({"RingAllreduce", "RingGroupedAllreduce", "RingAllgather",
+                      "RingBroadcast", "RingReducescatter"})
+_XLA_GPU_VISIBLE = None  # set on first use: whether TF sees a GPU
+
+
+def _xla_build_state():
+    """(built with XLA kernels?, why) from the build's _tfring_ops.so.xla."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _XLA_FILE)
+    try:
+        with open(path) as f:
+            state = f.read().strip()
+    except OSError:
+        return False, "this build predates tfring's XLA support"
+    on, _, why = state.partition(": ")
+    return on == "on", why
+
+
+def _xla_kernel_devices(op_type):
+    from tensorflow.python.framework import kernels
+
+    return {k.device_type
+            for k in kernels.get_registered_kernels_for_op(op_type).kernel}
+
+
+def _check_xla(op_type, tensor):
+    """Raises at trace time, naming the op and what to change, where XLA
+    cannot compile it; see docs/xla.md. XLA registers its compilation
+    kernels once per process, at the first XLA compilation: ops loaded
+    later (tfring imported after it) never get any."""
+    global _XLA_GPU_VISIBLE
+    if op_type not in _XLA_OPS:
+        raise NotImplementedError(
+            f"tfring: {op_type} cannot be compiled by XLA "
+            f"(tf.function(jit_compile=True)): only "
+            f"{', '.join(sorted(_XLA_OPS))} have XLA kernels. Call it from a "
+            f"function without jit_compile.")
+    if _XLA_GPU_VISIBLE is None:
+        _XLA_GPU_VISIBLE = bool(tf.config.list_logical_devices("GPU"))
+    if op_type in _xla_ready and not _XLA_GPU_VISIBLE:
+        return
+    built, why = _xla_build_state()
+    if not built:
+        raise NotImplementedError(
+            f"tfring: {op_type} cannot be compiled by XLA "
+            f"(tf.function(jit_compile=True)): tfring's op library was built "
+            f"without XLA support ({why}). Rebuild tfring against a "
+            f"TensorFlow that ships the tf2xla headers, or call the "
+            f"collectives from a function without jit_compile.")
+    devices = _xla_kernel_devices(op_type)
+    if not any(d.endswith("_JIT") for d in devices):
+        if any(d.endswith("_JIT") for d in _xla_kernel_devices("Identity")):
+            raise NotImplementedError(
+                f"tfring: {op_type} cannot be compiled by XLA in this "
+                f"process: tfring's op library was loaded after XLA's first "
+                f"compilation (which tracing any jit_compile function "
+                f"starts), and XLA takes no new ops after it. Call "
+                f"tfring.init() (or import tfring.ops) after importing "
+                f"TensorFlow and before tracing the first jit-compiled "
+                f"function.")
+        return  # XLA's registry is still open: it will take our kernels
+    device = getattr(tensor, "device", "") or ""
+    if (_XLA_GPU_VISIBLE and "XLA_GPU_JIT" not in devices
+            and "CPU" not in device.upper()):
+        raise NotImplementedError(
+            f"tfring: {op_type} cannot be compiled by XLA for the GPU: "
+            f"tfring's op library has no GPU kernels (see "
+            f"_tfring_ops.so.gpu next to it). Rebuild tfring with CUDA "
+            f"(TFRING_TF_GPU), place the step on the CPU "
+            f"(with tf.device('/CPU:0')), or compile without jit_compile.")
+    _xla_ready.add(op_type)
+
+
 def _run_op(op_fn, op_type, name, ignore_name_scope=False, **attrs):
     """Creates one collective op with its cross-rank name; returns outputs."""
     if tf.executing_eagerly():
@@ -184,11 +259,14 @@ def _run_op(op_fn, op_type, name, ignore_name_scope=False, **attrs):
         with graph.name_scope(None):  # the root scope
             return _run_op(op_fn, op_type, name, **attrs)
     if _in_xla_context(graph):
-        raise NotImplementedError(
-            f"tfring: {op_type} cannot be compiled by XLA "
-            f"(tf.function(jit_compile=True)): the collectives run on "
-            f"tfring's engine, outside XLA. Call them from a function "
-            f"without jit_compile and jit-compile only the math around them.")
+        inputs = attrs.get("tensors") or [attrs.get("tensor")]
+        _check_xla(op_type, inputs[0])
+        if attrs.get("process_set_id", 0):
+            raise NotImplementedError(
+                f"tfring: {op_type} on process set {attrs['process_set_id']} "
+                f"cannot be compiled by XLA: under jit_compile collectives "
+                f"run on every rank only. Call it from a function without "
+                f"jit_compile.")
     # The user's name, made a valid node name ("grad:0" -> "grad_0").
     scope_name = _INVALID_SCOPE_CHARS.sub("_", name or "").lstrip("_-/") or op_type
     with tf.name_scope(scope_name) as scope:  # reserves a unique node name
@@ -648,8 +726,13 @@ def _allgather_grad(op, grad):
     ps_id, ps = _ps_of(op)
     grad = _allreduce(tf.convert_to_tensor(grad), "average", ps_id=ps_id)
     rows = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
-    all_rows = allgather(rows, process_set=ps)
-    begin = tf.reduce_sum(all_rows[:_rank_size(ps_id)[0]])
+    if _in_xla_context(tf.compat.v1.get_default_graph()):
+        # Under XLA every rank gathers the same row count (docs/xla.md),
+        # and XLA needs the slice's bounds without running a collective.
+        begin = rows[0] * _rank_size(ps_id)[0]
+    else:
+        all_rows = allgather(rows, process_set=ps)
+        begin = tf.reduce_sum(all_rows[:_rank_size(ps_id)[0]])
     return grad[begin:begin + rows[0]]
 
 

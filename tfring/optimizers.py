@@ -82,8 +82,10 @@ class _GradientReducer:
         op, pre, post = self._op_and_scales()
         extra = _set_kwargs(self.process_set)
         out = [None] * len(grads)
-        if tf.executing_eagerly():
-            # One grouped op: every gradient is in flight at once.
+        if tf.executing_eagerly() or _ops._in_xla_context(
+                tf.compat.v1.get_default_graph()):
+            # One grouped op: every gradient is in flight at once (under
+            # XLA too, whose runtime may run separate ops one by one).
             reduced = _ops.grouped_allreduce(
                 [grads[i] for i in present], op, name=self.name,
                 compression=self.compression, prescale_factor=pre,

@@ -15,6 +15,7 @@ import keras
 import numpy as np
 
 from tfring import Average, basics
+from tfring import ops as _ops
 from tfring.compression import Compression
 from tfring.keras._state import (
     GradientConfig,
@@ -103,12 +104,16 @@ def _built(model):
 
 
 def _no_xla_for_tfring_optimizer(model):
-    """A train step that runs a tfring.keras.DistributedOptimizer cannot be
-    XLA-compiled (Keras 3 compiles with XLA by default on GPU hosts): turn
-    XLA off for it and trace the train function again."""
+    """A train step that runs a tfring.keras.DistributedOptimizer is
+    XLA-compiled when the op library has XLA kernels (docs/xla.md); with a
+    build that has none (Keras 3 compiles with XLA by default on GPU hosts)
+    turn XLA off for it and trace the train function again."""
+    from tfring import ops as _ops
+
     opt = getattr(model, "optimizer", None)
     if (getattr(opt, "_tfring_config", None) is not None
-            and getattr(model, "jit_compile", False)):
+            and getattr(model, "jit_compile", False)
+            and not _ops._xla_build_state()[0]):
         model.jit_compile = False
         if hasattr(model, "make_train_function"):
             model.make_train_function(force=True)
@@ -262,8 +267,9 @@ class _RingAllreduce:
 
     * the optimizer's public apply methods allreduce (average) the
       gradients inside the compiled train step, fused into few ops; the
-      train function is recompiled at the start of each fit (and XLA
-      compilation, which cannot run tfring's ops, is turned off);
+      train function is recompiled at the start of each fit (with XLA
+      when the model asks for it, see docs/xla.md; builds whose ops have
+      no XLA kernels turn XLA off for the step);
     * at the start of the first fit, root_rank's weights and optimizer
       state (also when restored from a checkpoint) are broadcast;
     * epoch-end metrics are averaged over ranks (put this callback first);
@@ -303,8 +309,8 @@ class _RingAllreduce:
 
     def on_train_begin(self, logs=None):
         model = self.model
-        if getattr(model, "jit_compile", False):
-            model.jit_compile = False
+        if getattr(model, "jit_compile", False) and not _ops._xla_build_state()[0]:
+            model.jit_compile = False  # this build's ops have no XLA kernels
         if model.optimizer is None:
             raise ValueError("RingAllreduceCallback: compile the model with "
                              "an optimizer before fit")
