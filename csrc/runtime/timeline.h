@@ -22,6 +22,8 @@ class Timeline {
   bool enabled() const { return file_ != nullptr; }
   void begin(const std::string& tensor, const std::string& phase);
   void end(const std::string& tensor);
+  // An instant event on the tensor's row; `args_json` is a JSON object.
+  void instant(const std::string& tensor, const std::string& name, const std::string& args_json);
   void close();
 
  private:
