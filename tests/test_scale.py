@@ -135,10 +135,12 @@ def test_auto_keeps_small_scheme_on_two_hosts():
 
 @pytest.mark.parametrize("trial", range(3))
 def test_killed_rank_named_by_every_survivor(trial):
-    # 16 ranks on 4 simulated hosts; the last rank dies inside a stream of
+    # 32 ranks on 8 simulated hosts; the last rank dies inside a stream of
     # small allreduces. Every survivor exits right after its error.
-    n = 16
-    results = run_ranks(n, "scale.py", ["kill"], env={"TFRING_TIMEOUT": "60"}, timeout=120,
+    # Before the coordinator delivered its abort notice to rank 0 last, a
+    # trial here could see most survivors blame rank 0.
+    n = 32
+    results = run_ranks(n, "scale.py", ["kill"], env={"TFRING_TIMEOUT": "60"}, timeout=180,
                         per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r // 4}"})
     bad = []
     for r in results[:-1]:
@@ -149,3 +151,18 @@ def test_killed_rank_named_by_every_survivor(trial):
         assert out["elapsed"] is not None and out["elapsed"] < 30, out
     assert results[-1].returncode != 0
     assert bad == [], bad
+
+
+def test_timeline_carries_hops_and_bytes(tmp_path):
+    # Recursive doubling at 3 ranks: 1 exchange + the fold; ranks 0 (extra)
+    # and 2 send the buffer once, rank 1 to rank 2 and the result to rank 0.
+    path = str(tmp_path / "timeline.{rank}.json")
+    res = check_ok(run_ranks(3, "misc.py", env={"TFRING_TIMELINE": path,
+                                                "TFRING_ALLREDUCE_ALGO": "recdbl"}))
+    for rank, out in enumerate(res):
+        stats = [e for e in out["timeline"] if e.get("name") == "ALLREDUCE_STATS"]
+        assert stats, "no ALLREDUCE_STATS event"
+        for e in stats:
+            a = e["args"]
+            assert a["algo"] == "recdbl" and a["ranks"] == 3 and a["hops"] == 3, a
+            assert a["bytes_sent"] == a["bytes"] * (1, 2, 1)[rank], (rank, a)
