@@ -8,8 +8,9 @@
 Starts N core-only ranks on this machine (no MPI, no TensorFlow; a file
 store in a temporary directory) and times ``_core.DirectAllreduce`` (the
 algorithm alone, no engine) for each algorithm in turn: float32 sum, in
-place, back to back, ``--iters`` calls after a warm-up; a rank's time is the
-mean per call and the table shows the slowest rank's. Beside it: the hops on
+place, back to back, ``--iters`` calls after a warm-up, ``--reps`` times with
+the algorithms taking turns; a repetition's time is the slowest rank's mean
+per call, and the table shows the median repetition. Beside it: the hops on
 the collective's critical path and the most bytes one rank sent
 (``_core.last_collective_stats()``), and each algorithm's time as a ratio of
 the ring's.
@@ -44,14 +45,19 @@ def worker(args):
     direct = _core.DirectAllreduce(_core.FileStore(args.store), rank, n, args.secret)
     count = args.size // 4
     row = {}
-    for algo in args.algos.split(","):
+    algos = args.algos.split(",")
+    for algo in algos:
         buf = np.full(count, rank + 1, np.float32)
         direct.allreduce(buf, algo)
         assert np.all(buf == n * (n + 1) / 2), (algo, buf[:4])
         st = _core.last_collective_stats()
-        t = direct.time(args.size, algo, args.iters)
-        row[algo] = {"time_s": t, "hops": st["hops"], "bytes_sent": st["bytes_sent"],
+        row[algo] = {"times": [], "hops": st["hops"], "bytes_sent": st["bytes_sent"],
                      "ran": st["algo"]}
+    # Algorithms take turns, rep by rep, so a change in the machine's load
+    # falls on all of them.
+    for _ in range(args.reps):
+        for algo in algos:
+            row[algo]["times"].append(direct.time(args.size, algo, args.iters))
     direct.close()
     with open(args.out, "w") as f:
         json.dump(row, f)
@@ -67,6 +73,9 @@ def run(n, args):
         for r in range(n):
             env = child_env()
             env["OMP_NUM_THREADS"] = "1"
+            # Opens the point-to-point links on any topology; each call
+            # names its algorithm.
+            env["TFRING_ALLREDUCE_ALGO"] = "recdbl"
             if args.transport:
                 env["TFRING_TRANSPORT"] = args.transport
             if args.hosts > 1:
@@ -74,6 +83,7 @@ def run(n, args):
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(r),
                    "--nranks", str(n), "--store", store, "--secret", secret,
                    "--size", str(args.size), "--algos", args.algos, "--iters", str(args.iters),
+                   "--reps", str(args.reps),
                    "--out", os.path.join(tmp, f"{r}.json")]
             procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL))
         try:
@@ -91,8 +101,11 @@ def run(n, args):
                 rows.append(json.load(f))
     out = {"np": n}
     for algo in args.algos.split(","):
+        reps = len(rows[0][algo]["times"])
+        per_rep = [max(row[algo]["times"][i] for row in rows) for i in range(reps)]
         out[algo] = {
-            "time_s": max(row[algo]["time_s"] for row in rows),
+            "time_s": sorted(per_rep)[reps // 2],
+            "min_s": min(per_rep),
             "hops": rows[0][algo]["hops"],
             "bytes_sent": max(row[algo]["bytes_sent"] for row in rows),
             "ran": rows[0][algo]["ran"],
@@ -103,7 +116,8 @@ def run(n, args):
 def table(results, algos, size):
     head = (["np"] + [f"{a} (us)" for a in algos] + [f"{a} hops" for a in algos]
             + [f"{a}/ring" for a in algos if a != "ring"])
-    lines = [f"{human_size(size)} allreduce, float32 sum (slowest rank's mean per call)",
+    lines = [f"{human_size(size)} allreduce, float32 sum (median over repetitions of the "
+             "slowest rank's mean per call)",
              "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for res in results:
         cells = [str(res["np"])]
@@ -124,7 +138,8 @@ def main():
     p.add_argument("--hosts", type=int, default=1)
     p.add_argument("--transport", default="", help="TFRING_TRANSPORT for the ranks (tcp: "
                    "every link over TCP, as with one rank per host)")
-    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--json")
     p.add_argument("--worker", action="store_true")

@@ -45,7 +45,8 @@ struct HostLinks {
   std::unique_ptr<Waiter> cross_waiter;
   std::vector<char> scratch;          // the small cross-host exchange
 
-  // Links to this rank's recursive-doubling partners; null in a job of one.
+  // Links to this rank's recursive-doubling partners; null in a job of one
+  // and where no recursive allreduce can run (transport/ring_links.cc).
   std::unique_ptr<PeerLinks> peers;
   std::vector<char> peer_scratch;     // the recursive allreduces' receive buffer
 };

@@ -317,8 +317,15 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   }
 
   // 4c. Point-to-point links for the recursive allreduces: at most
-  // log2(size) + 1 per rank (transport/peer_links.h).
-  {
+  // log2(size) + 1 per rank (transport/peer_links.h), opened only where
+  // the algorithm is forced or auto may pick one (the rule of
+  // collectives::chooseAllreduce: 8+ ranks on 4+ hosts, or on hosts the
+  // host-aware schemes cannot serve). Every rank decides alike.
+  const bool cross_ok = H.num_hosts > 1 && H.uniform && (T.local_size == 1 || host_shm);
+  const bool want_peers =
+      H.algo == "recdbl" || H.algo == "rabenseifner" ||
+      (H.algo == "auto" && size >= 8 && H.num_hosts > 1 && (H.num_hosts >= 4 || !cross_ok));
+  if (want_peers) {
     std::vector<std::string> addrs;
     for (const auto& p : T.peers) addrs.push_back(p.addr);
     H.peers = PeerLinks::connect(store, rank, size, addrs, secret, deadline);
