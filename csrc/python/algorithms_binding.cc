@@ -25,6 +25,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <sched.h>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -52,6 +54,10 @@ class DirectAllreduce {
     waiter_.reset(new transport::Waiter(links_->bell(), links_->right(), links_->left()));
     comm_ = collectives::makeRingComm(*links_, waiter_.get(), cfg_);
     default_algo_ = comm_.host->algo;
+    // Waits spin only where every local rank has a core, as in the engine.
+    cpu_set_t cpus;
+    int ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    transport::setSpinning(links_->topology().local_size <= ncpu);
   }
 
   void run(float* data, size_t count, const std::string& algo) {
