@@ -117,13 +117,20 @@ def test_counters_at_64_ranks(algo):
     assert hops == {"ring": 126, "recdbl": 6, "rabenseifner": 12}[algo]
 
 
-def test_auto_picks_by_size_across_many_hosts():
-    # 4 simulated hosts of 2 ranks: 4 KiB by recursive doubling, 64 KiB by
-    # Rabenseifner, 2 MiB hierarchically.
+@pytest.mark.parametrize("hosts,expect", [
+    # 4 simulated hosts of 2 ranks: 4 KiB by recursive doubling, larger
+    # buffers hierarchically (shared memory inside each host).
+    (lambda r: f"host{r // 2}", ["recdbl", "hier", "hier"]),
+    # One rank per host: Rabenseifner for the medium size, then the ring.
+    (lambda r: f"host{r}", ["recdbl", "rabenseifner", "ring"]),
+    # Hosts of 3, 3 and 2 ranks: the host-aware schemes cannot run.
+    (lambda r: f"host{r // 3}", ["recdbl", "rabenseifner", "ring"]),
+], ids=["4x2", "8x1", "3+3+2"])
+def test_auto_picks_by_size_across_many_hosts(hosts, expect):
     res = _run(8, "stats", {"TEST_COUNTS": "1024,16384,524288", "TFRING_SMALL_THRESHOLD": "4096"},
-               per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r // 2}"})
+               per_rank_env=lambda r: {"TFRING_HOSTNAME": hosts(r)})
     for out in res:
-        assert [s["algo"] for s in out["stats"]] == ["recdbl", "rabenseifner", "hier"]
+        assert [s["algo"] for s in out["stats"]] == expect
         assert all(s["ok"] for s in out["stats"])
 
 

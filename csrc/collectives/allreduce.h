@@ -27,12 +27,13 @@
 //
 // auto: on one host, oneshot up to the threshold, ring above it. Across
 // hosts, when the job has at least 8 ranks and either at least 4 hosts or
-// hosts the cross-host schemes cannot serve (uneven rank counts):
-// recdbl up to the threshold, rabenseifner up to kRabenseifnerMaxBytes,
-// then hier (uniform hosts) or ring. Otherwise across hosts: small up to
-// the threshold, hier above it when every host has the same number (> 1)
-// of ranks, else ring. Every algorithm gives bitwise identical results on
-// every rank.
+// hosts the cross-host schemes cannot serve (uneven rank counts): recdbl
+// up to the threshold; above it hier when every host has the same number
+// (> 1) of ranks, else rabenseifner up to kRabenseifnerMaxBytes, then the
+// ring. Otherwise across hosts: small up to the threshold, hier above it
+// when every host has the same number (> 1) of ranks, else ring (see
+// docs/benchmarks.md, "Allreduce at scale", for the measurements). Every
+// algorithm gives bitwise identical results on every rank.
 #pragma once
 
 #include <cstddef>

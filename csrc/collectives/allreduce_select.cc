@@ -129,8 +129,12 @@ AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes) {
   const bool at_scale = spans && p2p && c.size >= 8 && (H->num_hosts >= 4 || !cross);
   if (bytes <= static_cast<uint64_t>(H->small_threshold))
     return at_scale ? AllreduceAlgo::kRecDbl : small();
-  if (at_scale && bytes <= kRabenseifnerMaxBytes) return AllreduceAlgo::kRabenseifner;
-  return (cross && H->local_size > 1) ? AllreduceAlgo::kHier : AllreduceAlgo::kRing;
+  // Medium buffers: the hierarchical scheme where hosts hold several ranks
+  // (it keeps most traffic in shared memory; measured faster than
+  // Rabenseifner over TCP at 16 ranks on 4 hosts), else Rabenseifner.
+  const bool hier = cross && H->local_size > 1;
+  if (at_scale && !hier && bytes <= kRabenseifnerMaxBytes) return AllreduceAlgo::kRabenseifner;
+  return hier ? AllreduceAlgo::kHier : AllreduceAlgo::kRing;
 }
 
 void allreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
