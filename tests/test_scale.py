@@ -173,3 +173,22 @@ def test_timeline_carries_hops_and_bytes(tmp_path):
             a = e["args"]
             assert a["algo"] == "recdbl" and a["ranks"] == 3 and a["hops"] == 3, a
             assert a["bytes_sent"] == a["bytes"] * (1, 2, 1)[rank], (rank, a)
+
+
+@pytest.mark.parametrize("algo,ran,hops", [("oneshot", "small", 3), ("hier", "hier", 4)])
+def test_counters_of_host_schemes(algo, ran, hops):
+    # 2 hosts x 2 ranks, 1024 floats in one segment piece: two segment
+    # synchronisations plus 1 cross-host step (small) or 2 (hier's ring);
+    # each rank sends its 512-float share across once.
+    res = _run(4, "stats", {"TFRING_ALLREDUCE_ALGO": algo, "TEST_COUNTS": "1024"},
+               per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r // 2}"})
+    for out in res:
+        st = out["stats"][0]
+        assert st["ok"] and (st["algo"], st["hops"], st["bytes_sent"]) == (ran, hops, 2048), st
+
+
+def test_counters_of_one_shot_on_one_host():
+    res = _run(3, "stats", {"TFRING_ALLREDUCE_ALGO": "oneshot", "TEST_COUNTS": "1024"})
+    for out in res:
+        st = out["stats"][0]
+        assert st["ok"] and (st["algo"], st["hops"], st["bytes_sent"]) == ("oneshot", 1, 0), st

@@ -53,7 +53,11 @@ void formulaStats(const RingComm& c, AllreduceAlgo a, size_t count, size_t es,
       st->hops += 1;
       continue;
     }
-    const size_t sh = S ? evenSplit(n, L)[H.local_rank + 1] - evenSplit(n, L)[H.local_rank] : n;
+    size_t sh = n;  // my share of the piece
+    if (S) {
+      const auto shares = evenSplit(n, L);
+      sh = shares[H.local_rank + 1] - shares[H.local_rank];
+    }
     const uint64_t seg_hops = S ? 2 : 0;
     if (a == AllreduceAlgo::kSmall) {
       st->hops += seg_hops + (nh - 1);
