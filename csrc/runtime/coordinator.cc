@@ -149,10 +149,15 @@ void Coordinator::join(double timeout_s) {
 }
 
 void Coordinator::sendAll(const std::vector<uint8_t>& payload, int except) {
+  // The rank served in process hears last: once it learns (of an abort,
+  // say) its script may exit and end this process, and every other rank
+  // must have the message in its socket by then, or it would see only rank
+  // 0's connection drop and blame rank 0.
+  bool local = false;
   for (int r = 0; r < size_; ++r) {
     if (r == except || gone_[r]) continue;
     if (fds_[r] < 0) {
-      if (local_sink_) local_sink_(payload);
+      local = true;
       continue;
     }
     try {
@@ -161,6 +166,7 @@ void Coordinator::sendAll(const std::vector<uint8_t>& payload, int except) {
       gone_[r] = true;  // its reader will see the connection drop
     }
   }
+  if (local && local_sink_) local_sink_(payload);
 }
 
 void Coordinator::abortAll(int culprit, const std::string& msg) {
@@ -173,6 +179,13 @@ void Coordinator::abortAll(int culprit, const std::string& msg) {
   w.put<int32_t>(labels_.empty() ? culprit : labels_[culprit]);
   w.putStr(msg);
   sendAll(w.bytes(), culprit);
+  abort_sent_.store(true);
+}
+
+bool Coordinator::waitAbortSent(double timeout_s) const {
+  Deadline d = Deadline::in(timeout_s);
+  while (!abort_sent_.load() && !finished_.load() && !d.expired()) usleep(1000);
+  return abort_sent_.load();
 }
 
 void Coordinator::loop() {

@@ -77,6 +77,11 @@ class Coordinator {
   void start();
   // Waits (up to timeout_s) for every rank's goodbye, then stops.
   void join(double timeout_s);
+  // Waits (up to timeout_s) until an abort has been sent to every rank;
+  // false if none was sent by then. Rank 0 calls it before failing its own
+  // work on an error of its own, so that its script exiting cannot cut the
+  // notice off.
+  bool waitAbortSent(double timeout_s) const;
 
  private:
   struct Pending {
@@ -132,6 +137,7 @@ class Coordinator {
   std::vector<bool> joined_;     // ranks that called join(), until all have
   int last_joined_ = -1;
   bool aborted_ = false;
+  std::atomic<bool> abort_sent_{false};
   int local_efd_ = -1;  // eventfd: rank 0's engine posted something
   std::mutex local_mu_;
   std::vector<std::vector<uint8_t>> local_in_;

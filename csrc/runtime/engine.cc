@@ -209,6 +209,9 @@ bool Engine::pumpGuarded(bool block) {
       while (!AbortState::get().aborted() && !grace.expired()) usleep(1000);
     }
     reportFatal(e.status());
+    // On rank 0 the coordinator relays the error as an abort: let it reach
+    // every rank before this rank's script can learn of it and exit.
+    if (local_coord_) local_coord_->waitAbortSent(2.0);
     failAll(AbortState::get().aborted() ? AbortState::get().status() : e.status());
     return false;
   }

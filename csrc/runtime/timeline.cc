@@ -80,6 +80,16 @@ void Timeline::end(const std::string& tensor) {
   std::fflush(file_);
 }
 
+void Timeline::instant(const std::string& tensor, const std::string& name,
+                       const std::string& args_json) {
+  if (!file_) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  long long ts = static_cast<long long>((nowSeconds() - t0_) * 1e6);
+  int t = tid(tensor);
+  emit(strCat("{\"name\":\"", name, "\",\"ph\":\"i\",\"s\":\"t\",\"ts\":", ts,
+              ",\"pid\":", rank_, ",\"tid\":", t, ",\"args\":", args_json, "}"));
+}
+
 void Timeline::close() {
   std::lock_guard<std::mutex> lk(mu_);
   closeLocked();

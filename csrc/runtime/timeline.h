@@ -29,6 +29,8 @@ class Timeline {
   bool enabled() const { return on_.load(std::memory_order_relaxed); }
   void begin(const std::string& tensor, const std::string& phase);
   void end(const std::string& tensor);
+  // An instant event on the tensor's row; `args_json` is a JSON object.
+  void instant(const std::string& tensor, const std::string& name, const std::string& args_json);
   void close();
 
  private:
