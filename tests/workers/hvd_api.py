@@ -67,15 +67,6 @@ def modes(fn):
     return {"eager": fn(), "function": tf.function(fn, autograph=False)()}
 
 
-class _GlobalSet:
-    """What Horovod's global_process_set looks like to a collective."""
-    process_set_id = 0
-
-
-class _OtherSet:
-    process_set_id = 1
-
-
 # -------------------------------------------------- Horovod's keywords ----
 
 @check("allreduce_horovod_keywords")
@@ -96,7 +87,7 @@ def _():
                 return hvd.allreduce(
                     x, device_dense="", device_sparse="",
                     compression=hvd.Compression.none, name=f"ar.{label}",
-                    process_set=_GlobalSet(), ignore_name_scope=False, **kw)
+                    process_set=hvd.global_process_set, ignore_name_scope=False, **kw)
         for mode, got in modes(fn).items():
             close(f"{label} {mode}", got.numpy(), want)
     # The global set may also be given as None.
@@ -120,16 +111,20 @@ def _():
 
 @check("process_set_rejects_other_sets")
 def _():
-    for fn in (lambda: hvd.allreduce(tf.ones([1]), process_set=_OtherSet()),
-               lambda: hvd.allgather(tf.ones([1]), process_set=_OtherSet()),
-               lambda: hvd.broadcast_object(1, process_set=_OtherSet()),
-               lambda: hvd.barrier(process_set=_OtherSet())):
+    # A set never added (nor given to init) is refused by every collective
+    # with an error that says so; the set's own collectives are tested in
+    # tests/test_process_sets.py.
+    unregistered = hvd.ProcessSet([0])
+    for fn in (lambda: hvd.allreduce(tf.ones([1]), process_set=unregistered),
+               lambda: hvd.allgather(tf.ones([1]), process_set=unregistered),
+               lambda: hvd.broadcast_object(1, process_set=unregistered),
+               lambda: hvd.barrier(process_set=unregistered)):
         try:
             fn()
-        except NotImplementedError as e:
-            assert "process_set" in str(e), e
+        except ValueError as e:
+            assert "not registered" in str(e), e
         else:
-            raise AssertionError("a process set other than the global one was accepted")
+            raise AssertionError("an unregistered process set was accepted")
 
 
 @check("grouped_allreduce_horovod_keywords")
@@ -284,7 +279,7 @@ def _():
     missing = [r for r in range(size)
                if not os.path.exists(os.path.join(shared, f"before_barrier.{r}"))]
     assert not missing, f"ranks {missing} had not reached the barrier"
-    hvd.barrier(process_set=_GlobalSet())
+    hvd.barrier(process_set=hvd.global_process_set)
 
 
 @check("grouped_allgather")

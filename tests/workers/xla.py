@@ -291,11 +291,13 @@ def _():
     base = tf.function(grads)(x, w).numpy()
     equal("gradient vs no XLA", got, base)
     # d/dw: 2 * sum_r(a) * x (a is the same on every rank and the loss is
-    # summed over ranks), + 6 * size from the allgather, + the broadcast's
-    # sum of every rank's x on the root only.
+    # summed over ranks), + 6 from the allgather and, on the root only, the
+    # mean of every rank's x from the broadcast (Horovod averages the
+    # upstream gradients of allgather and broadcast over ranks).
     xs, ws = every([4, 2], 11), every([4, 2], 12)
     a = np.sum([xr.astype(np.float64) * wr for xr, wr in zip(xs, ws)], axis=0)
-    want = 2 * a * SIZE * xs[RANK] + 6 * SIZE + (np.sum(xs, axis=0) if RANK == 0 else 0)
+    want = (2 * a * SIZE * xs[RANK] + 6
+            + (np.mean(np.asarray(xs, np.float64), axis=0) if RANK == 0 else 0))
     equal("gradient vs numpy", got, want.astype(np.float32))
 
 
