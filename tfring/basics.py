@@ -1,6 +1,7 @@
 """Process-level API: init, shutdown and the job's topology."""
 
 import atexit
+import os
 
 from tfring import _bootstrap, _core, _horovod_env
 
@@ -19,6 +20,13 @@ def init(comm=None):
     # Before anything reads TFRING_*: the bootstrap (TFRING_TIMEOUT,
     # TFRING_IFACE) and the core's configuration at _core.init.
     notices = _horovod_env.apply()
+    if os.environ.get("TFRING_ELASTIC_ID"):
+        # Started by the elastic driver (tfring-run --min-np...): the driver
+        # assigns rank and size per membership epoch (tfring/elastic/_worker.py).
+        from tfring.elastic import _worker
+
+        _worker.join()
+        return
     try:
         rank, size, store, secret = _bootstrap.discover(comm)
     except Exception:
