@@ -9,8 +9,8 @@ rank 0 of the last membership reports what a numpy replay must reproduce
 Environment: STEPS (total steps), COMMIT_EVERY, STEP_SLEEP (s per step),
 KILL_HOST/KILL_STEP (the ranks on that host SIGKILL themselves before step
 KILL_STEP of their first membership), GROW_FILE/GROW_LINES/GROW_STEP (rank 0
-rewrites the discovery file at that step, then trains on until the job has
-GROW_SIZE ranks), FLAG_FILE/FLAG_STEP (rank 0 creates the file at that step).
+rewrites the discovery file at that step, then trains on until 4 steps ran
+on GROW_SIZE ranks), FLAG_FILE/FLAG_STEP (rank 0 creates the file at that step).
 """
 
 import json
@@ -44,51 +44,55 @@ COMMIT_EVERY = env_int("COMMIT_EVERY", 2)
 SLEEP = float(os.environ.get("STEP_SLEEP", "0.05"))
 HOST = os.environ.get("TFRING_HOSTNAME")
 
-tfring.init()
-first_epoch = True
-state = tfring.elastic.ObjectState(w=np.zeros(DIM), step=0, sizes=[])
+
+def main():
+    tfring.init()
+    first_epoch = True
+    state = tfring.elastic.ObjectState(w=np.zeros(DIM), step=0, sizes=[])
+
+    def joined():
+        print("JOIN " + json.dumps({"rank": tfring.rank(), "size": tfring.size(),
+                                    "pid": os.getpid(),
+                                    "wid": int(os.environ["TFRING_ELASTIC_ID"]),
+                                    "step": state.step, "host": HOST}), flush=True)
+
+    state.register_reset_callbacks([lambda: print(f"RESET pid={os.getpid()}", flush=True)])
+
+    @tfring.elastic.run
+    def train(state):
+        nonlocal first_epoch
+        joined()
+        grow = env_int("GROW_SIZE")
+        while state.step < STEPS or (grow > 0 and state.sizes.count(grow) < 4 and
+                                     state.step < 2000):
+            s, r, n = state.step, tfring.rank(), tfring.size()
+            if first_epoch and HOST == os.environ.get("KILL_HOST") and s == env_int("KILL_STEP"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            if r == 0 and s == env_int("GROW_STEP") and os.environ.get("GROW_FILE"):
+                with open(os.environ["GROW_FILE"], "w") as f:
+                    f.write(os.environ["GROW_LINES"].replace(",", "\n") + "\n")
+            if r == 0 and s == env_int("FLAG_STEP") and os.environ.get("FLAG_FILE"):
+                open(os.environ["FLAG_FILE"], "w").close()
+            x, y = example(s, r, n)
+            grad = (x @ state.w - y) * x
+            avg = _core.allreduce(grad, op="average", name="grad")
+            state.w = state.w - LR * avg
+            state.sizes = state.sizes + [n]
+            state.step = s + 1
+            time.sleep(SLEEP)
+            if state.step % COMMIT_EVERY == 0:
+                if state.step > env_int("KILL_STEP", 10 ** 9):
+                    first_epoch = False
+                state.commit()
+        state.commit()
+        return state.w
+
+    w = train(state)
+    if tfring.rank() == 0:
+        print("RESULT " + json.dumps({"w": w.tolist(), "sizes": state.sizes,
+                                      "size": tfring.size(), "pid": os.getpid()}), flush=True)
+    tfring.shutdown()
 
 
-def joined():
-    global first_epoch
-    print("JOIN " + json.dumps({"rank": tfring.rank(), "size": tfring.size(),
-                                "pid": os.getpid(), "wid": int(os.environ["TFRING_ELASTIC_ID"]),
-                                "step": state.step, "host": HOST}), flush=True)
-
-
-state.register_reset_callbacks([lambda: print(f"RESET pid={os.getpid()}", flush=True)])
-
-
-@tfring.elastic.run
-def train(state):
-    global first_epoch
-    joined()
-    while state.step < STEPS or (os.environ.get("GROW_SIZE") and
-                                 tfring.size() < env_int("GROW_SIZE") and state.step < 2000):
-        s, r, n = state.step, tfring.rank(), tfring.size()
-        if first_epoch and HOST == os.environ.get("KILL_HOST") and s == env_int("KILL_STEP"):
-            os.kill(os.getpid(), signal.SIGKILL)
-        if r == 0 and s == env_int("GROW_STEP") and os.environ.get("GROW_FILE"):
-            with open(os.environ["GROW_FILE"], "w") as f:
-                f.write(os.environ["GROW_LINES"].replace(",", "\n") + "\n")
-        if r == 0 and s == env_int("FLAG_STEP") and os.environ.get("FLAG_FILE"):
-            open(os.environ["FLAG_FILE"], "w").close()
-        x, y = example(s, r, n)
-        grad = (x @ state.w - y) * x
-        avg = _core.allreduce(grad, op="average", name="grad")
-        state.w = state.w - LR * avg
-        state.sizes = state.sizes + [n]
-        state.step = s + 1
-        time.sleep(SLEEP)
-        if state.step % COMMIT_EVERY == 0:
-            first_epoch = False if state.step > env_int("KILL_STEP", 10 ** 9) else first_epoch
-            state.commit()
-    state.commit()
-    return state.w
-
-
-w = train(state)
-if tfring.rank() == 0:
-    print("RESULT " + json.dumps({"w": w.tolist(), "sizes": state.sizes,
-                                  "size": tfring.size(), "pid": os.getpid()}), flush=True)
-tfring.shutdown()
+if __name__ == "__main__":
+    main()

@@ -15,9 +15,10 @@ environment) takes part like this:
   * its first init() announces it: ``elastic/ready.<id>``;
   * init() waits for an epoch newer than the last one it joined that lists
     it, announces its arrival (counter ``elastic/arrived.<e>``) and waits
-    for every member to arrive, so the core's rendezvous starts only with
-    every member present; if the driver declares the epoch dead
-    (``elastic/dead.<e>``: a member died before arriving) it moves on;
+    for every member to arrive (``elastic/complete.<e>``), so the core's
+    rendezvous starts only with every member present; an epoch superseded
+    before every member arrived is dead (``elastic/dead.<e>``) and its
+    members move on to the newest (see _arrive);
   * rank = the index of its id in "members"; the core rendezvouses under the
     store prefix ``elastic/e<e>/`` with the secret ``<job secret>:<token>``,
     so nothing of an earlier epoch (keys, stale peers) can join this one;
@@ -40,6 +41,7 @@ PREFIX = "elastic/"
 # Default core timeout for elastic workers (unless TFRING_TIMEOUT is set): a
 # rendezvous or collective stuck on a peer that vanished fails within this.
 DEFAULT_TIMEOUT_S = "30"
+POISON = 1 << 40  # see _arrive
 
 
 class RemovedFromJobError(RuntimeError):
@@ -102,16 +104,31 @@ class _Worker:
             time.sleep(0.005)
 
     def _arrive(self, e, rec):
-        """Waits until every member of epoch e arrived; False if the driver
-        declared it dead first."""
-        key = f"{PREFIX}arrived.{e}"
-        self.control.add(key, 1)
-        size = len(rec["members"])
-        while self.control.add(key, 0) < size:
+        """Waits until every member of epoch e arrived (True), or until e is
+        dead (False): a newer epoch was published before all arrived.
+
+        One atomic counter decides, so every member decides alike: arrivals
+        add 1, and whoever gives up on e (a member that sees a newer epoch,
+        the driver after a death) adds POISON. The add that takes the count
+        to exactly the size marks e complete; a first poison that finds it
+        short marks e dead. A poison after completion changes nothing."""
+        key, size = f"{PREFIX}arrived.{e}", len(rec["members"])
+        if self.control.add(key, 1) == size:
+            self.control.set(f"{PREFIX}complete.{e}", b"1")
+            return True
+        while True:
+            if self.control.check([f"{PREFIX}complete.{e}"]):
+                return True
             if self.control.check([f"{PREFIX}dead.{e}"]):
                 return False
+            if self.latest() > e:
+                v = self.control.add(key, POISON)
+                if POISON <= v < POISON + size:
+                    self.control.set(f"{PREFIX}dead.{e}", b"1")
+                    return False
+                if v == POISON + size:
+                    return True
             time.sleep(0.002)
-        return True
 
     def _init(self, e, rec):
         members, hosts = rec["members"], rec["hosts"]

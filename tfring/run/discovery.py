@@ -44,8 +44,11 @@ def parse_output(text, slots_per_host, script="discovery script"):
     return hosts
 
 
-def discover(script, slots_per_host, timeout_s=DEFAULT_TIMEOUT_S):
-    """Runs the script once; returns {host: slots}."""
+def discover(script, slots_per_host, timeout_s=None):
+    """Runs the script once; returns {host: slots}. It may run timeout_s
+    (default TFRING_DISCOVERY_TIMEOUT, else 10 s)."""
+    if timeout_s is None:
+        timeout_s = float(os.environ.get("TFRING_DISCOVERY_TIMEOUT", DEFAULT_TIMEOUT_S))
     try:
         # A session of its own: a hung script's children are killed with it.
         proc = subprocess.Popen(script, shell=True, stdin=subprocess.DEVNULL,

@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 
+from tfring.elastic._worker import POISON
 from tfring.run import discovery
 from tfring.run.launcher import (
     EXIT_TIMEOUT,
@@ -381,8 +382,10 @@ class Driver:
                 self._fail(f"the job re-formed {self.resets} times, over --reset-limit "
                            f"{limit} (last reason: {reason})")
                 return
-            if self.broken:
-                self.store.set(f"{KEY}dead.{self.epoch}", b"1")
+            if self.broken:  # the worker's side of this: tfring/elastic/_worker.py _arrive
+                v = self.store.add(f"{KEY}arrived.{self.epoch}", POISON)
+                if POISON <= v < POISON + len(self.members):
+                    self.store.set(f"{KEY}dead.{self.epoch}", b"1")
         old = set(self.members)
         e = self.epoch + 1
         record = {"epoch": e, "members": [w.wid for w in workers],
@@ -409,14 +412,16 @@ class Driver:
         self.store.set(f"{KEY}epoch.{e}", json.dumps({"epoch": e, "abort": why}).encode())
         self.store.set(f"{KEY}epoch", str(e).encode())
         self.epoch = e
-        self._stop_all(1)
+        # Workers waiting to join read the reason and leave by themselves;
+        # whoever is left gets SIGKILL after the grace period.
+        self._stop_all(1, signum=None)
 
     def _stop_all(self, code, signum=signal.SIGTERM):
         if self.exit_code is None:
             self.exit_code = code
         self.finishing = True
         for w in self.workers.values():
-            if w.state != GONE:
+            if w.state != GONE and signum is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(w.proc.pid, signum)
                 if w.stop_at is None:
