@@ -166,3 +166,61 @@ def test_elastic_options_need_elastic_mode():
                           "--elastic-timeout", "3", "true"], env=_env(),
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "only in elastic mode" in out.stderr, out.stderr
+
+
+def run_and_kill_host(tmp_path, script, trigger, victim, hosts, timeout=240):
+    """Runs an example under the elastic driver; when a line matches trigger,
+    SIGKILLs every worker the driver started on host victim. Returns
+    (exit code, output, killed pids)."""
+    import signal
+    import threading
+    import time
+
+    hosts_file = tmp_path / "hosts.txt"
+    hosts_file.write_text(hosts)
+    cmd = [sys.executable, "-m", "tfring.run", "--min-np", "2", "--max-np", "6",
+           "--elastic-timeout", "60", "--host-discovery-script", f"cat {hosts_file}",
+           sys.executable, os.path.join(os.path.dirname(HERE), "examples", script)]
+    proc = subprocess.Popen(cmd, env=_env(TFRING_TIMEOUT=30), cwd=tmp_path, text=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    lines, killed = [], []
+    start = time.monotonic()
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if not killed and re.search(trigger, line):
+                text = "".join(lines)
+                pids = [int(p) for p in
+                        re.findall(rf"started worker \d+ \(pid (\d+)\) on {re.escape(victim)}\n",
+                                   text)]
+                for pid in pids:
+                    os.kill(pid, signal.SIGKILL)
+                killed = pids or [None]
+        proc.wait()
+    finally:
+        timer.cancel()
+    out = "".join(lines)
+    assert time.monotonic() - start < timeout, f"still running after {timeout} s:\n{out[-5000:]}"
+    return proc.returncode, out, killed
+
+
+@pytest.mark.parametrize("script,trigger,done", [
+    ("elastic_tf2.py", r"Step #20\b", r"ELASTIC_DONE size=2 batch=200 "),
+    ("elastic_keras.py", r"Epoch 2/", r"ELASTIC_DONE size=2 epoch=6"),
+])
+def test_horovod_style_examples_survive_a_host_failure(tmp_path, script, trigger, done):
+    pytest.importorskip("tensorflow")
+    # The examples differ from Horovod's only in the import line.
+    text = open(os.path.join(os.path.dirname(HERE), "examples", script)).read()
+    assert re.search(r"^import tfring(\.keras)? as hvd$", text, re.M)
+    assert "horovod" not in text.replace("Horovod", "")
+    code, out, killed = run_and_kill_host(tmp_path, script, trigger, "127.0.0.2",
+                                          "127.0.0.1:1\n127.0.0.2:1\n127.0.0.3:1\n")
+    assert code == 0 and killed and killed[0], out[-6000:]
+    assert re.search(done, out), out[-6000:]
+    assert re.search(r"epoch 1: 2 rank\(s\) \[0:w0@127.0.0.1 1:w2@127.0.0.3\]", out), out[-6000:]
+    # The survivors were not restarted: no worker beyond the first three.
+    assert "started worker 3" not in out, out[-6000:]

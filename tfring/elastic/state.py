@@ -82,7 +82,8 @@ def broadcast_arrays(arrays, names, root_rank=0):
                          f"{root_rank}'s and cannot be synchronized: " + "; ".join(diff[:5]))
     if basics.size() == 1:
         return [np.asarray(a) for a in arrays]
-    return [_core.broadcast(np.ascontiguousarray(a), root=root_rank, name=_op_name("var"))
+    return [np.asarray(_core.broadcast(np.ascontiguousarray(a), root=root_rank,
+                                       name=_op_name("var"))).reshape(np.shape(a))
             for a in arrays]
 
 

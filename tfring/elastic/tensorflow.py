@@ -75,6 +75,12 @@ class TensorFlowKerasState(ObjectState):
         self.model = model
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         self.backend = backend
+        # Keras 3 creates an optimizer's variables on its first step: create
+        # them now, so a new worker's state has the same variables as the
+        # survivors' it receives.
+        build = getattr(self.optimizer, "build", None)
+        if callable(build) and not getattr(self.optimizer, "built", True):
+            build(model.trainable_variables)
         self._save_model()
         super().__init__(**kwargs)
 
