@@ -224,3 +224,28 @@ def test_horovod_style_examples_survive_a_host_failure(tmp_path, script, trigger
     assert re.search(r"epoch 1: 2 rank\(s\) \[0:w0@127.0.0.1 1:w2@127.0.0.3\]", out), out[-6000:]
     # The survivors were not restarted: no worker beyond the first three.
     assert "started worker 3" not in out, out[-6000:]
+
+
+def test_failing_host_blacklisted_then_readmitted_without_leaks(tmp_path):
+    # Workers 2 and 3 (both on 127.0.0.2) die 4 steps after joining: the
+    # host is blacklisted for 1 s, then 2 s, and its third worker stays.
+    out = elastic_run(tmp_path, "127.0.0.1:2\n127.0.0.2:1\n",
+                      ["--min-np", "2", "--max-np", "3", "--blacklist-cooldown-range", "1", "4",
+                       "--elastic-timeout", "30"],
+                      KILL_WIDS="2,3", UNTIL_WID=4, STEPS=10, STEP_SLEEP=0.03)
+    sizes = check_result(out)
+    assert "host 127.0.0.2 blacklisted for 1 s (1 failure(s))" in out.stderr, out.show
+    assert "host 127.0.0.2 blacklisted for 2 s (2 failure(s))" in out.stderr, out.show
+    assert out.stderr.count("host 127.0.0.2 readmitted after its blacklist cool-down") == 2
+    assert {j["wid"] for j in out.joins if j["host"] == "127.0.0.2"} == {2, 3, 4}, out.show
+    assert 2 in sizes and 3 in sizes, sizes
+    # The survivors went through 4 re-formations in the same processes and
+    # hold no more fds, threads or shared-memory segments at a size-3
+    # membership than at the first one.
+    for wid in (0, 1):
+        mine = [j for j in out.joins if j["wid"] == wid]
+        assert len({j["pid"] for j in mine}) == 1 and len(mine) >= 5, out.show
+        at3 = [j for j in mine if j["size"] == 3]
+        assert len(at3) >= 3, out.show
+        for key in ("fds", "threads", "shm"):
+            assert {j[key] for j in at3} == {at3[0][key]}, (key, at3)

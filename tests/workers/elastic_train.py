@@ -10,7 +10,9 @@ Environment: STEPS (total steps), COMMIT_EVERY, STEP_SLEEP (s per step),
 KILL_HOST/KILL_STEP (the ranks on that host SIGKILL themselves before step
 KILL_STEP of their first membership), GROW_FILE/GROW_LINES/GROW_STEP (rank 0
 rewrites the discovery file at that step, then trains on until 4 steps ran
-on GROW_SIZE ranks), FLAG_FILE/FLAG_STEP (rank 0 creates the file at that step).
+on GROW_SIZE ranks), FLAG_FILE/FLAG_STEP (rank 0 creates the file at that step), KILL_WIDS (these
+workers SIGKILL themselves 4 steps after they join), UNTIL_WID (train on until
+that worker is a member).
 """
 
 import json
@@ -43,18 +45,34 @@ STEPS = env_int("STEPS", 30)
 COMMIT_EVERY = env_int("COMMIT_EVERY", 2)
 SLEEP = float(os.environ.get("STEP_SLEEP", "0.05"))
 HOST = os.environ.get("TFRING_HOSTNAME")
+WID = int(os.environ.get("TFRING_ELASTIC_ID", "-1"))
+KILL_WIDS = [int(w) for w in os.environ.get("KILL_WIDS", "").split(",") if w]
+
+
+def membership():
+    return tfring.elastic._worker._worker.record
+
+
+def resources():
+    """What this process holds: open fds, threads, mapped /dev/shm segments."""
+    with open("/proc/self/maps") as f:
+        shm = {line.split()[-1] for line in f if "/dev/shm/" in line}
+    return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")),
+            "shm": len(shm)}
 
 
 def main():
     tfring.init()
     first_epoch = True
     state = tfring.elastic.ObjectState(w=np.zeros(DIM), step=0, sizes=[])
+    since_join = [0]
 
     def joined():
+        since_join[0] = 0
         print("JOIN " + json.dumps({"rank": tfring.rank(), "size": tfring.size(),
-                                    "pid": os.getpid(),
-                                    "wid": int(os.environ["TFRING_ELASTIC_ID"]),
-                                    "step": state.step, "host": HOST}), flush=True)
+                                    "pid": os.getpid(), "wid": WID, "step": state.step,
+                                    "host": HOST, "epoch": membership()["epoch"],
+                                    **resources()}), flush=True)
 
     state.register_reset_callbacks([lambda: print(f"RESET pid={os.getpid()}", flush=True)])
 
@@ -64,8 +82,13 @@ def main():
         joined()
         grow = env_int("GROW_SIZE")
         while state.step < STEPS or (grow > 0 and state.sizes.count(grow) < 4 and
-                                     state.step < 2000):
+                                     state.step < 2000) or (
+                                         max(membership()["members"]) < env_int("UNTIL_WID")
+                                         and state.step < 2000):
             s, r, n = state.step, tfring.rank(), tfring.size()
+            since_join[0] += 1
+            if WID in KILL_WIDS and since_join[0] == 4:
+                os.kill(os.getpid(), signal.SIGKILL)
             if first_epoch and HOST == os.environ.get("KILL_HOST") and s == env_int("KILL_STEP"):
                 os.kill(os.getpid(), signal.SIGKILL)
             if r == 0 and s == env_int("GROW_STEP") and os.environ.get("GROW_FILE"):
