@@ -249,3 +249,18 @@ def test_failing_host_blacklisted_then_readmitted_without_leaks(tmp_path):
         assert len(at3) >= 3, out.show
         for key in ("fds", "threads", "shm"):
             assert {j[key] for j in at3} == {at3[0][key]}, (key, at3)
+
+
+def test_state_sync_restore_and_mismatch_error():
+    from multiproc import check_ok, run_ranks
+
+    outs = check_ok(run_ranks(3, "elastic_state.py", timeout=90))
+    for r, out in enumerate(outs):
+        assert out["synced"] == [0, [0.0, 0.0, 0.0]], out
+        assert out["restored"] == 1, out
+        # Every rank raises (none is left waiting in a broadcast), naming rank 1.
+        msg = out["mismatch"]
+        assert "rank(s) 1's state differs from rank 0's" in msg, msg
+        assert ("dense/bias: ((8,), 'float32') here, ((7,), 'float32') on rank 0" in msg) \
+            == (r == 1), msg
+        assert "dense/kernel" not in msg, msg

@@ -73,13 +73,23 @@ def broadcast_arrays(arrays, names, root_rank=0):
     holds the same names, shapes and dtypes, and names what differs."""
     manifest = [(n, tuple(a.shape), str(a.dtype)) for n, a in zip(names, arrays)]
     theirs = broadcast_object(manifest, root_rank)
-    if theirs != manifest:
-        diff = [f"{m[0]}: {m[1:]} here, {t[1:]} on rank {root_rank}"
-                for m, t in zip(manifest, theirs) if m != t]
-        if len(theirs) != len(manifest):
-            diff.insert(0, f"{len(manifest)} tensors here, {len(theirs)} on rank {root_rank}")
-        raise ValueError(f"tfring elastic: rank {basics.rank()}'s state differs from rank "
-                         f"{root_rank}'s and cannot be synchronized: " + "; ".join(diff[:5]))
+    differs = np.zeros(basics.size(), np.int32)
+    differs[basics.rank()] = theirs != manifest
+    if basics.size() > 1:  # every rank raises, or none: no rank waits in a broadcast
+        differs = _core.allreduce(differs, op="sum", name=_op_name("manifest"))
+    bad = [int(r) for r in np.flatnonzero(differs)]
+    if bad:
+        detail = ""
+        if theirs != manifest:
+            diff = [f"{m[0]}: {m[1:]} here, {t[1:]} on rank {root_rank}"
+                    for m, t in zip(manifest, theirs) if m != t]
+            if len(theirs) != len(manifest):
+                diff.insert(0, f"{len(manifest)} tensors here, {len(theirs)} on rank "
+                            f"{root_rank}")
+            detail = ": " + "; ".join(diff[:5])
+        raise ValueError(f"tfring elastic: rank(s) {', '.join(map(str, bad))}'s state differs "
+                         f"from rank {root_rank}'s and cannot be synchronized (this is rank "
+                         f"{basics.rank()}){detail}")
     if basics.size() == 1:
         return [np.asarray(a) for a in arrays]
     return [np.asarray(_core.broadcast(np.ascontiguousarray(a), root=root_rank,
