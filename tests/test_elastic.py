@@ -264,3 +264,30 @@ def test_state_sync_restore_and_mismatch_error():
         assert ("dense/bias: ((8,), 'float32') here, ((7,), 'float32') on rank 0" in msg) \
             == (r == 1), msg
         assert "dense/kernel" not in msg, msg
+
+
+def test_twenty_host_failures_in_a_row_lose_no_committed_state(tmp_path):
+    # Workers 2..21 on 127.0.0.2 each die 4 steps after joining; a zero
+    # cool-down readmits the host at once. Worker 22 stays.
+    out = elastic_run(tmp_path, "127.0.0.1:2\n127.0.0.2:1\n",
+                      ["--min-np", "2", "--max-np", "3", "--blacklist-cooldown-range", "0", "0"],
+                      KILL_WIDS=",".join(map(str, range(2, 22))), UNTIL_WID=22, STEPS=10,
+                      STEP_SLEEP=0.01, timeout=300)
+    sizes = check_result(out)
+    deaths = re.findall(r"^tfring-run: elastic: worker (\d+) \(pid \d+\) on 127.0.0.2 was "
+                        r"killed by SIGKILL$", out.stderr, re.M)
+    assert deaths == [str(w) for w in range(2, 22)], out.show
+    assert out.stderr.count("host 127.0.0.2 readmitted") == 20, out.show
+    assert len({j["pid"] for j in out.joins if j["wid"] in (0, 1)}) == 2, out.show
+    assert 3 in sizes and 2 in sizes, sizes
+
+
+def test_reset_limit_stops_the_job(tmp_path):
+    out = elastic_run(tmp_path, "127.0.0.1:2\n127.0.0.2:1\n",
+                      ["--min-np", "2", "--max-np", "3", "--blacklist-cooldown-range", "0", "0",
+                       "--reset-limit", "3"],
+                      KILL_WIDS=",".join(map(str, range(2, 22))), UNTIL_WID=22, STEPS=10,
+                      STEP_SLEEP=0.01)
+    assert out.returncode == 1, out.show
+    assert "the job re-formed 4 times, over --reset-limit 3" in out.stderr, out.show
+    assert "the job was stopped" in out.stderr, out.show
