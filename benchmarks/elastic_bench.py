@@ -133,7 +133,7 @@ def run_job(a, mode):
     rejoin = min(t for t, _, _ in joins if t > kill)
     resumed_from = min((t, s) for t, _, s in joins if t > kill)[1]
     first = min(t for t, _, _ in steps if t > rejoin)
-    before = max(s for t, _, s in steps if t < kill)
+    before = max(s for t, _, s in steps if t < rejoin)  # steps done before recovery
     return {"rejoined": rejoin - kill, "resumed": first - kill, "redone": before - resumed_from}
 
 
