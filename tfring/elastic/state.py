@@ -20,6 +20,7 @@ callbacks run and the training function is called again.
 
 import functools
 import pickle
+import re
 import sys
 
 import numpy as np
@@ -182,8 +183,10 @@ def _as_internal_error(e):
         return None
     kinds = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
              tf.errors.AbortedError)
-    if isinstance(e, kinds) and "tfring" in str(e).lower() or isinstance(e, kinds) and \
-            "Ring" in str(e):
+    msg = str(e)
+    # A tfring op's error names the op (RingAllreduce...) or the peer rank.
+    if isinstance(e, kinds) and ("Ring" in msg or "tfring" in msg.lower()
+                                 or re.search(r"\brank \d+", msg)):
         err = HorovodInternalError(str(e))
         err.__cause__ = e
         return err
