@@ -66,6 +66,7 @@ DEFAULT_ELASTIC_TIMEOUT_S = 600
 # did are taken as unreachable (TFRING_ELASTIC_REPORT_GRACE overrides).
 REPORT_GRACE_S = 5.0
 POLL_S = 0.02
+START_WAIT_S = 60.0
 
 STARTING, READY, MEMBER, LEAVING, GONE = "starting", "ready", "member", "leaving", "gone"
 
@@ -341,8 +342,13 @@ class Driver:
                    if self.workers[i].state == MEMBER and self.workers[i].stop_at is None]
         ready = [w for w in self.workers.values() if w.state == READY]
         if self.epoch < 0:
+            # Start with every worker once all are ready; workers slow to
+            # start (an ssh that hangs) are left for a later epoch once
+            # --min-np are ready and START_WAIT_S passed.
             starting = [w for w in self.workers.values() if w.state == STARTING]
-            if starting and now - self.started < self.timeout_s:
+            waited = now - self.started
+            if starting and waited < self.timeout_s and (
+                    len(ready) < self.min_np or waited < START_WAIT_S):
                 return
             if len(ready) < self.min_np:
                 self._wait_for_min(now, len(ready), "to start the job")
