@@ -1,11 +1,12 @@
 """Recovery time after a host's death: elastic re-formation vs --restarts.
 
-    python benchmarks/elastic_bench.py [--repeats 3] [--no-tf] [--params 1000000]
+    python benchmarks/elastic_bench.py [--repeats 3] [--no-tf] [--cluster]
 
-Both jobs run the same training loop on 6 ranks, simulated as 3 hosts x 2
-slots of this machine (127.0.0.1-3), allreducing a float32 gradient of
+Both jobs run the same training loop on 6 ranks, 3 hosts x 2 slots: loopback
+addresses of this machine (127.0.0.1-3), or with --cluster network-namespace
+hosts started over ssh (tests/cluster.py, needs root), allreducing a float32 gradient of
 --params values per step and committing every --commit-every steps. At step
---kill-step the two ranks of 127.0.0.2 SIGKILL themselves.
+--kill-step the two ranks of the second host SIGKILL themselves.
 
   * elastic: ``tfring-run --min-np 2 --max-np 6 --host-discovery-script``;
     the 4 survivors roll back to the last commit, re-form and continue.
@@ -52,7 +53,7 @@ def worker(a):
     tfring.init()
     host = os.environ.get("TFRING_HOSTNAME", "")
     restart = int(os.environ.get("TFRING_RESTART", "0"))
-    victim = host == "127.0.0.2" if a.mode == "elastic" else tfring.rank() in (2, 3)
+    victim = host == a.victim_host if a.mode == "elastic" else tfring.rank() in (2, 3)
 
     def now():
         return f"{time.time():.6f}"
@@ -104,25 +105,36 @@ def worker(a):
 
 # ------------------------------------------------------------ the driver --
 
-def run_job(a, mode):
+def run_job(a, mode, cluster=None):
+    names = [h.name for h in cluster.hosts] if cluster else ["127.0.0.1", "127.0.0.2",
+                                                             "127.0.0.3"]
     with tempfile.TemporaryDirectory() as work:
+        os.chmod(work, 0o755)
         hosts = os.path.join(work, "hosts.txt")
         with open(hosts, "w") as f:
-            f.write("127.0.0.1:2\n127.0.0.2:2\n127.0.0.3:2\n")
+            f.write("".join(f"{n}:2\n" for n in names))
         me = [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode,
               "--workdir", work, "--params", str(a.params), "--steps", str(a.steps),
               "--kill-step", str(a.kill_step), "--commit-every", str(a.commit_every),
-              "--step-sleep", str(a.step_sleep)] + (["--no-tf"] if a.no_tf else [])
+              "--step-sleep", str(a.step_sleep), "--victim-host", names[1]] + \
+            (["--no-tf"] if a.no_tf else [])
         if mode == "elastic":
             launch = ["--min-np", "2", "--max-np", "6", "--host-discovery-script",
                       f"cat {hosts}"]
         else:
-            launch = ["-np", "6", "--restarts", "1"]
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="",
+            launch = ["-np", "6", "--restarts", "1", "-H", ",".join(f"{n}:2" for n in names)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TFRING_")}
+        env.update(TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH"))
                                               if p))
-        out = subprocess.run([sys.executable, "-m", "tfring.run", *launch, *me], env=env,
-                             cwd=work, capture_output=True, text=True, timeout=600)
+        forward = [x for k in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES",
+                               "OMP_NUM_THREADS") for x in ("-x", k)]
+        argv = [sys.executable, "-m", "tfring.run", *launch, *forward, *me]
+        if cluster:
+            out = cluster.hosts[0].run(argv, env=env, cwd=work, timeout=600)
+        else:
+            out = subprocess.run(argv, env=env, cwd=work, capture_output=True, text=True,
+                                 timeout=600)
     text = out.stdout + out.stderr
     if out.returncode != 0:
         raise RuntimeError(f"{mode} job failed ({out.returncode}):\n{text[-4000:]}")
@@ -149,17 +161,30 @@ def main():
     p.add_argument("--commit-every", type=int, default=10)
     p.add_argument("--step-sleep", type=float, default=0.02, help="simulated compute per step")
     p.add_argument("--no-tf", action="store_true", help="ranks do not import TensorFlow")
+    p.add_argument("--cluster", action="store_true",
+                   help="3 network-namespace hosts over ssh (tests/cluster.py; needs root) "
+                   "instead of loopback addresses of this machine")
+    p.add_argument("--victim-host", default="127.0.0.2", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
         return worker(a)
+    c = None
+    if a.cluster:
+        sys.path.insert(0, os.path.join(REPO, "tests"))
+        import cluster
+
+        cluster.cleanup_leftovers()
+        c = cluster.Cluster(3)
+        cluster.start_sshd(c)
     rows = {}
-    for mode in ("elastic", "restarts"):
-        runs = [run_job(a, mode) for _ in range(a.repeats)]
-        rows[mode] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        print(f"{mode}: " + "; ".join(
-            f"run {i}: rejoined {r['rejoined']:.2f} s, resumed {r['resumed']:.2f} s"
-            for i, r in enumerate(runs)), file=sys.stderr)
-    print(f"6 ranks (3 hosts x 2 on one machine), {a.params * 4 / 2**20:.0f} MiB gradient, "
+    try:
+        for mode in ("elastic", "restarts"):
+            rows[mode] = _measure(a, mode, c)
+    finally:
+        if c is not None:
+            c.close()
+    where = "3 namespace hosts x 2, over ssh" if c else "3 hosts x 2 on one machine"
+    print(f"6 ranks ({where}), {a.params * 4 / 2**20:.0f} MiB gradient, "
           f"TensorFlow {'not ' if a.no_tf else ''}imported, commit every {a.commit_every} "
           f"steps, killed at step {a.kill_step}; median of {a.repeats}\n")
     print("| recovery | death -> rejoined | death -> training resumed | steps redone |")
@@ -169,6 +194,14 @@ def main():
         r = rows[mode]
         print(f"| {label} | {r['rejoined']:.2f} s | {r['resumed']:.2f} s | {r['redone']:.0f} |")
     return 0
+
+
+def _measure(a, mode, c):
+    runs = [run_job(a, mode, c) for _ in range(a.repeats)]
+    print(f"{mode}: " + "; ".join(
+        f"run {i}: rejoined {r['rejoined']:.2f} s, resumed {r['resumed']:.2f} s"
+        for i, r in enumerate(runs)), file=sys.stderr)
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
 if __name__ == "__main__":
