@@ -42,7 +42,7 @@ class CMakeBuild(build_ext):
             args.append(f"-Dpybind11_DIR={pybind11.get_cmake_dir()}")
         except ImportError:
             pass
-        for opt in ("TFRING_WITH_CUDA", "TFRING_WITH_TF", "TFRING_TF_GPU"):
+        for opt in ("TFRING_WITH_CUDA", "TFRING_WITH_TF", "TFRING_TF_GPU", "TFRING_TF_XLA"):
             if os.environ.get(opt):
                 args.append(f"-D{opt}={os.environ[opt]}")
         tf_path = _tensorflow_path()

@@ -13,11 +13,20 @@ training step on synthetic images) as:
               exchange): the compute-only time of a 2-rank step
   mwms x2     two workers under tf.distribute.MultiWorkerMirroredStrategy
               (RING collectives over gRPC on localhost)
+  fit x2      two ranks, model.fit with RingAllreduceCallback
+  fit none x2 two ranks, model.fit training alone (compute of a fit step)
 
 and reports images/s per rank and in total, scaling efficiency
 (total at 2 ranks / (2 x total at 1 rank)), tfring's speed-up over MWMS and
 the exposed communication time: the part of a 2-rank step not explained
-by its compute, 1 - t_step(none x2) / t_step(backend x2).
+by its compute, 1 - t_step(none x2) / t_step(backend x2) (for fit x2,
+against fit none x2).
+
+The floor: the gradient bytes of the model (4 bytes per parameter) and the
+time tfring's core takes to allreduce them at 2 ranks, alone (one buffer,
+median of 5). "exposed / floor" is the exposed time per step divided by
+that floor: 1 means the step pays the whole allreduce on top of compute (no
+overlap), 0 that communication is hidden entirely.
 """
 
 import argparse
@@ -129,6 +138,39 @@ def run_mwms(workers, args, timeout):
     return _results("\n".join(outs))
 
 
+FLOOR_SCRIPT = r'''
+import statistics, sys, time
+import numpy as np
+import tfring
+from tfring import _core
+tfring.init()
+buf = np.ones(int(sys.argv[1]) // 4, np.float32)
+_core.allreduce(buf, op="sum", name="floor", out=buf)
+times = []
+for _ in range(5):
+    t0 = time.perf_counter()
+    _core.allreduce(buf, op="sum", name="floor", out=buf)
+    times.append(time.perf_counter() - t0)
+worst = _core.allreduce(np.array([statistics.median(times)]), op="max", name="floor.t")
+if tfring.rank() == 0:
+    print("FLOOR", float(worst[0]), flush=True)
+'''
+
+
+def core_floor(nbytes, timeout):
+    """Seconds tfring's core takes to allreduce nbytes at 2 ranks."""
+    cmd = [sys.executable, "-m", "tfring.run", "-np", "2", "--timeout",
+           str(timeout), sys.executable, "-c", FLOOR_SCRIPT, str(nbytes)]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True,
+                          timeout=timeout + 60, check=False)
+    for line in proc.stdout.splitlines():
+        i = line.find("FLOOR ")
+        if i >= 0:
+            return float(line[i + len("FLOOR "):])
+    raise RuntimeError(f"floor run exited {proc.returncode}:\n"
+                       f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+
+
 def summarize(rows):
     """rows: one RESULT per rank -> per-rank mean, total, step time."""
     per_rank = sum(r["images_per_sec"] for r in rows) / len(rows)
@@ -146,7 +188,9 @@ def bench_model(name, args, timeout, cores):
     runs = [("tfring x1", lambda: run_tfring(1, "tfring", args, timeout, cores)),
             ("tfring x2", lambda: run_tfring(2, "tfring", args, timeout)),
             ("none x2", lambda: run_tfring(2, "none", args, timeout)),
-            ("mwms x2", lambda: run_mwms(2, args, timeout))]
+            ("mwms x2", lambda: run_mwms(2, args, timeout)),
+            ("fit x2", lambda: run_tfring(2, "tfring", args + ["--fit"], timeout)),
+            ("fit none x2", lambda: run_tfring(2, "none", args + ["--fit"], timeout))]
     for label, fn in runs:
         t0 = time.monotonic()
         res[label] = summarize(fn())
@@ -156,11 +200,21 @@ def bench_model(name, args, timeout, cores):
               f"{r['step_time_s']:.3f} s  ({time.monotonic() - t0:.0f} s)",
               flush=True)
     one = res["tfring x1"]["images_per_sec_total"]
-    compute = res["none x2"]["step_time_s"]
-    for label in ("tfring x2", "mwms x2", "none x2"):
+    grad_bytes = 4 * res["tfring x2"]["params"]
+    floor = core_floor(grad_bytes, timeout)
+    res["gradient_bytes"], res["core_allreduce_floor_s"] = grad_bytes, floor
+    print(f"   gradients {grad_bytes / 1e6:.1f} MB; the core allreduces them in "
+          f"{floor * 1e3:.1f} ms at 2 ranks", flush=True)
+    for label, base in (("tfring x2", "none x2"), ("mwms x2", "none x2"),
+                        ("none x2", "none x2"), ("fit x2", "fit none x2"),
+                        ("fit none x2", "fit none x2")):
         r = res[label]
+        compute = res[base]["step_time_s"]
         r["scaling_efficiency"] = r["images_per_sec_total"] / (2 * one)
         r["exposed_comm_fraction"] = 1 - compute / r["step_time_s"]
+        r["exposed_comm_s"] = r["step_time_s"] - compute
+        r["exposed_over_floor"] = r["exposed_comm_s"] / floor
+        r["floor_fraction"] = floor / r["step_time_s"]
     res["tfring_over_mwms"] = (res["tfring x2"]["images_per_sec_total"]
                                / res["mwms x2"]["images_per_sec_total"])
     return res
@@ -168,22 +222,30 @@ def bench_model(name, args, timeout, cores):
 
 def table(all_results):
     lines = [("| model | params | run | img/s per rank | img/s total | "
-              "step (s) | scaling eff. | exposed comm |"),
-             "|---|---|---|---|---|---|---|---|"]
+              "step (s) | scaling eff. | exposed comm | exposed / floor |"),
+             "|---|---|---|---|---|---|---|---|---|"]
     for model, res in all_results.items():
-        for label in ("tfring x1", "tfring x2", "none x2", "mwms x2"):
+        for label in ("tfring x1", "tfring x2", "none x2", "mwms x2", "fit x2",
+                      "fit none x2"):
             r = res[label]
             eff = (f"{r['scaling_efficiency']:.0%}"
                    if "scaling_efficiency" in r else "-")
             exp = (f"{r['exposed_comm_fraction']:.1%}"
                    if "exposed_comm_fraction" in r and label != "none x2"
                    else "-")
+            vs_floor = (f"{r['exposed_over_floor']:.2f}"
+                        if "exposed_over_floor" in r and "none" not in label
+                        else "-")
             lines.append(
                 f"| {model} | {r['params'] / 1e6:.1f}M | {label} | "
                 f"{r['images_per_sec_per_rank']:.2f} | "
                 f"{r['images_per_sec_total']:.2f} | {r['step_time_s']:.3f} | "
-                f"{eff} | {exp} |")
+                f"{eff} | {exp} | {vs_floor} |")
     for model, res in all_results.items():
+        lines.append(f"\n{model}: gradients {res['gradient_bytes'] / 1e6:.1f} MB, "
+                     f"core allreduce floor {res['core_allreduce_floor_s'] * 1e3:.1f} ms "
+                     f"at 2 ranks ({res['tfring x2']['floor_fraction']:.1%} of the "
+                     f"tfring x2 step without overlap)")
         lines.append(f"\n{model}: tfring x2 / MWMS x2 throughput = "
                      f"{res['tfring_over_mwms']:.2f}x")
     return "\n".join(lines)

@@ -134,6 +134,8 @@ if(_tf_std AND _tf_std GREATER CMAKE_CXX_STANDARD)
 endif()
 
 file(GLOB TFRING_TF_SRCS CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/tf/*.cc)
+# The XLA kernels and custom-call targets are added by cmake/tf_xla.cmake.
+list(FILTER TFRING_TF_SRCS EXCLUDE REGEX "/xla_[^/]*\\.cc$")
 add_library(_tfring_ops MODULE ${TFRING_TF_SRCS})
 target_include_directories(_tfring_ops SYSTEM PRIVATE ${_tf_includes})
 target_compile_definitions(_tfring_ops PRIVATE ${_tf_defines}

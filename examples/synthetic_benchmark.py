@@ -20,6 +20,9 @@ Models (Keras, random weights, no downloads):
             gRPC); the workers read TF_CONFIG (benchmarks/keras_scaling.py
             sets it)
 
+--fit trains with Keras's model.fit instead of the custom loop (backends
+tfring, with tfring.keras.callbacks.RingAllreduceCallback, and none).
+
 Each rank prints "RESULT {json}" with its numbers; rank 0 prints the total
 (tfring and none). Timing starts after --num-warmup-batches steps.
 """
@@ -49,6 +52,8 @@ def parse_args():
     p.add_argument("--num-iters", type=int, default=3)
     p.add_argument("--threads", type=int, default=0,
                    help="TF intra-op threads per rank (0: cores / local ranks)")
+    p.add_argument("--fit", action="store_true",
+                   help="model.fit (tfring: with RingAllreduceCallback)")
     p.add_argument("--fp16-allreduce", action="store_true",
                    help="tfring: send gradients as float16")
     return p.parse_args()
@@ -140,13 +145,19 @@ def main():
         if rank == 0:
             print(msg, flush=True)
 
+    if args.fit:
+        if mwms:
+            raise SystemExit("--fit: backends tfring and none only")
+        rates = _fit_rates(args, model, optimizer, loss_fn, images, labels, log)
+
     log(f"model {args.model}: {params / 1e6:.1f}M parameters, batch "
         f"{args.batch_size} per rank, {args.image_size}px, {size} ranks, "
         f"backend {args.backend}, {threads} threads per rank")
-    for _ in range(args.num_warmup_batches):
+    for _ in range(args.num_warmup_batches if not args.fit else 0):
         float(np.sum(train_step(images, labels)))  # waits for the step
-    rates = []
-    for i in range(args.num_iters):
+    if not args.fit:
+        rates = []
+    for i in range(args.num_iters if not args.fit else 0):
         start = time.perf_counter()
         for _ in range(args.num_batches_per_iter):
             out = train_step(images, labels)
@@ -170,6 +181,40 @@ def main():
                                       name="bench.total")[0])
         log(f"img/s per rank: {mean:.1f} +- {1.96 * std:.1f}")
         log(f"total img/s on {size} ranks: {total:.1f}")
+
+
+def _fit_rates(args, model, optimizer, loss_fn, images, labels, log):
+    """model.fit over the same batch: img/s per rank of each group of
+    --num-batches-per-iter steps after the warm-up steps, timed between
+    Keras's batch-end callbacks."""
+    import keras
+
+    callbacks = []
+    if args.backend == "tfring":
+        import tfring.keras as tk
+
+        callbacks.append(tk.callbacks.RingAllreduceCallback())
+    model.compile(optimizer=optimizer, loss=loss_fn)
+    ends = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            # the loss is read, so the step has finished (fit runs async)
+            float(np.sum(logs["loss"])) if logs and "loss" in logs else None
+            ends.append(time.perf_counter())
+
+    per = args.num_batches_per_iter
+    steps = args.num_warmup_batches + 1 + per * args.num_iters
+    data = tf.data.Dataset.from_tensors((images, labels)).repeat()
+    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0,
+              callbacks=callbacks + [Clock()])
+    rates = []
+    start = args.num_warmup_batches
+    for i in range(args.num_iters):
+        elapsed = ends[start + per * (i + 1)] - ends[start + per * i]
+        rates.append(args.batch_size * per / elapsed)
+        log(f"iter #{i}: {rates[-1]:.1f} img/s per rank (model.fit)")
+    return rates
 
 
 class _null:

@@ -2,6 +2,7 @@
 transports, dtypes, ops and element counts (including 0, 1, fewer than
 ranks, not divisible by ranks, and many chunks)."""
 
+import numpy as np
 import pytest
 
 from multiproc import check_ok, run_ranks
@@ -90,3 +91,14 @@ def test_rank_zeros_fusion_settings_hold_for_every_rank():
     for r in (1, 2):
         assert "using rank 0's TFRING_FUSION_THRESHOLD=67108864 and TFRING_CYCLE_TIME=5" \
             in res[r].stderr, res[r].stderr[-2000:]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_unnamed_collectives_train_like_one_process_on_the_full_batch(n):
+    # Gradients of two shapes averaged by unnamed calls (blocking and async),
+    # whose names come from the call order: the weights follow a float64
+    # single-process run on the whole batch.
+    for r, out in enumerate(check_ok(run_ranks(n, "unnamed.py", ["train"], timeout=90))):
+        np.testing.assert_allclose(out["w"], out["w_ref"], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(out["b"], out["b_ref"], rtol=1e-4, atol=1e-5)
+        print(f"rank {r}: 20 steps of 2 unnamed allreduces: {out['last20_s'] * 1e3:.1f} ms")

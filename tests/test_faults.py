@@ -90,3 +90,14 @@ def test_rank_0_shutdown_does_not_wait_for_ranks_still_busy():
     assert outs[0]["shutdown_s"] < 30, outs[0]
     for out in outs[1:]:
         assert "can never complete: rank 0 has already shut down" in out["message"], out
+
+
+def test_unnamed_calls_in_another_order_are_a_mismatch_naming_the_call():
+    # Unnamed collectives are matched by call order: rank 1 swaps two calls
+    # of different shapes, and every rank hears which call disagrees.
+    for r, out in enumerate(check_ok(run_ranks(3, "unnamed.py", ["order"], timeout=60))):
+        assert out["error"] == "MismatchError", (r, out)
+        msg = out["message"]
+        assert "'allreduce.noname." in msg and "shape [4] on rank 0 vs [6] on rank 1" in msg, msg
+        assert "order" in msg, msg  # says how unnamed calls are matched
+        assert out["after"] == [3.0] * 3, (r, out)

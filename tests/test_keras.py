@@ -98,11 +98,13 @@ def test_steps_per_epoch(job):
 def test_horovod_style_pieces(job):
     outs = outcome(job, "horovod_style")
     assert_equivalent(outs)
-    # Warm-up (Goyal et al.): from initial_lr / size, linear per batch, to
-    # initial_lr after warmup_epochs=2, then constant.
+    # Warm-up (Goyal et al.), Horovod's formula: from about initial_lr /
+    # size, linear per batch (the rate at the end of each batch), to
+    # initial_lr on the last batch of warmup_epochs=2, then constant.
     steps, lrs = outs[0]["steps"], outs[0]["lrs"]
     assert lrs == outs[1]["lrs"]
-    want = [0.1 / 2 * ((e + b / steps) * (2 - 1) / 2 + 1) if e < 2 else 0.1
+    want = [0.1 / 2 * ((e + (b + 1) / steps) * (2 - 1) / 2 + 1) if e < 2
+            else 0.1
             for e in range(3) for b in range(steps)]
     assert lrs == pytest.approx(want, rel=1e-6)
     # MetricAverageCallback averaged the epoch metrics.

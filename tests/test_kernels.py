@@ -33,10 +33,12 @@ DTYPES = [
     "int64",
     "uint8",
     "int8",
+    "int16",
+    "uint16",
     "bool",
 ]
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
-INTS = ["int32", "int64", "uint8", "int8"]
+INTS = ["int32", "int64", "uint8", "int8", "int16", "uint16"]
 OPS = ["sum", "average", "min", "max", "product"]
 COUNTS = [0, 1, 7, 31, 33, 1000, 4099]
 GUARD_BYTES = 64  # sentinel bytes kept on each side of every buffer
@@ -51,6 +53,8 @@ STORAGE = {
     "int64": np.int64,
     "uint8": np.uint8,
     "int8": np.int8,
+    "int16": np.int16,
+    "uint16": np.uint16,
     "bool": np.bool_,
 }
 
@@ -548,7 +552,7 @@ def test_binding_rejects_bad_arguments():
     with pytest.raises(ValueError, match="unknown dtype"):
         K.reduce(x, x.copy(), "sum", "float128")
     with pytest.raises(ValueError, match="no tfring dtype"):
-        K.scale(np.zeros(4, np.uint16), 2.0)
+        K.scale(np.zeros(4, np.uint32), 2.0)
     with pytest.raises(ValueError, match="overlap"):
         buf = np.zeros(9, np.float32)
         K.reduce3(buf[1:], buf[:8], x, "sum")

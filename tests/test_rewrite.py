@@ -99,3 +99,18 @@ def test_v1_broadcast_op_after_restore():
                                    "tf2_tape_manual_updates"])
 def test_tf2_function_equivalence(check):
     assert_equivalent(outcome(check))
+
+
+def test_gradient_buckets_start_small_and_large_tensors_go_alone():
+    from tfring._buckets import plan
+    M = 1 << 20
+    sizes = [M // 2, M // 2, M // 4, 30 * M, 5 * M, 5 * M, 20 * M, 2 * M, None]
+    runs = plan(sizes, 64 * M)
+    assert [i for r in runs for i in r] == list(range(len(sizes)))  # order kept, all there
+    assert runs[0] == [0, 1]  # the first bucket closes at 1 MiB: it starts early
+    assert [3] in runs  # larger than a bucket: alone, waits for nobody
+    for r in runs[1:]:
+        total = sum(sizes[i] or 0 for i in r)
+        assert total <= 25 * M or len(r) == 1, (r, total)
+    assert plan([100] * 5, 64 * M) == [[0, 1, 2, 3, 4]]  # a small model: one op
+    assert plan([2 * M, M], 512 << 10) == [[0], [1]]  # an explicit threshold caps every bucket

@@ -185,7 +185,8 @@ def check_v1_optimizer_session(tf, tfring, rank, size):
         step = tf.compat.v1.train.get_or_create_global_step()
         opt = tfring.DistributedOptimizer(
             tf.compat.v1.train.MomentumOptimizer(0.05, 0.9),
-            backward_passes_per_step=passes)
+            backward_passes_per_step=passes,
+            average_aggregated_gradients=True)
         train = opt.minimize(linear_loss(w, b, x, y), global_step=step)
         bcast = tfring.broadcast_variables([w, b], root_rank=0)
         with tf.compat.v1.Session() as sess:
@@ -249,7 +250,9 @@ def check_tape_accumulation_eager(tf, tfring, rank, size):
     for p in range(3):
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(v * v) * float(p + 1 + rank)
-        tape = tfring.DistributedGradientTape(tape, backward_passes_per_step=3)
+        tape = tfring.DistributedGradientTape(
+            tape, backward_passes_per_step=3,
+            average_aggregated_gradients=True)
         got.append(tape.gradient(loss, [v]))
     assert got[0] == [None] and got[1] == [None], got
     factor = np.mean([p + 1 + r for p in range(3) for r in range(size)])

@@ -8,6 +8,9 @@
 Every name loads its module on first use: the process basics (init, rank,
 size, ...) the native core, the collectives and training helpers
 TensorFlow. So `import tfring` (and the launcher, tfring.run) needs neither.
+
+`import tfring as hvd` stands in for Horovod's `horovod.tensorflow`: its
+names and keyword arguments are here (docs/from-horovod.md maps each one).
 """
 
 import importlib
@@ -18,6 +21,8 @@ Average = 1
 Min = 2
 Max = 3
 Product = 4
+# Horovod's adaptive summation; not a core op: tfring/adasum.py.
+Adasum = 5
 
 # Public name -> the module defining it (imported on first access).
 _LAZY = {
@@ -30,15 +35,51 @@ _LAZY = {
     "local_size": "tfring.basics",
     "cross_rank": "tfring.basics",
     "cross_size": "tfring.basics",
+    "is_homogeneous": "tfring.basics",
+    "barrier": "tfring.basics",
+    "start_timeline": "tfring.basics",
+    "stop_timeline": "tfring.basics",
+    "mpi_threads_supported": "tfring.basics",
+    "mpi_enabled": "tfring.basics",
+    "mpi_built": "tfring.basics",
+    "gloo_enabled": "tfring.basics",
+    "gloo_built": "tfring.basics",
+    "nccl_built": "tfring.basics",
+    "ddl_built": "tfring.basics",
+    "ccl_built": "tfring.basics",
+    "cuda_built": "tfring.basics",
+    "rocm_built": "tfring.basics",
     "allreduce": "tfring.ops",
     "grouped_allreduce": "tfring.ops",
     "allgather": "tfring.ops",
     "broadcast": "tfring.ops",
     "broadcast_variables": "tfring.ops",
     "reducescatter": "tfring.ops",
+    "grouped_allgather": "tfring.ops",
+    "grouped_reducescatter": "tfring.ops",
+    "broadcast_": "tfring.ops",
+    "broadcast_global_variables": "tfring.ops",
+    "BroadcastGlobalVariablesHook": "tfring.hooks",
+    "rank_op": "tfring.ops",
+    "local_rank_op": "tfring.ops",
+    "size_op": "tfring.ops",
+    "local_size_op": "tfring.ops",
+    "process_set_included_op": "tfring.ops",
+    "allgather_object": "tfring.functions",
+    "broadcast_object": "tfring.functions",
+    "broadcast_object_fn": "tfring.functions",
+    "alltoall": "tfring.ops",
+    "join": "tfring.ops",
     "Compression": "tfring.compression",
     "DistributedGradientTape": "tfring.optimizers",
     "DistributedOptimizer": "tfring.optimizers",
+    "PartialDistributedGradientTape": "tfring.optimizers",
+    "SyncBatchNormalization": "tfring.keras",
+    "ProcessSet": "tfring.process_sets",
+    "global_process_set": "tfring.process_sets",
+    "add_process_set": "tfring.process_sets",
+    "remove_process_set": "tfring.process_sets",
+    "process_set_by_id": "tfring.process_sets",
     # The function shadows its module once loaded; an explicit
     # `import tfring.rewrite` before first use leaves the module here instead.
     "rewrite": "tfring.rewrite",
@@ -48,7 +89,7 @@ _LAZY = {
 # explicit import; importing one loads its framework, so only on first use.
 _SUBPACKAGES = ("keras", "elastic")
 
-__all__ = ["Sum", "Average", "Min", "Max", "Product"] + list(_LAZY)
+__all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum"] + list(_LAZY)
 
 
 def __getattr__(name):

@@ -1,6 +1,15 @@
 """TensorFlow collectives: loads the op library (_tfring_ops.so), wraps its
 ops (RingAllreduce, RingGroupedAllreduce, RingAllgather, RingBroadcast,
-RingReducescatter) and registers their gradients.
+RingReducescatter, and the topology queries RingRank, RingSize, ...) and
+registers their gradients.
+
+Horovod's arguments. Every collective takes the keyword arguments Horovod's
+has: `process_set=` (see tfring/process_sets.py), `ignore_name_scope=`
+(the op's node name leaves out the enclosing name scopes), `average=`
+(deprecated; Horovod's rule: True is Average, False is Sum, and giving both
+`average` and `op` is an error), and `device_dense=` / `device_sparse=`,
+which do nothing: every op runs where its input tensor lives (host or GPU),
+so there is no device to choose.
 
 Naming. Ranks match tensors by name, so every collective gets one that is the
 same on every rank:
@@ -21,20 +30,26 @@ in flight together and the engine fuses them.
 
 import os
 import re
+import warnings
 import weakref
 
 import tensorflow as tf
 from tensorflow.python.framework import func_graph as _func_graph
 from tensorflow.python.ops import control_flow_util as _cf_util
 
-from tfring import Average, Max, Min, Product, Sum, basics
+from tfring import Adasum, Average, Max, Min, Product, Sum, basics
 from tfring.compression import Compression
+from tfring.process_sets import _process_set_arg, _rank_size
 
 __all__ = [
-    "Average", "Compression", "Max", "Min", "Product", "Sum", "allgather",
-    "allreduce", "broadcast", "broadcast_variables", "grouped_allreduce",
-    "reducescatter",
+    "Adasum", "Average", "Compression", "Max", "Min", "Product", "Sum",
+    "allgather", "allreduce", "broadcast", "broadcast_",
+    "broadcast_global_variables", "broadcast_variables",
+    "grouped_allgather", "grouped_allreduce", "grouped_reducescatter",
+    "local_rank_op", "local_size_op", "process_set_included_op", "rank_op",
+    "reducescatter", "size_op",
 ]
+__all__ += ["alltoall", "join"]
 
 _LIB_FILE = "_tfring_ops.so"
 # Our Python runs as written inside tf.function, never rewritten by autograph.
@@ -84,7 +99,7 @@ _lib = _load_library()
 # ------------------------------------------------------------ reduce ops ----
 
 _REDUCE_OP_NAMES = {Sum: "sum", Average: "average", Min: "min", Max: "max",
-                    Product: "product"}
+                    Product: "product", Adasum: "adasum"}
 
 
 def _reduce_op_name(op):
@@ -99,7 +114,20 @@ def _reduce_op_name(op):
     elif not isinstance(op, bool) and op in _REDUCE_OP_NAMES:
         return _REDUCE_OP_NAMES[op]
     raise ValueError(f"tfring: unknown reduce op {op!r}; use tfring.Sum, "
-                     f"Average, Min, Max or Product")
+                     f"Average, Min, Max, Product or Adasum")
+
+
+def _handle_average(op, average):
+    """Horovod's deprecated `average=`: True is Average, False is Sum; it may
+    not be combined with `op`."""
+    if average is None:
+        return Average if op is None else op
+    if op is not None:
+        raise ValueError("tfring: the op parameter supersedes average; "
+                         "give only one of them")
+    warnings.warn("Parameter `average` has been replaced with `op` and will "
+                  "be removed in v1.0", DeprecationWarning, stacklevel=3)
+    return Average if average else Sum
 
 
 # ---------------------------------------------------------------- naming ----
@@ -147,17 +175,98 @@ def _in_xla_context(graph):
         return False
 
 
-def _run_op(op_fn, op_type, name, **attrs):
+_XLA_FILE = _LIB_FILE + ".xla"
+_xla_ready = set()  # op types checked compilable by XLA in this process
+# The ops with XLA kernels (csrc/tf/xla_ops.cc).
+_XLA_OPS = frozenset({"RingAllreduce", "RingGroupedAllreduce", "RingAllgather",
+                      "RingBroadcast", "RingReducescatter"})
+_XLA_GPU_VISIBLE = None  # set on first use: whether TF sees a GPU
+
+
+def _xla_build_state():
+    """(built with XLA kernels?, why) from the build's _tfring_ops.so.xla."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _XLA_FILE)
+    try:
+        with open(path) as f:
+            state = f.read().strip()
+    except OSError:
+        return False, "this build predates tfring's XLA support"
+    on, _, why = state.partition(": ")
+    return on == "on", why
+
+
+def _xla_kernel_devices(op_type):
+    from tensorflow.python.framework import kernels
+
+    return {k.device_type
+            for k in kernels.get_registered_kernels_for_op(op_type).kernel}
+
+
+def _check_xla(op_type, tensor):
+    """Raises at trace time, naming the op and what to change, where XLA
+    cannot compile it; see docs/xla.md. XLA registers its compilation
+    kernels once per process, at the first XLA compilation: ops loaded
+    later (tfring imported after it) never get any."""
+    global _XLA_GPU_VISIBLE
+    if op_type not in _XLA_OPS:
+        raise NotImplementedError(
+            f"tfring: {op_type} cannot be compiled by XLA "
+            f"(tf.function(jit_compile=True)): only "
+            f"{', '.join(sorted(_XLA_OPS))} have XLA kernels. Call it from a "
+            f"function without jit_compile.")
+    if _XLA_GPU_VISIBLE is None:
+        _XLA_GPU_VISIBLE = bool(tf.config.list_logical_devices("GPU"))
+    if op_type in _xla_ready and not _XLA_GPU_VISIBLE:
+        return
+    built, why = _xla_build_state()
+    if not built:
+        raise NotImplementedError(
+            f"tfring: {op_type} cannot be compiled by XLA "
+            f"(tf.function(jit_compile=True)): tfring's op library was built "
+            f"without XLA support ({why}). Rebuild tfring against a "
+            f"TensorFlow that ships the tf2xla headers, or call the "
+            f"collectives from a function without jit_compile.")
+    devices = _xla_kernel_devices(op_type)
+    if not any(d.endswith("_JIT") for d in devices):
+        if any(d.endswith("_JIT") for d in _xla_kernel_devices("Identity")):
+            raise NotImplementedError(
+                f"tfring: {op_type} cannot be compiled by XLA in this "
+                f"process: tfring's op library was loaded after XLA's first "
+                f"compilation (which tracing any jit_compile function "
+                f"starts), and XLA takes no new ops after it. Call "
+                f"tfring.init() (or import tfring.ops) after importing "
+                f"TensorFlow and before tracing the first jit-compiled "
+                f"function.")
+        return  # XLA's registry is still open: it will take our kernels
+    device = getattr(tensor, "device", "") or ""
+    if (_XLA_GPU_VISIBLE and "XLA_GPU_JIT" not in devices
+            and "CPU" not in device.upper()):
+        raise NotImplementedError(
+            f"tfring: {op_type} cannot be compiled by XLA for the GPU: "
+            f"tfring's op library has no GPU kernels (see "
+            f"_tfring_ops.so.gpu next to it). Rebuild tfring with CUDA "
+            f"(TFRING_TF_GPU), place the step on the CPU "
+            f"(with tf.device('/CPU:0')), or compile without jit_compile.")
+    _xla_ready.add(op_type)
+
+
+def _run_op(op_fn, op_type, name, ignore_name_scope=False, **attrs):
     """Creates one collective op with its cross-rank name; returns outputs."""
     if tf.executing_eagerly():
         return op_fn(tensor_name=name or "", **attrs)
     graph = tf.compat.v1.get_default_graph()
+    if ignore_name_scope:
+        with graph.name_scope(None):  # the root scope
+            return _run_op(op_fn, op_type, name, **attrs)
     if _in_xla_context(graph):
-        raise NotImplementedError(
-            f"tfring: {op_type} cannot be compiled by XLA "
-            f"(tf.function(jit_compile=True)): the collectives run on "
-            f"tfring's engine, outside XLA. Call them from a function "
-            f"without jit_compile and jit-compile only the math around them.")
+        inputs = attrs.get("tensors") or [attrs.get("tensor")]
+        _check_xla(op_type, inputs[0])
+        if attrs.get("process_set_id", 0):
+            raise NotImplementedError(
+                f"tfring: {op_type} on process set {attrs['process_set_id']} "
+                f"cannot be compiled by XLA: under jit_compile collectives "
+                f"run on every rank only. Call it from a function without "
+                f"jit_compile.")
     # The user's name, made a valid node name ("grad:0" -> "grad_0").
     scope_name = _INVALID_SCOPE_CHARS.sub("_", name or "").lstrip("_-/") or op_type
     with tf.name_scope(scope_name) as scope:  # reserves a unique node name
@@ -172,103 +281,194 @@ def _run_op(op_fn, op_type, name, **attrs):
     return outputs
 
 
+def _inline_consumers(outputs):
+    """In a graph, passes a collective's outputs through RingOutputs (a
+    synchronous, copy-free op; csrc/tf/outputs.cc) so that TF runs their
+    consumers inline when the collective finishes, instead of scheduling
+    each consumer on its thread pool. Eager mode and XLA: unchanged."""
+    if tf.executing_eagerly() or len(outputs) < 2:
+        return outputs
+    if _in_xla_context(tf.compat.v1.get_default_graph()):
+        return outputs
+    return _lib.ring_outputs(outputs)
+
+
 # ----------------------------------------------------------- collectives ----
 
 def _allreduce(tensor, op="average", name=None, prescale_factor=1.0,
-               postscale_factor=1.0):
-    return _run_op(_lib.ring_allreduce, "RingAllreduce", name, tensor=tensor,
+               postscale_factor=1.0, ignore_name_scope=False, ps_id=0):
+    return _run_op(_lib.ring_allreduce, "RingAllreduce", name,
+                   ignore_name_scope, tensor=tensor,
                    reduce_op=_reduce_op_name(op),
                    prescale_factor=float(prescale_factor),
-                   postscale_factor=float(postscale_factor))
+                   postscale_factor=float(postscale_factor),
+                   process_set_id=ps_id)
 
 
 @_no_autograph
-def allreduce(tensor, op=Average, name=None, compression=Compression.none,
-              prescale_factor=1.0, postscale_factor=1.0):
+def allreduce(tensor, op=None, name=None, compression=Compression.none,
+              prescale_factor=1.0, postscale_factor=1.0, *, average=None,
+              device_dense="", device_sparse="", process_set=None,
+              ignore_name_scope=False):
     """Reduces `tensor` across all ranks; every rank gets
     `postscale_factor * op(prescale_factor * tensor)`. `op` is one of
-    Sum, Average, Min, Max, Product.
+    Sum, Average (the default), Min, Max, Product, Adasum. `process_set`
+    (a tfring.ProcessSet, default every rank) restricts it to that set's
+    ranks; every collective here takes it.
 
     A tf.IndexedSlices is allgathered (values and indices), not densified:
-    the result is an IndexedSlices holding every rank's rows (scaled by
-    1/size for Average). Only Sum and Average apply to it.
+    the result is an IndexedSlices holding every rank's rows (divided by
+    the number of ranks for Average; integer values then become floating,
+    as Horovod's true division makes them). Only Sum and Average apply to it.
+
+    Horovod's keywords: `average` (deprecated), `process_set`,
+    `ignore_name_scope`; `device_dense`/`device_sparse` are accepted and
+    do nothing (the op runs where the tensor is).
     """
-    op_name = _reduce_op_name(op)
+    ps_id = _process_set_arg(process_set)
+    op_name = _reduce_op_name(_handle_average(op, average))
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_indexed_slices(tensor, op_name, name, compression,
-                                         prescale_factor * postscale_factor)
+                                         prescale_factor * postscale_factor,
+                                         ignore_name_scope, process_set)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
-    reduced = _allreduce(compressed, op_name, name, prescale_factor,
-                         postscale_factor)
+    if op_name == "adasum":
+        _adasum_world_only(ps_id)
+        from tfring import adasum
+        reduced = adasum.allreduce(compressed, name, prescale_factor,
+                                   postscale_factor, ignore_name_scope)
+    else:
+        reduced = _allreduce(compressed, op_name, name, prescale_factor,
+                             postscale_factor, ignore_name_scope, ps_id)
     return compression.decompress(reduced, ctx)
 
 
-def _allreduce_indexed_slices(slices, op_name, name, compression, scale):
+def _adasum_world_only(ps_id):
+    if ps_id:
+        raise NotImplementedError(
+            f"tfring: Adasum runs on every rank only, not on process set "
+            f"{ps_id}; use op=Average or Sum on a process set")
+
+
+def _scale_gathered_values(values, op_name, scale, size):
+    """Scales allgathered IndexedSlices values: Average divides by the number
+    of ranks with true division (integers become floating, as in Horovod);
+    an integer Sum with a scale other than 1 is scaled in float64 and
+    truncated toward zero, as the dense integer collectives do."""
+    if op_name == "average":
+        if values.dtype.is_integer or values.dtype.is_bool:
+            values = tf.math.truediv(values, tf.cast(size, values.dtype))
+            return values * tf.cast(scale, values.dtype) if scale != 1.0 else values
+        scale = scale / size
+    if scale == 1.0:
+        return values
+    if values.dtype.is_integer:
+        return tf.cast(tf.cast(values, tf.float64) * scale, values.dtype)
+    return values * tf.cast(scale, values.dtype)
+
+
+def _allreduce_indexed_slices(slices, op_name, name, compression, scale,
+                              ignore_name_scope=False, process_set=None):
     if op_name not in ("sum", "average"):
         raise NotImplementedError(
             f"tfring: allreduce of a tf.IndexedSlices supports Sum and "
             f"Average only, not {op_name}; densify it first "
             f"(tf.convert_to_tensor) or use sparse_as_dense=True")
     values, ctx = compression.compress(slices.values)
-    values = allgather(values, name=f"{name}.values" if name else None)
+    values = allgather(values, name=f"{name}.values" if name else None,
+                       ignore_name_scope=ignore_name_scope,
+                       process_set=process_set)
     indices = allgather(slices.indices,
-                        name=f"{name}.indices" if name else None)
-    values = compression.decompress(values, ctx)
-    if op_name == "average":
-        scale = scale / basics.size()
-    if scale != 1.0:
-        values = values * tf.cast(scale, values.dtype)
+                        name=f"{name}.indices" if name else None,
+                        ignore_name_scope=ignore_name_scope,
+                        process_set=process_set)
+    size = _rank_size(_process_set_arg(process_set))[1]
+    values = _scale_gathered_values(compression.decompress(values, ctx),
+                                    op_name, scale, size)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
 @_no_autograph
-def grouped_allreduce(tensors, op=Average, name=None,
+def grouped_allreduce(tensors, op=None, name=None,
                       compression=Compression.none, prescale_factor=1.0,
-                      postscale_factor=1.0):
+                      postscale_factor=1.0, *, average=None, device_dense="",
+                      device_sparse="", process_set=None,
+                      ignore_name_scope=False):
     """Allreduces a list of tensors (any mix of dtypes) as one op: all are
     handed to the engine together, so they are fused and finish together.
-    tf.IndexedSlices entries are allgathered as in `allreduce`."""
+    tf.IndexedSlices entries are allgathered as in `allreduce`. Takes
+    Horovod's keywords as `allreduce` does."""
+    ps_id = _process_set_arg(process_set)
     tensors = list(tensors)
     if not tensors:
         return []
-    op_name = _reduce_op_name(op)
+    op_name = _reduce_op_name(_handle_average(op, average))
     results = [None] * len(tensors)
     dense, dense_idx, ctxs = [], [], []
     for i, t in enumerate(tensors):
         if isinstance(t, tf.IndexedSlices):
             results[i] = _allreduce_indexed_slices(
                 t, op_name, f"{name}.{i}" if name else None, compression,
-                prescale_factor * postscale_factor)
+                prescale_factor * postscale_factor, ignore_name_scope,
+                process_set)
             continue
         c, ctx = compression.compress(tf.convert_to_tensor(t))
         dense.append(c)
         dense_idx.append(i)
         ctxs.append(ctx)
-    if dense:
+    if dense and op_name == "adasum":
+        _adasum_world_only(ps_id)
+        from tfring import adasum
+        reduced = adasum.grouped_allreduce(dense, name, prescale_factor,
+                                           postscale_factor, ignore_name_scope)
+    elif dense:
         reduced = _run_op(_lib.ring_grouped_allreduce, "RingGroupedAllreduce",
-                          name, tensors=dense, reduce_op=op_name,
+                          name, ignore_name_scope, tensors=dense,
+                          reduce_op=op_name,
                           prescale_factor=float(prescale_factor),
-                          postscale_factor=float(postscale_factor))
-        for i, r, ctx in zip(dense_idx, reduced, ctxs):
-            results[i] = compression.decompress(r, ctx)
+                          postscale_factor=float(postscale_factor),
+                          process_set_id=ps_id)
+        reduced = _inline_consumers(reduced)
+    for i, r, ctx in zip(dense_idx, reduced if dense else [], ctxs):
+        results[i] = compression.decompress(r, ctx)
     return results
 
 
 @_no_autograph
-def allgather(tensor, name=None):
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     """Concatenates every rank's `tensor` along dimension 0, in rank order.
     The first dimension may differ between ranks; the others must agree."""
     return _run_op(_lib.ring_allgather, "RingAllgather", name,
-                   tensor=tf.convert_to_tensor(tensor))
+                   ignore_name_scope, tensor=tf.convert_to_tensor(tensor),
+                   process_set_id=_process_set_arg(process_set))
 
 
 @_no_autograph
-def broadcast(tensor, root_rank=0, name=None):
-    """Every rank gets `root_rank`'s `tensor`."""
+def grouped_allgather(tensors, name=None, ignore_name_scope=False,
+                      process_set=None):
+    """Allgathers each tensor of a list (any mix of dtypes and shapes), all
+    in flight together; returns the list of results. Tensor i is matched
+    across ranks by `name.i` (eager, with a name) or its node name."""
+    _process_set_arg(process_set)
+    return [allgather(t, name=f"{name}.{i}" if name else None,
+                      ignore_name_scope=ignore_name_scope,
+                      process_set=process_set)
+            for i, t in enumerate(tensors)]
+
+
+@_no_autograph
+def broadcast(tensor, root_rank=0, name=None, ignore_name_scope=False,
+              process_set=None):
+    """Every rank gets `root_rank`'s `tensor`. On a process set, root_rank
+    is a global rank, which must be in the set (as in Horovod)."""
+    ps_id = _process_set_arg(process_set)
+    if ps_id and int(root_rank) not in process_set.ranks:
+        raise ValueError(f"tfring: broadcast root rank {int(root_rank)} is not in "
+                         f"process set {ps_id} (ranks {process_set.ranks})")
     return _run_op(_lib.ring_broadcast, "RingBroadcast", name,
-                   tensor=tf.convert_to_tensor(tensor),
-                   root_rank=int(root_rank))
+                   ignore_name_scope, tensor=tf.convert_to_tensor(tensor),
+                   root_rank=int(root_rank), process_set_id=ps_id)
 
 
 def _reducescatter_rows(rows, rank, size):
@@ -277,21 +477,47 @@ def _reducescatter_rows(rows, rank, size):
 
 @_no_autograph
 def reducescatter(tensor, op=Average, name=None, compression=Compression.none,
-                  prescale_factor=1.0, postscale_factor=1.0):
+                  prescale_factor=1.0, postscale_factor=1.0, *,
+                  device_dense="", process_set=None, ignore_name_scope=False):
     """Reduces `tensor` across ranks like `allreduce` and returns this rank's
     rows of the result: dimension 0 is split as evenly as possible, the first
     (rows % size) ranks getting one extra row."""
+    ps_id = _process_set_arg(process_set)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
+    op_name = _reduce_op_name(op)
+    if op_name == "adasum":
+        raise NotImplementedError(
+            "tfring: reducescatter does not support Adasum (as in Horovod)")
     out = _run_op(_lib.ring_reducescatter, "RingReducescatter", name,
-                  tensor=compressed, reduce_op=_reduce_op_name(op),
+                  ignore_name_scope, tensor=compressed, reduce_op=op_name,
                   prescale_factor=float(prescale_factor),
-                  postscale_factor=float(postscale_factor))
+                  postscale_factor=float(postscale_factor),
+                  process_set_id=ps_id)
     rows = tensor.shape[0] if tensor.shape.rank else None
     if rows is not None and not tf.executing_eagerly() and basics.is_initialized():
-        out.set_shape([_reducescatter_rows(rows, basics.rank(), basics.size())]
+        out.set_shape([_reducescatter_rows(rows, *_rank_size(ps_id))]
                       + tensor.shape[1:].as_list())
     return compression.decompress(out, ctx)
+
+
+@_no_autograph
+def grouped_reducescatter(tensors, device_dense="",
+                          compression=Compression.none, op=Average,
+                          process_set=None, prescale_factor=1.0,
+                          postscale_factor=1.0, *, name=None,
+                          ignore_name_scope=False):
+    """`reducescatter` of each tensor of a list, all in flight together;
+    returns the list of this rank's shares. The positional order is
+    Horovod's (it has no `name`; here `name` is keyword-only)."""
+    _process_set_arg(process_set)
+    return [reducescatter(t, op=op, name=f"{name}.{i}" if name else None,
+                          compression=compression,
+                          prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor,
+                          ignore_name_scope=ignore_name_scope,
+                          process_set=process_set)
+            for i, t in enumerate(tensors)]
 
 
 # tf.function used by broadcast_variables in eager mode, so all broadcasts
@@ -299,9 +525,9 @@ def reducescatter(tensor, op=Average, name=None, compression=Compression.none,
 _broadcast_group_fn = None
 
 
-def _broadcast_group(variables, root_rank):
+def _broadcast_group(variables, root_rank, process_set=None):
     for var in variables:
-        var.assign(broadcast(var, root_rank))
+        var.assign(broadcast(var, root_rank, process_set=process_set))
 
 
 def _as_tf_variable(var):
@@ -314,20 +540,90 @@ def _as_tf_variable(var):
 
 
 @_no_autograph
-def broadcast_variables(variables, root_rank=0):
+def broadcast_variables(variables, root_rank=0, process_set=None,
+                        inplace=False):
     """Assigns `root_rank`'s value to every variable on every rank
     (tf.Variable or Keras variables). Eager: runs at once, all broadcasts in
-    flight together. Graph: returns the op to run."""
+    flight together. Graph: returns the op to run. `inplace=True` is
+    `broadcast_` (the same result)."""
     global _broadcast_group_fn
+    _process_set_arg(process_set)
     variables = list(variables)
     if tf.executing_eagerly():
         variables = [_as_tf_variable(v) for v in variables]
         if _broadcast_group_fn is None:
             _broadcast_group_fn = tf.function(_broadcast_group, autograph=False)
         if variables:
-            _broadcast_group_fn(variables, int(root_rank))
+            if process_set is None:
+                _broadcast_group_fn(variables, int(root_rank))
+            else:
+                _broadcast_group_fn(variables, int(root_rank), process_set)
         return None
-    return tf.group(*[v.assign(broadcast(v, root_rank)) for v in variables])
+    return tf.group(*[v.assign(broadcast(v, root_rank, process_set=process_set))
+                      for v in variables])
+
+
+@_no_autograph
+def broadcast_(variables, root_rank, name=None, process_set=None):
+    """Horovod's in-place broadcast: every variable in `variables` takes
+    `root_rank`'s value; returns the variables' new values (a list). Unlike
+    Horovod's it does not save memory: each variable's value travels in a
+    temporary tensor, then is assigned. Variable i is matched across ranks
+    by `name.i` when a name is given."""
+    _process_set_arg(process_set)
+    variables = [_as_tf_variable(v) for v in variables]
+    updates = [v.assign(broadcast(v, root_rank,
+                                  name=f"{name}.{i}" if name else None,
+                                  process_set=process_set))
+               for i, v in enumerate(variables)]
+    if tf.executing_eagerly():
+        return [v.read_value() for v in variables]
+    with tf.control_dependencies(updates):
+        return [v.read_value() for v in variables]
+
+
+def broadcast_global_variables(root_rank):
+    """tf.compat.v1 graphs: the op that assigns `root_rank`'s value to every
+    global variable. Eager code broadcasts its variables with
+    broadcast_variables(model.variables, root_rank) instead."""
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "tfring.broadcast_global_variables() needs a tf.compat.v1 graph; "
+            "in eager code use tfring.broadcast_variables(<model and "
+            "optimizer variables>, root_rank)")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+# ------------------------------------------------------- topology as ops ----
+# Evaluated when the graph runs, not when it is built (Horovod's *_op).
+
+def rank_op(name=None):
+    """An int32 scalar op: this process's rank, read when it runs."""
+    return _lib.ring_rank(name=name)
+
+
+def local_rank_op(name=None):
+    """An int32 scalar op: this process's rank on its host."""
+    return _lib.ring_local_rank(name=name)
+
+
+def size_op(process_set_id=0, name=None):
+    """An int32 scalar op: the number of ranks (of the process set with
+    this id; 0 is every rank)."""
+    return _lib.ring_size(process_set_id=int(process_set_id), name=name)
+
+
+def local_size_op(name=None):
+    """An int32 scalar op: the number of ranks on this host."""
+    return _lib.ring_local_size(name=name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """An int32 scalar op: 1 when this process belongs to the process set,
+    0 when not, -3 (Horovod's code for an unknown set) when there is no set
+    with this id."""
+    return _lib.ring_process_set_included(process_set_id=int(process_set_id),
+                                          name=name)
 
 
 # ------------------------------------------------------------- gradients ----
@@ -340,10 +636,27 @@ def _attr_str(op, name):
     return v.decode() if isinstance(v, bytes) else v
 
 
-def _reduce_grad(op_name, x, y_full, g_full, pre, post):
+def _ps_of(op):
+    """The op's process set: (id, the ProcessSet or None for the world).
+    Gradients run on the same set as the op."""
+    try:
+        ps_id = int(op.get_attr("process_set_id"))
+    except ValueError:  # graphs built before the attribute existed
+        ps_id = 0
+    if ps_id == 0:
+        return 0, None
+    from tfring.process_sets import process_set_by_id
+    return ps_id, process_set_by_id(ps_id)
+
+
+def _reduce_grad(op_name, x, y_full, g_full, pre, post, ps_id=0):
     """dL/dx for y_full = post * op_r(pre * x_r), given g_full = the sum over
     ranks of dL/dy_full (y_full: the whole reduced tensor)."""
-    size = basics.size()
+    ps = None
+    if ps_id:
+        from tfring.process_sets import process_set_by_id
+        ps = process_set_by_id(ps_id)
+    me, size = _rank_size(ps_id)
     if op_name in ("sum", "average"):
         scale = pre * post / (size if op_name == "average" else 1)
         return g_full * tf.cast(scale, g_full.dtype)
@@ -353,18 +666,18 @@ def _reduce_grad(op_name, x, y_full, g_full, pre, post):
         # negative prescale swaps min and max).
         if pre < 0:
             op_name = "max" if op_name == "min" else "min"
-        best = _allreduce(x, op_name)
+        best = _allreduce(x, op_name, ps_id=ps_id)
         mask = tf.cast(tf.equal(x, best), g_full.dtype)
-        count = _allreduce(mask, "sum")
+        count = _allreduce(mask, "sum", ps_id=ps_id)
         return g_full * tf.cast(pre * post, g_full.dtype) * mask / count
     if op_name == "product":
         # dy/dx_r = post * pre^size * product of the other ranks' x, built
         # from exclusive cumulative products so zeros need no division.
-        xs = allgather(tf.expand_dims(x, 0))
+        xs = allgather(tf.expand_dims(x, 0), process_set=ps)
         others = (tf.math.cumprod(xs, axis=0, exclusive=True)
                   * tf.math.cumprod(xs, axis=0, exclusive=True, reverse=True))
         scale = post * pre ** size
-        return g_full * others[basics.rank()] * tf.cast(scale, g_full.dtype)
+        return g_full * others[me] * tf.cast(scale, g_full.dtype)
     raise NotImplementedError(f"tfring: no gradient for reduce op {op_name}")
 
 
@@ -372,10 +685,11 @@ def _allreduce_grad(op, grad):
     op_name = _attr_str(op, "reduce_op")
     pre = op.get_attr("prescale_factor")
     post = op.get_attr("postscale_factor")
+    ps_id, _ = _ps_of(op)
     if op_name in ("sum", "average"):
-        return _allreduce(grad, op_name, None, pre, post)
+        return _allreduce(grad, op_name, None, pre, post, ps_id=ps_id)
     return _reduce_grad(op_name, op.inputs[0], op.outputs[0],
-                        _allreduce(grad, "sum"), pre, post)
+                        _allreduce(grad, "sum", ps_id=ps_id), pre, post, ps_id)
 
 
 def _grouped_allreduce_grad(op, *grads):
@@ -384,35 +698,51 @@ def _grouped_allreduce_grad(op, *grads):
     post = op.get_attr("postscale_factor")
     present = [i for i, g in enumerate(grads) if g is not None]
     out = [None] * len(grads)
+    ps_id, ps = _ps_of(op)
     if op_name in ("sum", "average"):
         reduced = grouped_allreduce([grads[i] for i in present], op_name,
-                                    prescale_factor=pre, postscale_factor=post)
+                                    prescale_factor=pre, postscale_factor=post,
+                                    process_set=ps)
         for i, r in zip(present, reduced):
             out[i] = r
         return out
-    summed = grouped_allreduce([grads[i] for i in present], "sum")
+    summed = grouped_allreduce([grads[i] for i in present], "sum", process_set=ps)
     for i, g in zip(present, summed):
-        out[i] = _reduce_grad(op_name, op.inputs[i], op.outputs[i], g, pre, post)
+        out[i] = _reduce_grad(op_name, op.inputs[i], op.outputs[i], g, pre, post,
+                              ps_id)
     return out
 
 
+# Allgather and broadcast: Horovod's gradients, which average the upstream
+# gradients over ranks where the plain chain rule (with every rank's loss
+# summed) would sum them. Averaged data-parallel training divides the summed
+# loss by the number of ranks, so these match it; a rank that wants the sum
+# multiplies by size(). (Allreduce and reducescatter keep the chain rule.)
+
 def _allgather_grad(op, grad):
-    # Every rank's loss depends on every rank's rows: sum the gradients over
-    # ranks, then keep this rank's rows. Ranks may contribute different row
-    # counts, so the offsets come from the gathered counts.
-    grad = _allreduce(tf.convert_to_tensor(grad), "sum")
+    # Every rank's loss depends on every rank's rows: average the gradients
+    # over ranks, then keep this rank's rows. Ranks may contribute different
+    # row counts, so the offsets come from the gathered counts.
+    ps_id, ps = _ps_of(op)
+    grad = _allreduce(tf.convert_to_tensor(grad), "average", ps_id=ps_id)
     rows = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
-    all_rows = allgather(rows)
-    begin = tf.reduce_sum(all_rows[:basics.rank()])
+    if _in_xla_context(tf.compat.v1.get_default_graph()):
+        # Under XLA every rank gathers the same row count (docs/xla.md),
+        # and XLA needs the slice's bounds without running a collective.
+        begin = rows[0] * _rank_size(ps_id)[0]
+    else:
+        all_rows = allgather(rows, process_set=ps)
+        begin = tf.reduce_sum(all_rows[:_rank_size(ps_id)[0]])
     return grad[begin:begin + rows[0]]
 
 
 def _broadcast_grad(op, grad):
-    # Only the root's input reaches the outputs: it gets the sum of every
+    # Only the root's input reaches the outputs: it gets the average of every
     # rank's gradient, the others zero. Every rank builds the same graph
     # (the allreduce feeds the result on all of them), or graph optimizers
     # could drop the allreduce on non-root ranks only.
-    grad = _allreduce(tf.convert_to_tensor(grad), "sum")
+    ps_id, _ = _ps_of(op)
+    grad = _allreduce(tf.convert_to_tensor(grad), "average", ps_id=ps_id)
     is_root = basics.rank() == op.get_attr("root_rank")
     return grad * tf.constant(1 if is_root else 0, grad.dtype)
 
@@ -423,19 +753,84 @@ def _reducescatter_grad(op, grad):
     op_name = _attr_str(op, "reduce_op")
     pre = op.get_attr("prescale_factor")
     post = op.get_attr("postscale_factor")
-    g_full = allgather(tf.convert_to_tensor(grad))
-    return _reduce_grad(op_name, op.inputs[0], None, g_full, pre, post)
+    ps_id, ps = _ps_of(op)
+    g_full = allgather(tf.convert_to_tensor(grad), process_set=ps)
+    return _reduce_grad(op_name, op.inputs[0], None, g_full, pre, post, ps_id)
+
+
+# ------------------------------------------------------ alltoall and join ----
+
+def _check_global_set(process_set, what):
+    # alltoall and join run on every rank only: their negotiation (splits
+    # matrix, joined ranks) lives in the world's coordinator.
+    ps_id = _process_set_arg(process_set)
+    if ps_id:
+        raise NotImplementedError(
+            f"tfring: {what} on process set {ps_id}: {what} runs on every "
+            f"rank only (process_set=None or tfring.global_process_set)")
+
+
+@_no_autograph
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
+             process_set=None):
+    """Sends `splits[i]` rows of `tensor`'s first dimension to rank i and
+    returns the rows received from every rank, concatenated in rank order.
+
+    Without `splits` the first dimension is split evenly (it must divide by
+    the number of ranks) and only the output is returned; with `splits`
+    (length size(), summing to the first dimension) the result is
+    `(output, received_splits)`, as in Horovod. The other dimensions must
+    agree across ranks. GPU tensors go through host memory.
+    """
+    _check_global_set(process_set, "alltoall")
+    tensor = tf.convert_to_tensor(tensor)
+    splits_t = (tf.constant([], tf.int32) if splits is None
+                else tf.cast(tf.convert_to_tensor(splits), tf.int32))
+    with tf.device("/cpu:0"):
+        output, received = _run_op(_lib.ring_alltoall, "RingAlltoall", name,
+                                   tensor=tensor, splits=splits_t)
+    return (output, received) if splits is not None else output
+
+
+def _alltoall_grad(op, grad, _grad_received):
+    # Rows went from rank s to rank d, so their gradients go back from d to
+    # s: an alltoall of the gradient with the received splits.
+    grad, _ = alltoall(tf.convert_to_tensor(grad), splits=op.outputs[1])
+    return [grad, None]
+
+
+def join():
+    """Says this rank is out of data. Until every rank has joined, it takes
+    part in the other ranks' allreduces with zeros (Average still divides by
+    size()); broadcast, allgather, reducescatter and alltoall fail while a
+    rank has joined, as in Horovod. Returns the last rank to join (an int32
+    scalar tensor)."""
+    if tf.executing_eagerly():
+        return _lib.ring_join(tensor_name="tfring.join")
+    return _lib.ring_join(tensor_name="tfring.join", name="RingJoin")
+
+
+def _outputs_grad(op, *grads):
+    return list(grads)
 
 
 def _register_gradients():
-    for op_type, fn in (("RingAllreduce", _allreduce_grad),
+    for op_type, fn in (("RingOutputs", _outputs_grad),
+                        ("RingAllreduce", _allreduce_grad),
                         ("RingGroupedAllreduce", _grouped_allreduce_grad),
                         ("RingAllgather", _allgather_grad),
                         ("RingBroadcast", _broadcast_grad),
-                        ("RingReducescatter", _reducescatter_grad)):
+                        ("RingReducescatter", _reducescatter_grad),
+                        ("RingAlltoall", _alltoall_grad)):
         try:
             tf.RegisterGradient(op_type)(fn)
         except KeyError:  # already registered (module imported twice)
+            pass
+    for op_type in ("RingRank", "RingLocalRank", "RingSize", "RingLocalSize",
+                    "RingProcessSetIncluded"):
+        try:
+            tf.no_gradient(op_type)
+        except KeyError:
             pass
 
 

@@ -9,10 +9,12 @@ tf.IndexedSlices gradients (embeddings, tf.gather) are allgathered rather
 than densified unless sparse_as_dense=True.
 
 backward_passes_per_step=N accumulates gradients locally over N backward
-passes and communicates once: the N-th pass allreduces the accumulated
-gradients (divided by N for op=Average, so the result is the mean over
-passes and ranks) and only that pass applies them.
+passes and communicates once: the N-th pass allreduces the accumulated sum
+(Horovod's default) or, with average_aggregated_gradients=True, the mean
+over the N passes, and only that pass applies it.
 """
+
+import warnings
 
 import tensorflow as tf
 
@@ -20,14 +22,19 @@ from tfring import Average, basics
 from tfring import ops as _ops
 from tfring.compression import Compression
 
-__all__ = ["DistributedGradientTape", "DistributedOptimizer"]
+__all__ = ["DistributedGradientTape", "DistributedOptimizer",
+           "PartialDistributedGradientTape"]
 
 
 class _GradientReducer:
-    """Allreduces a list of gradients; None entries stay None."""
+    """Allreduces a list of gradients; None entries stay None. Gradients of
+    variables registered as local (Partial* wrappers) are not reduced; with
+    scale_local_gradients they are divided by the set's size, as Horovod
+    does."""
 
     def __init__(self, op, compression, sparse_as_dense,
-                 gradient_predivide_factor, name):
+                 gradient_predivide_factor, name, process_set=None,
+                 scale_local_gradients=True):
         self.op_name = _ops._reduce_op_name(op)
         if self.op_name not in ("sum", "average"):
             raise ValueError(f"tfring: gradients are averaged or summed over "
@@ -40,28 +47,49 @@ class _GradientReducer:
         self.sparse_as_dense = sparse_as_dense
         self.predivide = float(gradient_predivide_factor)
         self.name = name
+        self.process_set = process_set
+        self.scale_local = bool(scale_local_gradients)
+        self.local_keys = set()
+
+    def register_local(self, variable):
+        self.local_keys.update(_var_keys(variable))
+
+    def is_local(self, variable):
+        return bool(self.local_keys) and not self.local_keys.isdisjoint(
+            _var_keys(variable))
 
     def _op_and_scales(self):
         # Predividing splits the 1/size of an average into a factor applied
         # before the sum (keeps float16 sums in range) and one after it.
         if self.predivide != 1.0:
-            return "sum", 1.0 / self.predivide, self.predivide / basics.size()
+            return ("sum", 1.0 / self.predivide,
+                    self.predivide / _set_size(self.process_set))
         return self.op_name, 1.0, 1.0
 
-    def reduce(self, grads):
+    def reduce(self, grads, variables=None):
         grads = list(grads)
+        if variables is None or not self.local_keys:
+            return self._reduce(grads)
+        return reduce_skipping_locals(self._reduce, grads, variables,
+                                      self.is_local, self.scale_local,
+                                      _set_size(self.process_set))
+
+    def _reduce(self, grads):
         if self.sparse_as_dense:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices)
                      else g for g in grads]
         present = [i for i, g in enumerate(grads) if g is not None]
         op, pre, post = self._op_and_scales()
+        extra = _set_kwargs(self.process_set)
         out = [None] * len(grads)
-        if tf.executing_eagerly():
-            # One grouped op: every gradient is in flight at once.
+        if tf.executing_eagerly() or _ops._in_xla_context(
+                tf.compat.v1.get_default_graph()):
+            # One grouped op: every gradient is in flight at once (under
+            # XLA too, whose runtime may run separate ops one by one).
             reduced = _ops.grouped_allreduce(
                 [grads[i] for i in present], op, name=self.name,
                 compression=self.compression, prescale_factor=pre,
-                postscale_factor=post)
+                postscale_factor=post, **extra)
         else:
             # One op per gradient, so each starts as soon as backprop has
             # produced it and communication overlaps the rest of backprop;
@@ -70,11 +98,103 @@ class _GradientReducer:
                 reduced = [_ops.allreduce(grads[i], op,
                                           compression=self.compression,
                                           prescale_factor=pre,
-                                          postscale_factor=post)
+                                          postscale_factor=post, **extra)
                            for i in present]
         for i, r in zip(present, reduced):
             out[i] = r
         return out
+
+
+def _var_keys(variable):
+    """Identities of a variable: a Keras 3 variable and the tf.Variable it
+    holds both name it, whichever a tape or optimizer is given."""
+    keys = {id(variable)}
+    inner = getattr(variable, "_value", None)
+    if inner is not None:
+        keys.add(id(inner))
+    return keys
+
+
+def reduce_skipping_locals(reduce_fn, grads, variables, is_local, scale,
+                           set_size):
+    """Reduces the gradients of the non-local variables with reduce_fn; the
+    local ones stay on this rank (divided by set_size when `scale`)."""
+    variables = list(variables)
+    if len(variables) != len(grads):
+        raise ValueError(f"tfring: {len(grads)} gradients for "
+                         f"{len(variables)} variables")
+    local = [is_local(v) for v in variables]
+    shared = [i for i, loc in enumerate(local) if not loc]
+    out = list(grads)
+    for i, r in zip(shared, reduce_fn([grads[i] for i in shared])):
+        out[i] = r
+    if scale:
+        for i, loc in enumerate(local):
+            g = out[i]
+            if not loc or g is None:
+                continue
+            if isinstance(g, tf.IndexedSlices):
+                out[i] = tf.IndexedSlices(g.values / float(set_size),
+                                          g.indices, g.dense_shape)
+            else:
+                out[i] = g / tf.cast(set_size, g.dtype)
+    return out
+
+
+def resolve_process_set(process_set):
+    """None when gradients are reduced over all ranks (process_set=None or
+    the global set); otherwise the set, checked by tfring.process_sets
+    (registered, and this rank a member)."""
+    if process_set is None:
+        return None
+    from tfring import process_sets
+    if process_sets._process_set_arg(process_set) == 0:
+        return None
+    return process_set
+
+
+def _set_kwargs(process_set):
+    return {} if process_set is None else {"process_set": process_set}
+
+
+def _set_size(process_set):
+    if process_set is None:
+        return basics.size()
+    size = getattr(process_set, "size")
+    return int(size() if callable(size) else size)
+
+
+def check_groups(num_groups, groups):
+    """Horovod's explicit allreduce grouping: validated like Horovod, then
+    left to tfring's engine, which fuses whatever gradients are ready (so
+    the grouping does not change the result)."""
+    if num_groups:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups`",
+                      DeprecationWarning, stacklevel=3)
+        if groups is None:
+            groups = num_groups
+    if groups is not None and not (isinstance(groups, list)
+                                   or (isinstance(groups, int) and groups > 0)):
+        raise ValueError("tfring: groups should be a positive integer or a "
+                         "list of lists of tf.Variable")
+    return groups
+
+
+def local_layer_variables(local_layers):
+    """The trainable variables of Partial*'s local_layers (a layer or a
+    list of layers, Keras 3 or tf_keras)."""
+    if local_layers is None:
+        return []
+    if not isinstance(local_layers, (list, tuple)):
+        local_layers = [local_layers]
+    out = []
+    for layer in local_layers:
+        weights = getattr(layer, "trainable_weights", None)
+        if weights is None:
+            raise ValueError(f"tfring: local_layers must be Keras layers, "
+                             f"got {type(layer).__name__}")
+        out.extend(weights)
+    return out
 
 
 def _check_passes(backward_passes_per_step):
@@ -87,8 +207,9 @@ def _check_passes(backward_passes_per_step):
 class _Accumulator:
     """Local gradient accumulation over N backward passes, in TF variables and
     tf.cond so it works in eager mode, tf.function and tf.compat.v1 graphs.
-    `accumulate` returns the gradients to apply (reduced on the N-th pass,
-    zeros otherwise); `apply` runs the optimizer on the N-th pass only."""
+    `accumulate` returns the gradients to apply (on the N-th pass the
+    reduced sum of the N passes, divided by N if `average`; zeros
+    otherwise); `apply` runs the optimizer on the N-th pass only."""
 
     def __init__(self, passes, average, name):
         self.passes = passes
@@ -109,6 +230,7 @@ class _Accumulator:
                 for i, (g, v) in enumerate(zip(grads, variables))]
 
     def accumulate(self, grads, variables, reduce_fn):
+        """reduce_fn(values, variables) reduces the accumulated sums."""
         if self.sums is None:
             self._build(grads, variables)
         if len(grads) != len(self.sums):
@@ -123,20 +245,21 @@ class _Accumulator:
         with tf.control_dependencies(updates):
             count = self.counter.assign_add(1)
         self.boundary = tf.equal(count % self.passes, 0)
-        present = [s for s in self.sums if s is not None]
+        present = [i for i, s in enumerate(self.sums) if s is not None]
 
         def reduce_now():
-            values = [s.read_value() for s in present]
+            sums = [self.sums[i] for i in present]
+            reduced = reduce_fn([s.read_value() for s in sums],
+                                [variables[i] for i in present])
             if self.average:
-                values = [v / tf.cast(self.passes, v.dtype) for v in values]
-            reduced = reduce_fn(values)
+                reduced = [r / tf.cast(self.passes, r.dtype) for r in reduced]
             with tf.control_dependencies(reduced):
-                cleared = [s.assign(tf.zeros_like(s)) for s in present]
+                cleared = [s.assign(tf.zeros_like(s)) for s in sums]
             with tf.control_dependencies(cleared):
                 return [tf.identity(r) for r in reduced]
 
         def not_yet():
-            return [tf.zeros_like(s) for s in present]
+            return [tf.zeros_like(self.sums[i]) for i in present]
 
         if not present:
             return [None] * len(grads)
@@ -162,47 +285,103 @@ class _Accumulator:
 
 class DistributedGradientTape(tf.GradientTape):
     """Wraps a tf.GradientTape so `gradient()` returns gradients reduced over
-    all ranks:
+    all ranks (Horovod's horovod.tensorflow.DistributedGradientTape):
 
         with tf.GradientTape() as tape:
             loss = ...
         tape = tfring.DistributedGradientTape(tape)
         grads = tape.gradient(loss, model.trainable_variables)
 
-    With backward_passes_per_step=N (eager mode only, since a new tape is
-    made every step), gradient() accumulates locally and returns a None for
-    every source on the first N-1 passes; skip applying those:
-    `if grads[0] is not None: opt.apply_gradients(...)`. Inside tf.function,
-    accumulate with tfring.DistributedOptimizer (tf.compat.v1) or the Keras
-    integration instead.
+    device_dense/device_sparse are accepted and ignored (tfring's engine
+    places the collectives); num_groups/groups are validated and left to
+    the engine's fusion, which does not change the result.
+
+    With backward_passes_per_step=N (a tfring extension, eager mode only,
+    since a new tape is made every step), gradient() accumulates locally
+    and returns a None for every source on the first N-1 passes; skip
+    applying those: `if grads[0] is not None: opt.apply_gradients(...)`.
+    The N-th pass returns the reduced sum of the N passes' gradients, or
+    their mean with average_aggregated_gradients=True (Horovod's default is
+    the sum). Inside tf.function, accumulate with tfring.DistributedOptimizer
+    or the Keras integration instead.
+
+    register_local_source(variable) keeps that variable's gradient on this
+    rank (PartialDistributedGradientTape does it for whole layers).
     """
 
     def __init__(self, gradtape, device_dense="", device_sparse="",
                  compression=Compression.none, sparse_as_dense=False,
                  op=Average, gradient_predivide_factor=1.0,
-                 backward_passes_per_step=1):
+                 num_groups=0, groups=None, process_set=None,
+                 scale_local_gradients=True, backward_passes_per_step=1,
+                 average_aggregated_gradients=False):
         if not isinstance(gradtape, tf.GradientTape):
             raise TypeError(f"tfring.DistributedGradientTape wraps a "
                             f"tf.GradientTape, got {type(gradtape).__name__}")
+        check_groups(num_groups, groups)
         # Take over the recording (and everything else) of the given tape.
         self.__dict__.update(gradtape.__dict__)
+        self.process_set = process_set
+        self.scale_local_gradients = scale_local_gradients
         self._tfring_reducer = _GradientReducer(
             op, compression, sparse_as_dense, gradient_predivide_factor,
-            "DistributedGradientTape_Allreduce")
+            "DistributedGradientTape_Allreduce",
+            resolve_process_set(process_set), scale_local_gradients)
         self._tfring_passes = _check_passes(backward_passes_per_step)
+        self._tfring_average_passes = bool(average_aggregated_gradients)
+
+    def register_local_source(self, source):
+        """This source's gradient is not reduced (Horovod's local sources)."""
+        self._tfring_reducer.register_local(source)
 
     def gradient(self, target, sources, output_gradients=None,
-                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+                 unconnected_gradients=tf.UnconnectedGradients.NONE,
+                 use_generic_names=False):
         grads = super().gradient(target, sources, output_gradients,
                                  unconnected_gradients)
         flat = tf.nest.flatten(grads)
+        flat_sources = tf.nest.flatten(sources)
         if self._tfring_passes > 1:
-            reduced = _accumulate_eager(flat, tf.nest.flatten(sources),
+            reduced = _accumulate_eager(flat, flat_sources,
                                         self._tfring_passes,
+                                        self._tfring_average_passes,
                                         self._tfring_reducer)
         else:
-            reduced = self._tfring_reducer.reduce(flat)
+            reduced = self._tfring_reducer.reduce(flat, flat_sources)
         return tf.nest.pack_sequence_as(grads, reduced)
+
+    def get_local_and_global_gradients(self, target, sources,
+                                       output_gradients=None,
+                                       use_generic_names=False):
+        """([(source, grad)] of the local sources, [(source, grad)] of the
+        others), each in the order of `sources`."""
+        grads = self.gradient(target, sources, output_gradients)
+        local, shared = [], []
+        for s, g in zip(sources, grads):
+            (local if self._tfring_reducer.is_local(s) else shared).append(
+                (s, g))
+        return local, shared
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="",
+                                   device_sparse="",
+                                   compression=Compression.none,
+                                   sparse_as_dense=False, op=Average,
+                                   gradient_predivide_factor=1.0,
+                                   num_groups=0, groups=None,
+                                   process_set=None, local_layers=None,
+                                   scale_local_gradients=True):
+    """A DistributedGradientTape that leaves the gradients of
+    `local_layers` (a Keras layer or a list of them) unreduced: each rank
+    keeps its own (divided by the number of ranks when
+    scale_local_gradients, as Horovod does)."""
+    tape = DistributedGradientTape(
+        gradtape, device_dense, device_sparse, compression, sparse_as_dense,
+        op, gradient_predivide_factor, num_groups, groups, process_set,
+        scale_local_gradients)
+    for var in local_layer_variables(local_layers):
+        tape.register_local_source(var)
+    return tape
 
 
 # Accumulation state of DistributedGradientTape, which is rebuilt every step:
@@ -210,14 +389,15 @@ class DistributedGradientTape(tf.GradientTape):
 _tape_accumulators = {}
 
 
-def _accumulate_eager(grads, sources, passes, reducer):
+def _accumulate_eager(grads, sources, passes, average, reducer):
     if not tf.executing_eagerly():
         raise NotImplementedError(
             "tfring: DistributedGradientTape(backward_passes_per_step > 1) "
             "works in eager mode only; inside tf.function use "
             "tfring.DistributedOptimizer or accumulate explicitly")
-    key = (tuple(id(s) for s in sources), passes, id(reducer.compression),
-           reducer.op_name, reducer.sparse_as_dense, reducer.predivide)
+    key = (tuple(id(s) for s in sources), passes, average,
+           id(reducer.compression), reducer.op_name, reducer.sparse_as_dense,
+           reducer.predivide)
     state = _tape_accumulators.setdefault(key, {"count": 0, "sums": None})
     dense = [tf.convert_to_tensor(g) if g is not None else None for g in grads]
     if state["sums"] is None:
@@ -230,31 +410,32 @@ def _accumulate_eager(grads, sources, passes, reducer):
         return [None] * len(grads)
     sums = state["sums"]
     del _tape_accumulators[key]
-    if reducer.op_name == "average":
-        sums = [None if s is None else s / tf.cast(passes, s.dtype)
-                for s in sums]
-    return reducer.reduce(sums)
+    reduced = reducer.reduce(sums, sources)
+    if average:
+        reduced = [None if r is None else r / tf.cast(passes, r.dtype)
+                   for r in reduced]
+    return reduced
 
 
 class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
     """A tf.compat.v1 optimizer whose compute_gradients reduces the wrapped
     optimizer's gradients over ranks (see DistributedOptimizer)."""
 
-    def __init__(self, optimizer, name, use_locking, reducer, passes):
+    def __init__(self, optimizer, name, use_locking, reducer, passes,
+                 average_passes):
         super().__init__(use_locking=use_locking, name=name)
         self._optimizer = optimizer
         self._reducer = reducer
         self._accumulator = None
         if passes > 1:
-            self._accumulator = _Accumulator(
-                passes, reducer.op_name == "average", name)
+            self._accumulator = _Accumulator(passes, average_passes, name)
 
     def compute_gradients(self, *args, **kwargs):
         grads_and_vars = self._optimizer.compute_gradients(*args, **kwargs)
         grads = [g for g, _ in grads_and_vars]
         variables = [v for _, v in grads_and_vars]
         if self._accumulator is None:
-            reduced = self._reducer.reduce(grads)
+            reduced = self._reducer.reduce(grads, variables)
         else:
             reduced = self._accumulator.accumulate(grads, variables,
                                                    self._reducer.reduce)
@@ -279,32 +460,62 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         return self._optimizer.variables(*args, **kwargs)
 
 
+def _is_keras_optimizer(optimizer):
+    mod = type(optimizer).__module__ or ""
+    return any(mod.startswith(p) for p in ("keras", "tf_keras")) or any(
+        (c.__module__ or "").startswith(("keras.", "tf_keras."))
+        for c in type(optimizer).__mro__)
+
+
 def DistributedOptimizer(optimizer, name=None, use_locking=False,
                          device_dense="", device_sparse="",
                          compression=Compression.none, sparse_as_dense=False,
-                         op=Average, gradient_predivide_factor=1.0,
-                         backward_passes_per_step=1):
-    """Wraps a tf.compat.v1.train optimizer: compute_gradients (and so
+                         backward_passes_per_step=1, op=Average,
+                         gradient_predivide_factor=1.0,
+                         average_aggregated_gradients=False,
+                         num_groups=0, groups=None, process_set=None,
+                         scale_local_gradients=True):
+    """Horovod's horovod.tensorflow.DistributedOptimizer.
+
+    A tf.compat.v1.train optimizer is wrapped so compute_gradients (and so
     minimize) averages (op=Average) or sums (op=Sum) every gradient over all
-    ranks before apply_gradients sees it. Works in tf.compat.v1 graphs and
-    sessions and in eager mode.
+    ranks before apply_gradients sees it; it works in tf.compat.v1 graphs
+    and sessions and in eager mode. A Keras optimizer (Keras 3 or tf_keras)
+    goes to tfring.keras.DistributedOptimizer, as Horovod hands it to its
+    Keras wrapper.
 
     backward_passes_per_step=N: gradients are accumulated locally and
     reduced on every N-th call only; apply_gradients updates the variables
-    (and global_step) on those calls only.
+    (and global_step) on those calls only. The update uses the sum of the N
+    passes' gradients, or their mean with average_aggregated_gradients=True
+    (Horovod's semantics).
 
-    device_dense/device_sparse are accepted for Horovod compatibility and
-    ignored (the collectives run on tfring's engine).
+    device_dense/device_sparse and use_locking (beyond the wrapped
+    optimizer's own) are accepted for Horovod compatibility and ignored.
     """
+    check_groups(num_groups, groups)
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        if _is_keras_optimizer(optimizer):
+            from tfring.keras.optimizer import DistributedOptimizer as keras_do
+            return keras_do(
+                optimizer, name=name, device_dense=device_dense,
+                device_sparse=device_sparse, compression=compression,
+                sparse_as_dense=sparse_as_dense,
+                gradient_predivide_factor=gradient_predivide_factor, op=op,
+                backward_passes_per_step=backward_passes_per_step,
+                average_aggregated_gradients=average_aggregated_gradients,
+                groups=groups, process_set=process_set,
+                scale_local_gradients=scale_local_gradients)
         raise TypeError(
-            f"tfring.DistributedOptimizer wraps tf.compat.v1.train optimizers, "
-            f"got {type(optimizer).__name__}; for Keras optimizers use "
-            f"tfring.keras.DistributedOptimizer, or tfring.DistributedGradientTape "
-            f"in a custom training loop")
+            f"tfring.DistributedOptimizer wraps tf.compat.v1.train or Keras "
+            f"optimizers, got {type(optimizer).__name__}; in a custom "
+            f"training loop use tfring.DistributedGradientTape")
     reducer = _GradientReducer(op, compression, sparse_as_dense,
                                gradient_predivide_factor,
-                               "DistributedOptimizer_Allreduce")
+                               "DistributedOptimizer_Allreduce",
+                               resolve_process_set(process_set),
+                               scale_local_gradients)
     return _DistributedOptimizer(
         optimizer, name or f"Distributed{type(optimizer).__name__}",
-        use_locking, reducer, _check_passes(backward_passes_per_step))
+        use_locking, reducer, _check_passes(backward_passes_per_step),
+        bool(average_aggregated_gradients))

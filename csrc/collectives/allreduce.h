@@ -17,10 +17,23 @@
 //            segment, a ring allreduce of each share among the ranks with
 //            the same local rank (all cross-host links busy at once), then
 //            an allgather through the segment (allreduce_hier.cc).
+//   recdbl   recursive doubling over point-to-point links
+//            (allreduce_recdbl.cc): log2(N) exchanges of the whole buffer,
+//            +2 hops when N is not a power of two; for small buffers at
+//            scale.
+//   rabenseifner  recursive-halving reduce-scatter, recursive-doubling
+//            allgather (allreduce_rabenseifner.cc): 2 log2(N) steps (+2),
+//            ring-like bytes; for medium buffers at scale.
 //
-// auto picks oneshot/small up to the threshold, hier above it when the job
-// spans hosts that each have the same number (> 1) of ranks, else ring.
-// Every algorithm gives bitwise identical results on every rank.
+// auto: on one host, oneshot up to the threshold, ring above it. Across
+// hosts, when the job has at least 8 ranks and either at least 4 hosts or
+// hosts the cross-host schemes cannot serve (uneven rank counts): recdbl
+// up to the threshold; above it hier when every host has the same number
+// (> 1) of ranks, else rabenseifner up to kRabenseifnerMaxBytes, then the
+// ring. Otherwise across hosts: small up to the threshold, hier above it
+// when every host has the same number (> 1) of ranks, else ring (see
+// docs/benchmarks.md, "Allreduce at scale", for the measurements). Every
+// algorithm gives bitwise identical results on every rank.
 #pragma once
 
 #include <cstddef>
@@ -32,12 +45,37 @@
 namespace tfring {
 namespace collectives {
 
-enum class AllreduceAlgo { kRing, kOneShot, kSmall, kHier };
+enum class AllreduceAlgo { kRing, kOneShot, kSmall, kHier, kRecDbl, kRabenseifner };
+constexpr int kNumAllreduceAlgos = 6;
+// Above this many bytes auto leaves Rabenseifner for hier or the ring.
+constexpr size_t kRabenseifnerMaxBytes = 1 << 20;
 
 const char* allreduceAlgoName(AllreduceAlgo a);
 AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes);
 // How many allreduce() calls ran each algorithm in this process.
 uint64_t allreduceCalls(AllreduceAlgo a);
+
+// What one allreduce cost, as this rank saw it:
+//   hops        sequential message steps on the collective's critical path
+//               (the same on every rank): ring 2(N-1); recdbl log2(p), and
+//               rabenseifner 2 log2(p), each +2 when N != p (p the largest
+//               power of two <= N); oneshot 1 per segment piece; small
+//               2 + (H-1) and hier 2 + 2(H-1) per piece (H hosts).
+//   bytes_sent  bytes this rank put on its links (ring channels, the
+//               cross-host ring, point-to-point links); writes into the
+//               shared host segment are not counted.
+struct AllreduceStats {
+  AllreduceAlgo algo = AllreduceAlgo::kRing;
+  int size = 1;
+  uint64_t bytes = 0;  // the buffer
+  uint64_t hops = 0;
+  uint64_t bytes_sent = 0;
+};
+// The last allreduce() or allreduceSpans() of this process.
+AllreduceStats lastAllreduceStats();
+// Totals per algorithm over this process.
+uint64_t allreduceHops(AllreduceAlgo a);
+uint64_t allreduceBytesSent(AllreduceAlgo a);
 
 // Same contract as ringAllreduce (ring.h): `out` may alias `in`; `out` ends
 // with op over every rank's `in`, times `postscale`.
@@ -54,6 +92,14 @@ void oneshotAllreduce(RingComm& c, const void* in, void* out, size_t count, Data
                       ReduceOp op, double postscale);
 void hierAllreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
                    ReduceOp op, double postscale, bool small);
+void recdblAllreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
+                     ReduceOp op, double postscale, AllreduceStats* st);
+void rabenseifnerAllreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
+                           ReduceOp op, double postscale, AllreduceStats* st);
+// op(lower rank's buffer, higher rank's buffer) into `mine`; `theirs` is
+// scratch (allreduce_recdbl.cc).
+void combineOrdered(char* mine, char* theirs, size_t count, DataType dtype, ReduceOp op,
+                    bool i_am_lower);
 
 }  // namespace collectives
 }  // namespace tfring

@@ -2,8 +2,10 @@
 // enter the choice: the byte size (every rank reduces the same shape), the
 // topology every rank computed from the same store records, and rank 0's
 // settings that RingLinks::connect distributed.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <mutex>
 
 #include "collectives/allreduce.h"
 #include "kernels/cpu/reduce.h"
@@ -12,11 +14,84 @@ namespace tfring {
 namespace collectives {
 
 namespace {
-std::atomic<uint64_t> g_calls[4];
+std::atomic<uint64_t> g_calls[kNumAllreduceAlgos];
+std::atomic<uint64_t> g_hops[kNumAllreduceAlgos];
+std::atomic<uint64_t> g_sent[kNumAllreduceAlgos];
+std::mutex g_last_mu;
+AllreduceStats g_last;
+
+// Bytes position `pos` of an n-position ring sends in a ring allreduce of
+// `count` elements: every segment but (pos+1) in the reduce-scatter, every
+// segment but (pos+2) in the allgather (allreduce_ring.cc).
+uint64_t ringSent(int n, int pos, size_t count, size_t es) {
+  if (n <= 1 || count == 0) return 0;
+  const auto off = evenSplit(count, n);
+  auto seg = [&](int i) {
+    i %= n;
+    return (off[i + 1] - off[i]) * es;
+  };
+  return 2 * count * es - seg(pos + 1) - seg(pos + 2);
 }
+
+// The counts of the algorithms that do not report their own (see
+// AllreduceStats): they follow from the sizes every rank knows.
+void formulaStats(const RingComm& c, AllreduceAlgo a, size_t count, size_t es,
+                  AllreduceStats* st) {
+  const int N = c.size;
+  if (a == AllreduceAlgo::kRing) {
+    st->hops = N > 1 ? 2 * static_cast<uint64_t>(N - 1) : 0;
+    st->bytes_sent = ringSent(N, c.pos, count, es);
+    return;
+  }
+  const transport::HostLinks& H = *c.host;
+  const transport::HostSegment* S = H.segment.get();
+  const size_t per = S ? std::max<size_t>(S->slotBytes() / es, 1) : count;
+  const int nh = H.num_hosts, L = H.local_size;
+  for (size_t off = 0; off < count; off += per) {
+    const size_t n = std::min(per, count - off);
+    if (a == AllreduceAlgo::kOneShot) {
+      st->hops += 1;
+      continue;
+    }
+    size_t sh = n;  // my share of the piece
+    if (S) {
+      const auto shares = evenSplit(n, L);
+      sh = shares[H.local_rank + 1] - shares[H.local_rank];
+    }
+    const uint64_t seg_hops = S ? 2 : 0;
+    if (a == AllreduceAlgo::kSmall) {
+      st->hops += seg_hops + (nh - 1);
+      st->bytes_sent += sh ? sh * es * (nh - 1) : 0;
+    } else {
+      st->hops += seg_hops + 2 * (nh - 1);
+      st->bytes_sent += ringSent(nh, H.cross_rank, sh, es);
+    }
+  }
+}
+
+void record(const AllreduceStats& st) {
+  const int i = static_cast<int>(st.algo);
+  g_calls[i].fetch_add(1, std::memory_order_relaxed);
+  g_hops[i].fetch_add(st.hops, std::memory_order_relaxed);
+  g_sent[i].fetch_add(st.bytes_sent, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lk(g_last_mu);
+  g_last = st;
+}
+
+}  // namespace
 
 uint64_t allreduceCalls(AllreduceAlgo a) {
   return g_calls[static_cast<int>(a)].load(std::memory_order_relaxed);
+}
+uint64_t allreduceHops(AllreduceAlgo a) {
+  return g_hops[static_cast<int>(a)].load(std::memory_order_relaxed);
+}
+uint64_t allreduceBytesSent(AllreduceAlgo a) {
+  return g_sent[static_cast<int>(a)].load(std::memory_order_relaxed);
+}
+AllreduceStats lastAllreduceStats() {
+  std::lock_guard<std::mutex> lk(g_last_mu);
+  return g_last;
 }
 
 const char* allreduceAlgoName(AllreduceAlgo a) {
@@ -25,6 +100,8 @@ const char* allreduceAlgoName(AllreduceAlgo a) {
     case AllreduceAlgo::kOneShot: return "oneshot";
     case AllreduceAlgo::kSmall: return "small";
     case AllreduceAlgo::kHier: return "hier";
+    case AllreduceAlgo::kRecDbl: return "recdbl";
+    case AllreduceAlgo::kRabenseifner: return "rabenseifner";
   }
   return "?";
 }
@@ -42,32 +119,59 @@ AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes) {
     return cross ? AllreduceAlgo::kSmall : AllreduceAlgo::kRing;
   };
   const std::string& a = H->algo;
+  const bool p2p = H->peers != nullptr;
+  if (a == "recdbl") return p2p ? AllreduceAlgo::kRecDbl : AllreduceAlgo::kRing;
+  if (a == "rabenseifner") return p2p ? AllreduceAlgo::kRabenseifner : AllreduceAlgo::kRing;
   if (a == "ring") return AllreduceAlgo::kRing;
   if (a == "oneshot") return small();
   if (a == "hier") {
     if (!spans) return H->segment ? AllreduceAlgo::kHier : AllreduceAlgo::kRing;
     return cross ? AllreduceAlgo::kHier : AllreduceAlgo::kRing;
   }
-  if (bytes <= static_cast<uint64_t>(H->small_threshold)) return small();
-  return (cross && H->local_size > 1) ? AllreduceAlgo::kHier : AllreduceAlgo::kRing;
+  // At scale the cross-host schemes' H-1 (or 2(H-1)) sequential steps, or
+  // the ring's 2(N-1) where hosts are uneven, lose to log2(N) steps.
+  const bool at_scale = spans && p2p && c.size >= 8 && (H->num_hosts >= 4 || !cross);
+  if (bytes <= static_cast<uint64_t>(H->small_threshold))
+    return at_scale ? AllreduceAlgo::kRecDbl : small();
+  // Medium buffers: the hierarchical scheme where hosts hold several ranks
+  // (it keeps most traffic in shared memory; measured faster than
+  // Rabenseifner over TCP at 16 ranks on 4 hosts), else Rabenseifner.
+  const bool hier = cross && H->local_size > 1;
+  if (at_scale && !hier && bytes <= kRabenseifnerMaxBytes) return AllreduceAlgo::kRabenseifner;
+  return hier ? AllreduceAlgo::kHier : AllreduceAlgo::kRing;
 }
 
 void allreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
                ReduceOp op, double postscale) {
   if (count == 0) return;
-  const AllreduceAlgo a = chooseAllreduce(c, count * dtypeSize(dtype));
-  g_calls[static_cast<int>(a)].fetch_add(1, std::memory_order_relaxed);
-  switch (a) {
+  const size_t es = dtypeSize(dtype);
+  AllreduceStats st;
+  st.algo = chooseAllreduce(c, count * es);
+  st.size = c.size;
+  st.bytes = count * es;
+  switch (st.algo) {
     case AllreduceAlgo::kOneShot:
-      return oneshotAllreduce(c, in, out, count, dtype, op, postscale);
+      oneshotAllreduce(c, in, out, count, dtype, op, postscale);
+      break;
     case AllreduceAlgo::kSmall:
-      return hierAllreduce(c, in, out, count, dtype, op, postscale, true);
+      hierAllreduce(c, in, out, count, dtype, op, postscale, true);
+      break;
     case AllreduceAlgo::kHier:
-      return hierAllreduce(c, in, out, count, dtype, op, postscale, false);
+      hierAllreduce(c, in, out, count, dtype, op, postscale, false);
+      break;
+    case AllreduceAlgo::kRecDbl:
+      recdblAllreduce(c, in, out, count, dtype, op, postscale, &st);
+      break;
+    case AllreduceAlgo::kRabenseifner:
+      rabenseifnerAllreduce(c, in, out, count, dtype, op, postscale, &st);
+      break;
     case AllreduceAlgo::kRing:
+      ringAllreduce(c, in, out, count, dtype, op, postscale);
       break;
   }
-  ringAllreduce(c, in, out, count, dtype, op, postscale);
+  if (st.algo != AllreduceAlgo::kRecDbl && st.algo != AllreduceAlgo::kRabenseifner)
+    formulaStats(c, st.algo, count, es, &st);
+  record(st);
 }
 
 void allreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dtype, ReduceOp op,
@@ -78,8 +182,12 @@ void allreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dtype,
   if (count == 0) return;
   const AllreduceAlgo a = chooseAllreduce(c, count * es);
   if (a == AllreduceAlgo::kRing) {
-    g_calls[static_cast<int>(a)].fetch_add(1, std::memory_order_relaxed);
     ringAllreduceSpans(c, spans, dtype, op, postscale);
+    AllreduceStats st;
+    st.size = c.size;
+    st.bytes = count * es;
+    formulaStats(c, a, count, es, &st);
+    record(st);
     return;
   }
   if (pack->size() < count * es) pack->resize(count * es);

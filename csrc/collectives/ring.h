@@ -78,5 +78,11 @@ void ringBroadcast(RingComm& c, void* data, size_t bytes, int root_rank);
 void ringReducescatter(RingComm& c, void* work, const std::vector<size_t>& rank_counts,
                        DataType dtype, ReduceOp op, double postscale);
 
+// Alltoall (alltoall.cc): bytes[s * size + d] is what rank s sends rank d.
+// `in` holds this rank's blocks in destination rank order, `out` receives
+// one block from every rank in source rank order (this rank's own block is
+// copied locally). `in` and `out` must not overlap.
+void ringAlltoall(RingComm& c, const void* in, void* out, const std::vector<size_t>& bytes);
+
 }  // namespace collectives
 }  // namespace tfring

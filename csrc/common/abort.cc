@@ -1,5 +1,7 @@
 #include "common/abort.h"
 
+#include <vector>
+
 #include "common/clock.h"
 
 namespace tfring {
@@ -11,14 +13,17 @@ AbortState& AbortState::get() {
 
 bool AbortState::abort(const Status& s) {
   std::function<void()> waker;
+  std::vector<std::function<void()>> wakers;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (aborted_.load()) return false;
     status_ = s;
     aborted_.store(true, std::memory_order_release);
     waker = waker_;
+    for (auto& kv : wakers_) wakers.push_back(kv.second);
   }
   if (waker) waker();
+  for (auto& w : wakers) w();
   return true;
 }
 
@@ -52,6 +57,16 @@ void AbortState::setWaker(std::function<void()> waker) {
   waker_ = std::move(waker);
 }
 
+void AbortState::addWaker(const void* key, std::function<void()> waker) {
+  std::lock_guard<std::mutex> lk(mu_);
+  wakers_[key] = std::move(waker);
+}
+
+void AbortState::removeWaker(const void* key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  wakers_.erase(key);
+}
+
 void AbortState::reset() {
   std::lock_guard<std::mutex> lk(mu_);
   aborted_.store(false);
@@ -59,6 +74,7 @@ void AbortState::reset() {
   waits_until_.store(0);
   waits_status_ = Status();
   waker_ = nullptr;
+  wakers_.clear();
 }
 
 }  // namespace tfring

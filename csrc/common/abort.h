@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <mutex>
 
 #include "common/status.h"
@@ -34,6 +35,10 @@ class AbortState {
   void abortWaitsAfter(const Status& s, double seconds);
   // Called (once per abort) so sleeping waits wake up promptly.
   void setWaker(std::function<void()> waker);
+  // The same for each of several engines (the world's and every process
+  // set's): each registers its waker under its own key.
+  void addWaker(const void* key, std::function<void()> waker);
+  void removeWaker(const void* key);
   void reset();  // at init, for a fresh job in the same process
 
  private:
@@ -41,6 +46,7 @@ class AbortState {
   mutable std::mutex mu_;
   Status status_;
   std::function<void()> waker_;
+  std::map<const void*, std::function<void()>> wakers_;
   std::atomic<double> waits_until_{0};  // 0: no deadline
   Status waits_status_;
 };

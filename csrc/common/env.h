@@ -42,6 +42,10 @@ struct Config {
   // benchmarks/algo_bench.py (between 16 and 64 KiB; at 4 ranks it wins up
   // to 256 KiB).
   int64_t small_threshold = 32ll << 10;   // TFRING_SMALL_THRESHOLD
+  // Processes of this job on this host, for the spin decisions of an
+  // engine whose ring spans only some of them (a process set); 0: the
+  // ring's own local size. Not read from the environment.
+  int host_procs = 0;
 
   static Config fromEnv();
 };

@@ -7,7 +7,9 @@ namespace tfring {
 size_t dtypeSize(DataType t) {
   switch (t) {
     case DataType::kFloat16:
-    case DataType::kBFloat16: return 2;
+    case DataType::kBFloat16:
+    case DataType::kInt16:
+    case DataType::kUInt16: return 2;
     case DataType::kFloat32:
     case DataType::kInt32: return 4;
     case DataType::kFloat64:
@@ -21,7 +23,7 @@ size_t dtypeSize(DataType t) {
 
 static const char* const kDtypeNames[kNumDataTypes] = {
     "float16", "bfloat16", "float32", "float64", "int32",
-    "int64",   "uint8",    "int8",    "bool"};
+    "int64",   "uint8",    "int8",    "bool",  "int16", "uint16"};
 static const char* const kOpNames[kNumReduceOps] = {"sum", "average", "min",
                                                      "max", "product"};
 
@@ -42,6 +44,8 @@ const char* collectiveName(CollectiveType t) {
     case CollectiveType::kBroadcast: return "broadcast";
     case CollectiveType::kReducescatter: return "reducescatter";
     case CollectiveType::kBarrier: return "barrier";
+    case CollectiveType::kAlltoall: return "alltoall";
+    case CollectiveType::kJoin: return "join";
   }
   return "unknown";
 }

@@ -19,8 +19,10 @@ enum class DataType : uint8_t {
   kUInt8 = 6,
   kInt8 = 7,
   kBool = 8,  // broadcast/allgather only
+  kInt16 = 9,
+  kUInt16 = 10,
 };
-constexpr int kNumDataTypes = 9;
+constexpr int kNumDataTypes = 11;
 
 enum class ReduceOp : uint8_t {
   kSum = 0,
@@ -37,6 +39,8 @@ enum class CollectiveType : uint8_t {
   kBroadcast = 2,
   kReducescatter = 3,
   kBarrier = 4,
+  kAlltoall = 5,  // rows of dim 0 scattered by per-rank splits
+  kJoin = 6,      // this rank is out of data (see coordinator.h)
 };
 
 size_t dtypeSize(DataType t);

@@ -71,6 +71,7 @@ const char* purposeName(uint32_t p) {
     case kPurposeControl: return "a coordinator connection";
     case kPurposeStore: return "a store connection";
     case kPurposeCross: return "a cross-host ring link";
+    case kPurposePeer: return "a point-to-point link";
     default: return "an unknown kind of connection";
   }
 }

@@ -126,6 +126,7 @@ constexpr uint32_t kPurposeRing = 1;
 constexpr uint32_t kPurposeControl = 2;
 constexpr uint32_t kPurposeStore = 3;
 constexpr uint32_t kPurposeCross = 4;  // the cross-host ring of hierarchical allreduce
+constexpr uint32_t kPurposePeer = 5;   // point-to-point links of the recursive allreduces
 
 struct ClientHello {
   uint8_t version = 0;

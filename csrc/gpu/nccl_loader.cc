@@ -171,6 +171,11 @@ int dtypeOf(DataType t) {
     case DataType::kFloat32: return 7;
     case DataType::kFloat64: return 8;
     case DataType::kBFloat16: return 9;
+    // NCCL has no 16-bit integers. The GPU kernels of the TF ops exclude
+    // them (TF then runs those collectives on the host), and CudaArray
+    // does not take them, so they never get here; -1 makes NCCL refuse.
+    case DataType::kInt16:
+    case DataType::kUInt16: return -1;
   }
   return 1;
 }

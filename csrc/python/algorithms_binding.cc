@@ -3,7 +3,16 @@
 //
 //   allreduce_algorithm_counts() -> dict   allreduce calls per algorithm in
 //                                          this process (ring, oneshot,
-//                                          small, hier), engine calls included
+//                                          small, hier, recdbl,
+//                                          rabenseifner), engine calls
+//                                          included
+//   allreduce_algorithm_stats() -> dict    per algorithm: calls, hops and
+//                                          bytes_sent summed over them
+//   last_collective_stats() -> dict        the last allreduce of this
+//                                          process: algo, ranks, bytes, hops
+//                                          (sequential message steps on its
+//                                          critical path), bytes_sent (by
+//                                          this rank); see AllreduceStats
 //   DirectAllreduce(store, rank, size, secret)
 //       connects this rank's own ring links and host segment through `store`
 //       (TFRING_* tunables read as at init), with no engine or coordinator.
@@ -15,6 +24,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+#include <sched.h>
 
 #include <map>
 #include <memory>
@@ -43,6 +54,10 @@ class DirectAllreduce {
     waiter_.reset(new transport::Waiter(links_->bell(), links_->right(), links_->left()));
     comm_ = collectives::makeRingComm(*links_, waiter_.get(), cfg_);
     default_algo_ = comm_.host->algo;
+    // Waits spin only where every local rank has a core, as in the engine.
+    cpu_set_t cpus;
+    int ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    transport::setSpinning(links_->topology().local_size <= ncpu);
   }
 
   void run(float* data, size_t count, const std::string& algo) {
@@ -87,10 +102,34 @@ class DirectAllreduce {
 void bindAlgorithms(py::module_& m) {
   m.def("allreduce_algorithm_counts", [] {
     std::map<std::string, uint64_t> out;
-    for (auto a : {collectives::AllreduceAlgo::kRing, collectives::AllreduceAlgo::kOneShot,
-                   collectives::AllreduceAlgo::kSmall, collectives::AllreduceAlgo::kHier})
+    for (int i = 0; i < collectives::kNumAllreduceAlgos; ++i) {
+      auto a = static_cast<collectives::AllreduceAlgo>(i);
       out[collectives::allreduceAlgoName(a)] = collectives::allreduceCalls(a);
+    }
     return out;
+  });
+  m.def("allreduce_algorithm_stats", [] {
+    py::dict out;
+    for (int i = 0; i < collectives::kNumAllreduceAlgos; ++i) {
+      auto a = static_cast<collectives::AllreduceAlgo>(i);
+      py::dict d;
+      d["calls"] = collectives::allreduceCalls(a);
+      d["hops"] = collectives::allreduceHops(a);
+      d["bytes_sent"] = collectives::allreduceBytesSent(a);
+      out[collectives::allreduceAlgoName(a)] = d;
+    }
+    return out;
+  });
+  m.def("last_collective_stats", [] {
+    const collectives::AllreduceStats st = collectives::lastAllreduceStats();
+    py::dict d;
+    d["collective"] = "allreduce";
+    d["algo"] = collectives::allreduceAlgoName(st.algo);
+    d["ranks"] = st.size;
+    d["bytes"] = st.bytes;
+    d["hops"] = st.hops;
+    d["bytes_sent"] = st.bytes_sent;
+    return d;
   });
   using Release = py::call_guard<py::gil_scoped_release>;
   py::class_<DirectAllreduce>(m, "DirectAllreduce")

@@ -12,6 +12,7 @@ void bindRuntime(pybind11::module_& m);  // runtime_binding.cc
 void bindGpu(pybind11::module_& m);      // gpu_binding.cc
 void bindAlgorithms(pybind11::module_& m);  // algorithms_binding.cc
 void bindSecurity(pybind11::module_& m); // security_binding.cc
+void bindAlltoallJoin(pybind11::module_& m);  // alltoall_binding.cc
 
 }  // namespace python
 }  // namespace tfring

@@ -24,6 +24,7 @@ struct Completion {
   bool done = false;
   std::atomic<bool> flag{false};  // `done`, readable without the lock
   Status status;
+  int process_set = 0;  // whose engine wait() drives
 
   // Whoever drives the engine: records the outcome and wakes the waiter.
   void finish(const Status& s) {
@@ -56,7 +57,8 @@ struct Completion {
           [&] {
             std::unique_lock<std::mutex> lk(mu);
             cv.wait_for(lk, std::chrono::microseconds(500), [&] { return done; });
-          });
+          },
+          process_set);
       finished = flag.load(std::memory_order_acquire);
     }
     if (!finished)

@@ -67,6 +67,8 @@ const char* typestrOf(DataType t) {
     case DataType::kUInt8: return "|u1";
     case DataType::kInt8: return "|i1";
     case DataType::kBool: return "|b1";
+    case DataType::kInt16: return "<i2";
+    case DataType::kUInt16: return "<u2";
   }
   return "|u1";
 }

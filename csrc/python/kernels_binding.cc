@@ -52,6 +52,8 @@ bool dtypeOfArray(const py::array& a, DataType* out) {
   else if (kind == 'i' && size == 8) *out = DataType::kInt64;
   else if (kind == 'i' && size == 1) *out = DataType::kInt8;
   else if (kind == 'u' && size == 1) *out = DataType::kUInt8;
+  else if (kind == 'i' && size == 2) *out = DataType::kInt16;
+  else if (kind == 'u' && size == 2) *out = DataType::kUInt16;
   else if (kind == 'b' && size == 1) *out = DataType::kBool;
   else return false;
   return true;
@@ -87,7 +89,7 @@ DataType resolveDtype(const py::array& a, const py::object& dtype, const char* w
   if (!parseDataType(name, &want))
     throw py::value_error("unknown dtype '" + name +
                           "'; expected one of float16, bfloat16, float32, float64, "
-                          "int32, int64, uint8, int8, bool");
+                          "int32, int64, uint8, int8, int16, uint16, bool");
   const bool bf16_as_uint16 = want == DataType::kBFloat16 && a.dtype().kind() == 'u' &&
                               a.dtype().itemsize() == 2;
   if (!bf16_as_uint16 && !(has_own && own == want))

@@ -10,4 +10,5 @@ PYBIND11_MODULE(_core, m) {
   tfring::python::bindGpu(m);
   tfring::python::bindAlgorithms(m);
   tfring::python::bindSecurity(m);
+  tfring::python::bindAlltoallJoin(m);
 }

@@ -68,10 +68,14 @@ bool builtinDtype(const py::dtype& d, DataType* dt) {
     if (n == 8) { *dt = DataType::kFloat64; return true; }
   } else if (k == 'i') {
     if (n == 1) { *dt = DataType::kInt8; return true; }
+    if (n == 2) { *dt = DataType::kInt16; return true; }
     if (n == 4) { *dt = DataType::kInt32; return true; }
     if (n == 8) { *dt = DataType::kInt64; return true; }
   } else if (k == 'u' && n == 1) {
     *dt = DataType::kUInt8;
+    return true;
+  } else if (k == 'u' && n == 2) {
+    *dt = DataType::kUInt16;
     return true;
   } else if (k == 'b' && n == 1) {
     *dt = DataType::kBool;
@@ -88,7 +92,7 @@ DataType resolveDtype(const py::array& a, const py::object& dtype) {
   if (!parseDataType(name, &dt))
     throw py::type_error(strCat("tfring does not support dtype ", name,
                                 " (supported: float16, bfloat16, float32, float64, int32, "
-                                "int64, uint8, int8, bool)"));
+                                "int64, uint8, int8, int16, uint16, bool)"));
   if (dtypeSize(dt) != static_cast<size_t>(a.itemsize()))
     throw py::type_error(strCat("dtype ", name, " needs ", dtypeSize(dt),
                                 "-byte elements but the array has ", a.itemsize()));
@@ -103,13 +107,19 @@ ReduceOp resolveOp(const std::string& s) {
   return op;
 }
 
-// Unnamed collectives are matched across ranks by call order. Their names
-// cycle through a fixed set, so a long run neither grows the negotiation
-// cache without bound nor misses it: the n-th unnamed call reuses the name
-// (and, with the same shape, the fast path) of call n - kAutoNames. Only a
-// caller with kAutoNames unnamed collectives in flight at once would see a
-// duplicate-name error.
+// Unnamed collectives are matched across ranks by call order: the n-th
+// unnamed call is named after n modulo kAutoNames. A name without a cache id
+// is agreed in the engine's round like a cached one (engine_fresh.cc), so
+// such calls never wait for the coordinator; the names cycle through a
+// fixed set, so whatever does reach the coordinator keeps its cache
+// bounded. Only a caller with kAutoNames unnamed collectives in flight at
+// once would see a duplicate-name error.
 constexpr uint64_t kAutoNames = 4096;
+
+// What a mismatch of an unnamed collective adds to its error.
+const char kUnnamedHint[] =
+    " (an unnamed collective: ranks match unnamed calls by their order, so every rank must "
+    "make its unnamed collectives in the same order, or give them names)";
 
 std::string autoName(const char* kind, const py::object& name) {
   static std::atomic<uint64_t> counter{0};
@@ -119,7 +129,8 @@ std::string autoName(const char* kind, const py::object& name) {
 
 std::unique_ptr<Handle> submit(CollectiveType type, py::array input, const std::string& name,
                                ReduceOp op, int root, double prescale, double postscale,
-                               const py::object& dtype_override, py::object out) {
+                               const py::object& dtype_override, py::object out,
+                               int process_set) {
   py::array in = py::array::ensure(input, py::array::c_style);
   if (!in) throw py::type_error("expected an array-like input");
   DataType dt = resolveDtype(in, dtype_override);
@@ -127,7 +138,9 @@ std::unique_ptr<Handle> submit(CollectiveType type, py::array input, const std::
       dt == DataType::kBool)
     throw py::type_error(strCat(collectiveName(type), " does not support bool tensors"));
   auto st = std::make_shared<State>();
+  st->process_set = process_set;
   runtime::Request req;
+  req.process_set = process_set;
   req.name = name;
   req.type = type;
   req.dtype = dt;
@@ -161,13 +174,27 @@ std::unique_ptr<Handle> submit(CollectiveType type, py::array input, const std::
       return Status::OK();
     };
   }
+  const bool unnamed = name.find(".noname.") != std::string::npos;
   Status s;
   {
     py::gil_scoped_release nogil;
-    s = runtime::enqueue(std::move(req), [st](const Status& status) { st->finish(status); });
+    s = runtime::enqueue(std::move(req), [st, unnamed](const Status& status) {
+      if (unnamed && status.code() == Code::kMismatch)
+        st->finish(Status(status.code(), status.message() + kUnnamedHint));
+      else
+        st->finish(status);
+    });
   }
   if (!s.ok()) throwStatus(s);
   return std::unique_ptr<Handle>(new Handle(st, in, output, in.dtype()));
+}
+
+// The numpy-level CUDA path (gpu_binding.cc) runs on the world only; TF's
+// GPU kernels take process sets.
+void cudaProcessSetCheck(int process_set) {
+  if (process_set != 0)
+    throw py::value_error("tfring._core: CUDA arrays run on the global process set only; use "
+                          "the TensorFlow ops for GPU tensors on other process sets");
 }
 
 }  // namespace
@@ -202,6 +229,7 @@ void bindRuntime(py::module_& m) {
   m.def("local_size", &runtime::localSize);
   m.def("cross_rank", &runtime::crossRank);
   m.def("cross_size", &runtime::crossSize);
+  m.def("is_homogeneous", &runtime::isHomogeneous);
   m.def("transport", &runtime::transportName);
   m.def("config", []() {
     const Config& c = runtime::config();
@@ -221,16 +249,26 @@ void bindRuntime(py::module_& m) {
     return d;
   });
   m.def("reducescatter_shape", &runtime::reducescatterShape);
+  m.def("start_timeline", [](const std::string& path) {
+    Status s = runtime::startTimeline(path);
+    if (!s.ok()) throwStatus(s);
+  }, py::arg("path"));
+  m.def("stop_timeline", []() {
+    Status s = runtime::stopTimeline();
+    if (!s.ok()) throwStatus(s);
+  });
 
   auto arOpts = [](const char* kind, CollectiveType type) {
     return [kind, type](py::object a, const std::string& op, py::object name, int root,
                         double prescale, double postscale, py::object dtype,
-                        py::object out) -> py::object {
-      if (isCudaArray(a))  // gpu_binding.cc
+                        py::object out, int process_set) -> py::object {
+      if (isCudaArray(a)) {  // gpu_binding.cc
+        cudaProcessSetCheck(process_set);
         return submitCuda(type, a, autoName(kind, name), resolveOp(op), root, prescale,
                           postscale, dtype, out);
+      }
       return py::cast(submit(type, py::array(a), autoName(kind, name), resolveOp(op), root,
-                             prescale, postscale, dtype, out));
+                             prescale, postscale, dtype, out, process_set));
     };
   };
   // The blocking form waits in C++ on the handle it made, without a Python
@@ -238,15 +276,17 @@ void bindRuntime(py::module_& m) {
   auto blocking = [](const char* kind, CollectiveType type) {
     return [kind, type](py::object a, const std::string& op, py::object name, int root,
                         double prescale, double postscale, py::object dtype,
-                        py::object out) -> py::object {
-      if (isCudaArray(a))
+                        py::object out, int process_set) -> py::object {
+      if (isCudaArray(a)) {
+        cudaProcessSetCheck(process_set);
         return submitCuda(type, a, autoName(kind, name), resolveOp(op), root, prescale,
                           postscale, dtype, out)
             .attr("wait")(-1.0);
+      }
       py::array arr = py::isinstance<py::array>(a) ? py::reinterpret_borrow<py::array>(a)
                                                     : py::array(a);
       auto h = submit(type, arr, autoName(kind, name), resolveOp(op), root, prescale, postscale,
-                      dtype, out);
+                      dtype, out, process_set);
       return h->wait(-1.0);
     };
   };
@@ -258,14 +298,38 @@ void bindRuntime(py::module_& m) {
     auto args = std::make_tuple(py::arg("array"), py::arg("op") = "sum", py::arg("name") = py::none(),
                                 py::arg("root") = 0, py::arg("prescale") = 1.0,
                                 py::arg("postscale") = 1.0, py::arg("dtype") = py::none(),
-                                py::arg("out") = py::none());
+                                py::arg("out") = py::none(), py::arg("process_set") = 0);
     m.def((std::string(sp.name) + "_async").c_str(), arOpts(sp.name, sp.type), std::get<0>(args),
           std::get<1>(args), std::get<2>(args), std::get<3>(args), std::get<4>(args),
-          std::get<5>(args), std::get<6>(args), std::get<7>(args));
+          std::get<5>(args), std::get<6>(args), std::get<7>(args), std::get<8>(args));
     m.def(sp.name, blocking(sp.name, sp.type), std::get<0>(args), std::get<1>(args),
           std::get<2>(args), std::get<3>(args), std::get<4>(args), std::get<5>(args),
-          std::get<6>(args), std::get<7>(args));
+          std::get<6>(args), std::get<7>(args), std::get<8>(args));
   }
+
+  // Process sets (runtime.h): the Python layer (tfring/process_sets.py)
+  // assigns ids and checks that every rank passes the same ranks.
+  m.def("add_process_set",
+        [](int id, const std::vector<int>& ranks) {
+          Status s;
+          {
+            py::gil_scoped_release nogil;
+            s = runtime::addProcessSet(id, ranks);
+          }
+          if (!s.ok()) throwStatus(s);
+        },
+        py::arg("id"), py::arg("ranks"));
+  m.def("remove_process_set",
+        [](int id) {
+          Status s;
+          {
+            py::gil_scoped_release nogil;
+            s = runtime::removeProcessSet(id);
+          }
+          if (!s.ok()) throwStatus(s);
+        },
+        py::arg("id"));
+  m.def("process_set_ranks", &runtime::processSetRanks, py::arg("id"));
 }
 
 }  // namespace python

@@ -37,12 +37,13 @@ std::string describeMismatch(const std::vector<Meta>& m, size_t first_bad) {
   if (a.type != b.type)
     return strCat("operation ", collectiveName(a.type), r0, collectiveName(b.type), rb);
   if (a.dtype != b.dtype) return strCat("dtype ", dtypeName(a.dtype), r0, dtypeName(b.dtype), rb);
-  if (a.type == CollectiveType::kAllgather) {
+  if (a.type == CollectiveType::kAllgather || a.type == CollectiveType::kAlltoall) {
     if (a.shape.size() != b.shape.size() ||
         !std::equal(a.shape.begin() + (a.shape.empty() ? 0 : 1), a.shape.end(),
                     b.shape.begin() + (b.shape.empty() ? 0 : 1)))
       return strCat("shape ", a.shapeString(), r0, b.shapeString(), rb,
-                    " (allgather allows only the first dimension to differ)");
+                    " (", collectiveName(a.type),
+                    " allows only the first dimension to differ)");
   } else if (a.shape != b.shape) {
     return strCat("shape ", a.shapeString(), r0, b.shapeString(), rb);
   }
@@ -59,7 +60,8 @@ bool sameExceptDim0(const Meta& a, const Meta& b) {
   if (a.type != b.type || a.dtype != b.dtype || a.op != b.op || a.root != b.root ||
       a.prescale != b.prescale || a.postscale != b.postscale || a.device != b.device)
     return false;
-  if (a.type != CollectiveType::kAllgather) return a.shape == b.shape;
+  if (a.type != CollectiveType::kAllgather && a.type != CollectiveType::kAlltoall)
+    return a.shape == b.shape;
   if (a.shape.size() != b.shape.size() || a.shape.empty()) return a.shape == b.shape;
   return std::equal(a.shape.begin() + 1, a.shape.end(), b.shape.begin() + 1);
 }
@@ -74,6 +76,7 @@ Coordinator::Coordinator(std::vector<int> fds, std::vector<std::string> rank_des
   gone_.assign(size_, false);
   done_.assign(size_, 0);
   last_meta_.resize(size_);
+  joined_.assign(size_, false);
   local_efd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   last_heard_.assign(size_, nowSeconds());
 }
@@ -146,10 +149,15 @@ void Coordinator::join(double timeout_s) {
 }
 
 void Coordinator::sendAll(const std::vector<uint8_t>& payload, int except) {
+  // The rank served in process hears last: once it learns (of an abort,
+  // say) its script may exit and end this process, and every other rank
+  // must have the message in its socket by then, or it would see only rank
+  // 0's connection drop and blame rank 0.
+  bool local = false;
   for (int r = 0; r < size_; ++r) {
     if (r == except || gone_[r]) continue;
     if (fds_[r] < 0) {
-      if (local_sink_) local_sink_(payload);
+      local = true;
       continue;
     }
     try {
@@ -158,6 +166,7 @@ void Coordinator::sendAll(const std::vector<uint8_t>& payload, int except) {
       gone_[r] = true;  // its reader will see the connection drop
     }
   }
+  if (local && local_sink_) local_sink_(payload);
 }
 
 void Coordinator::abortAll(int culprit, const std::string& msg) {
@@ -166,9 +175,17 @@ void Coordinator::abortAll(int culprit, const std::string& msg) {
   TFRING_LOG(kError, msg);
   wire::Writer w;
   w.put<uint8_t>(kMsgAbort);
-  w.put<int32_t>(culprit);
+  // Engines print it as "rank <culprit>: ...": the job's rank number.
+  w.put<int32_t>(labels_.empty() ? culprit : labels_[culprit]);
   w.putStr(msg);
   sendAll(w.bytes(), culprit);
+  abort_sent_.store(true);
+}
+
+bool Coordinator::waitAbortSent(double timeout_s) const {
+  Deadline d = Deadline::in(timeout_s);
+  while (!abort_sent_.load() && !finished_.load() && !d.expired()) usleep(1000);
+  return abort_sent_.load();
 }
 
 void Coordinator::loop() {
@@ -339,14 +356,20 @@ void Coordinator::onMeta(int rank, Meta meta) {
     fail(Code::kInternal, "rank ", rank, " submitted '", name, "' twice");
   }
   p.have[rank] = true;
+  const bool joins = meta.type == CollectiveType::kJoin;
   p.metas[rank] = std::move(meta);
-  if (++p.count == size_) {
-    validate(name, p);
-    pending_.erase(name);
+  ++p.count;
+  if (joins) onJoined(rank);  // may complete this name too
+  auto it = pending_.find(name);
+  if (it != pending_.end() && complete(it->second)) {
+    validate(name, it->second);
+    pending_.erase(it);
   }
 }
 
 void Coordinator::validate(const std::string& name, Pending& p) {
+  bool fill = false;  // completed without the joined ranks
+  std::string why = checkJoined(p, &fill);
   for (int r = 1; r < size_; ++r) {
     if (!sameExceptDim0(p.metas[0], p.metas[r])) {
       // Name every rank that disagrees with rank 0.
@@ -358,6 +381,10 @@ void Coordinator::validate(const std::string& name, Pending& p) {
                                 " (ranks disagreeing with rank 0: ", rankList(bad), ")"));
       return;
     }
+  }
+  if (!why.empty()) {
+    errorGroup({name}, why);
+    return;
   }
   const Meta& m = p.metas[0];
   if (m.type == CollectiveType::kBroadcast && (m.root < 0 || m.root >= size_)) {
@@ -378,8 +405,22 @@ void Coordinator::validate(const std::string& name, Pending& p) {
   Ready rd;
   rd.meta = m;
   rd.since = nowSeconds();
+  rd.fill = fill;
   if (m.type == CollectiveType::kAllgather)
     for (int r = 0; r < size_; ++r) rd.dim0s.push_back(p.metas[r].shape[0]);
+  if (m.type == CollectiveType::kAlltoall) {
+    why = checkAlltoall(name, p, &rd.dim0s);
+    if (!why.empty()) {
+      errorGroup({name}, why);
+      return;
+    }
+  }
+  if (m.type == CollectiveType::kJoin) {
+    // Every rank has joined: report the last one and start afresh.
+    rd.dim0s = {last_joined_};
+    joined_.assign(size_, false);
+    last_joined_ = -1;
+  }
   ready_.push_back(std::move(rd));
 }
 
@@ -451,7 +492,10 @@ void Coordinator::maybeEmit() {
     Group g;
     g.type = a.type;
     g.names.push_back(a.name);
-    if (a.type == CollectiveType::kAllgather) g.dim0s.push_back(ready_[i].dim0s);
+    if (a.type == CollectiveType::kAllgather || a.type == CollectiveType::kAlltoall ||
+        a.type == CollectiveType::kJoin)
+      g.dim0s.push_back(ready_[i].dim0s);
+    std::vector<size_t> members{i};
     if (a.type == CollectiveType::kAllreduce) {
       int64_t bytes = a.numElements() * dtypeSize(a.dtype);
       for (size_t j = i + 1; j < ready_.size(); ++j) {
@@ -464,8 +508,14 @@ void Coordinator::maybeEmit() {
         bytes += bb;
         used[j] = true;
         g.names.push_back(b.name);
+        members.push_back(j);
       }
     }
+    // Joined ranks need every name's Meta to take part with zeros.
+    bool fill = false;
+    for (size_t k : members) fill = fill || ready_[k].fill;
+    if (fill)
+      for (size_t k : members) g.fill.push_back(ready_[k].meta);
     resp.groups.push_back(std::move(g));
   }
   ready_.clear();

@@ -30,6 +30,15 @@
 // fatal error reports it, and the coordinator relays it as an Abort. Names
 // submitted by some ranks only get a stall warning naming the missing ranks
 // after TFRING_STALL_CHECK_TIME, and an error at TFRING_TIMEOUT.
+//
+// Join. A rank that calls join() submits a kJoin request. From then until
+// every rank has joined, a name is complete once every rank that has not
+// joined submitted it; its group carries the agreed Metas (Group.fill) and
+// the joined ranks take part with zeros. Allreduce (any op: the zeros are
+// reduced like any input, and Average still divides by the job's size) and
+// barrier accept joined ranks; broadcast, allgather, reducescatter and
+// alltoall get an error naming the tensor, as in Horovod. When the last
+// rank joins, the join completes on every rank with that rank's number.
 #pragma once
 
 #include <atomic>
@@ -61,10 +70,18 @@ class Coordinator {
   void postLocal(const std::vector<uint8_t>& msg);
   // Where messages for rank 0 go (called on the coordinator's thread).
   void setLocalSink(std::function<void(const std::vector<uint8_t>&)> sink);
+  // A process set's coordinator: the job's rank of each of its ranks, for
+  // the culprit an Abort names.
+  void setRankLabels(std::vector<int> labels) { labels_ = std::move(labels); }
   ~Coordinator();
   void start();
   // Waits (up to timeout_s) for every rank's goodbye, then stops.
   void join(double timeout_s);
+  // Waits (up to timeout_s) until an abort has been sent to every rank;
+  // false if none was sent by then. Rank 0 calls it before failing its own
+  // work on an error of its own, so that its script exiting cannot cut the
+  // notice off.
+  bool waitAbortSent(double timeout_s) const;
 
  private:
   struct Pending {
@@ -79,12 +96,19 @@ class Coordinator {
     Meta meta;
     std::vector<int64_t> dim0s;  // allgather
     double since = 0;
+    bool fill = false;  // completed without the joined ranks
   };
 
   void loop();
   void onMessage(int rank, const std::vector<uint8_t>& msg);
   void onMeta(int rank, Meta meta);
   void validate(const std::string& name, Pending& p);
+  // Join (coordinator_join.cc).
+  bool complete(const Pending& p) const;  // every rank submitted or joined
+  void onJoined(int rank);                 // completes what waited for it
+  std::string checkJoined(Pending& p, bool* fill);  // error text or ""
+  std::string checkAlltoall(const std::string& name, Pending& p,
+                            std::vector<int64_t>* matrix);
   void checkStalls();
   void maybeEmit();
   void sendAll(const std::vector<uint8_t>& payload, int except = -1);
@@ -110,11 +134,15 @@ class Coordinator {
   std::map<std::string, int32_t> ids_;
   std::vector<std::map<int32_t, Meta>> last_meta_;  // per rank: id -> Meta
   std::vector<Group> errors_;  // error groups waiting for the next Response
+  std::vector<bool> joined_;     // ranks that called join(), until all have
+  int last_joined_ = -1;
   bool aborted_ = false;
+  std::atomic<bool> abort_sent_{false};
   int local_efd_ = -1;  // eventfd: rank 0's engine posted something
   std::mutex local_mu_;
   std::vector<std::vector<uint8_t>> local_in_;
   std::function<void(const std::vector<uint8_t>&)> local_sink_;
+  std::vector<int> labels_;  // empty: ranks are the job's
 };
 
 }  // namespace runtime

@@ -32,8 +32,9 @@ Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordin
   if (!cfg.timeline.empty()) timeline_.open(cfg.timeline, T.rank);
   cpu_set_t cpus;
   int ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-  transport::setSpinning(T.local_size <= ncpu);
-  engine_spins_ = 2 * T.local_size <= ncpu;
+  const int procs = cfg.host_procs > 0 ? cfg.host_procs : T.local_size;
+  transport::setSpinning(procs <= ncpu);
+  engine_spins_ = 2 * procs <= ncpu;
   // Without a doorbell to ring (the left link is TCP, or there is no link),
   // local wake-ups go through an eventfd the idle wait polls.
   if (T.size > 1 && (links_->left()->pollFd() >= 0 || !links_->bell()))
@@ -46,7 +47,7 @@ Engine::~Engine() {
 }
 
 void Engine::start() {
-  AbortState::get().setWaker([this] {
+  AbortState::get().addWaker(this, [this] {
     wakeLocal();
     cv_.notify_all();
   });
@@ -81,6 +82,7 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
     m.postscale = req.postscale;
     // Ranks agree on host vs GPU; GPU ordinals legitimately differ per rank.
     m.device = req.device < 0 ? -1 : 0;
+    m.splits = req.splits;
     for (auto d : req.shape)
       if (d < 0)
         return Status(Code::kInvalidArgument, strCat("tensor '", req.name,
@@ -106,7 +108,12 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
     for (auto& e : es) inline_ok = inline_ok && (e->req.device < 0 || !e->req.stream);
     if (inline_ok) {
       std::lock_guard<std::mutex> lk(inline_mu_);
-      for (auto& e : es) e->done(runInline(*e));
+      for (auto& e : es) {
+        if (timeline_.enabled()) timeline_.begin(e->meta.name, collectiveName(e->meta.type));
+        Status st = runInline(*e);
+        if (timeline_.enabled()) timeline_.end(e->meta.name);
+        e->done(st);
+      }
       return Status::OK();
     }
   }
@@ -169,6 +176,18 @@ Status Engine::runInline(Entry& e) {
       case CollectiveType::kBroadcast: execBroadcast(e); break;
       case CollectiveType::kReducescatter: execReducescatter(e); break;
       case CollectiveType::kBarrier: break;
+      case CollectiveType::kAlltoall: {
+        std::vector<int64_t> rows;
+        std::string why = alltoallSplits(m, 1, &rows);
+        if (!why.empty())
+          return Status(Code::kMismatch, strCat("alltoall of tensor '", m.name, "' on rank 0: ",
+                                                why));
+        execAlltoall(e, rows);
+        break;
+      }
+      case CollectiveType::kJoin:
+        *static_cast<int32_t*>(e.req.output) = 0;  // the only rank is the last to join
+        break;
     }
     return Status::OK();
   } catch (const Error& err) {
@@ -190,6 +209,9 @@ bool Engine::pumpGuarded(bool block) {
       while (!AbortState::get().aborted() && !grace.expired()) usleep(1000);
     }
     reportFatal(e.status());
+    // On rank 0 the coordinator relays the error as an abort: let it reach
+    // every rank before this rank's script can learn of it and exit.
+    if (local_coord_) local_coord_->waitAbortSent(2.0);
     failAll(AbortState::get().aborted() ? AbortState::get().status() : e.status());
     return false;
   }
@@ -445,6 +467,7 @@ void Engine::failAll(const Status& s, const std::function<Status(const Entry&)>&
   }
   for (auto& f : fast_) f.reset();
   fast_count_ = 0;
+  fresh_.clear();
   for (auto& e : es) e->done(per_entry ? per_entry(*e) : s);
 }
 
@@ -474,7 +497,12 @@ void Engine::stop() {
     net::closeFd(ctrl_fd_);
     ctrl_fd_ = -1;
   }
-  AbortState::get().setWaker(nullptr);
+  AbortState::get().removeWaker(this);
+}
+
+void Engine::expectStop() {
+  std::lock_guard<std::mutex> lk(mu_);
+  stopping_ = true;
 }
 
 }  // namespace runtime

@@ -11,10 +11,12 @@
 // cached tensors are ready, which coordinator responses it has received and
 // whether it needs the coordinator; all ranks then execute the same list of
 // collectives. Tensors every rank has already negotiated once run in the
-// round that finds them ready everywhere, without a coordinator round trip;
-// anything else (a new name, a changed shape, a tensor only some ranks
-// submit) goes to the coordinator on rank 0 (coordinator.h), whose
-// responses are executed in rounds too, so all ranks see one order.
+// round that finds them ready everywhere, without a coordinator round trip,
+// and so do a few new names every rank offers alike in the same round
+// (engine_fresh.cc); anything else (a changed shape, many new names at
+// once, a tensor only some ranks submit) goes to the coordinator on rank 0
+// (coordinator.h), whose responses are executed in rounds too, so all
+// ranks see one order.
 //
 // A rank starts a round when it has news (new tensors, a new response, an
 // aged tensor) and joins one when bytes arrive from its left neighbour.
@@ -52,6 +54,8 @@ struct Entry {
   std::shared_ptr<void> gpu_ready;  // GPU tensors: the input's ready event
   double submitted = 0;             // for the fast path's aging
   int32_t id = -1;                  // cache id while waiting on the fast path
+  uint64_t fresh_full = 0;          // engine_fresh.cc: hashes offered in the vote
+  uint32_t fresh_name = 0;
 };
 
 // Allocates a request's output through its allocator once the shape is
@@ -64,6 +68,13 @@ void allocateOutput(Entry& e, const std::vector<int64_t>& shape);
 std::vector<size_t> allgatherBytes(const Meta& m, const std::vector<int64_t>& dim0s,
                                    std::vector<int64_t>* out_shape);
 std::vector<size_t> reducescatterCounts(const Meta& m, int n);
+
+// alltoall_join.cc. Resolves one rank's alltoall splits over `size` ranks
+// (empty: an even split) into *rows; returns why they are invalid, or "".
+std::string alltoallSplits(const Meta& m, int size, std::vector<int64_t>* rows);
+// A stand-in for a tensor a joined rank never submitted: zeros of the
+// agreed Meta, its output discarded.
+std::shared_ptr<Entry> joinFillEntry(const Meta& m);
 
 class Engine {
  public:
@@ -87,6 +98,10 @@ class Engine {
   void tryDrive();
   // Says goodbye to the coordinator, fails what is still queued, joins.
   void stop();
+  // Every rank of this ring is about to stop (a process set is removed):
+  // refuses new work, and a peer's goodbye that arrives before stop() is
+  // expected rather than a reason to fail waits.
+  void expectStop();
   // A message from the coordinator (reader thread, or the coordinator's
   // own thread on rank 0).
   void onCtrlMessage(const std::vector<uint8_t>& msg);
@@ -94,6 +109,9 @@ class Engine {
   void onCtrlLost();
 
   const transport::Topology& topology() const { return links_->topology(); }
+  // Starts (or restarts, in a new file) and stops the timeline at run time.
+  bool startTimeline(const std::string& path) { return timeline_.open(path, topology().rank); }
+  void stopTimeline() { timeline_.close(); }
   std::string transportName() const { return links_->transportName(); }
 
  private:
@@ -124,11 +142,21 @@ class Engine {
   void finish(const std::vector<std::shared_ptr<Entry>>& es, const Status& st);
   double agingLimit() const;
 
+  // engine_fresh.cc: first appearances agreed in the round's vote
+  static constexpr int kFreshSlots = 8;
+  static constexpr int kFreshWords = 1 + 3 * kFreshSlots;
+  bool freshEligible(Entry& e) const;  // and sets its hashes
+  void writeFreshVote(int32_t* out);
+  void runFresh(size_t len, size_t offset);
+  size_t waitingCount() const { return fast_count_ + fresh_.size(); }
+
   // executor.cc
   void execAllreduce(const std::vector<std::shared_ptr<Entry>>& es);
   void execAllgather(Entry& e, const std::vector<int64_t>& dim0s);
   void execBroadcast(Entry& e);
   void execReducescatter(Entry& e);
+  // alltoall_join.cc: `splits` is the size x size matrix, rank-major.
+  void execAlltoall(Entry& e, const std::vector<int64_t>& splits);
 
   // executor_gpu.cc: GPU tensors (Request.device >= 0)
   Status acceptGpu(Entry& e);
@@ -173,6 +201,7 @@ class Engine {
   std::vector<std::vector<int64_t>> exec_dim0s_;             // id -> allgather rows
   std::vector<std::shared_ptr<Entry>> fast_;                 // id -> waiting entry
   size_t fast_count_ = 0;
+  std::vector<std::shared_ptr<Entry>> fresh_;                // new names, in order (engine_fresh.cc)
   double fast_oldest_ = 1e300;                               // oldest submitted
   std::unordered_map<std::string, Meta> sent_;               // last Meta sent per name
   std::vector<int32_t> vote_, votes_;

@@ -9,6 +9,8 @@
 //             minimum is 0 when any rank does;
 //   [2 + i]   1 when cache id i is ready here with the Meta it last ran
 //             with, else 0; the minimum is 1 when it is ready everywhere.
+//   [2 + K..] this rank's first new names as hashes (engine_fresh.cc),
+//             read per rank, not reduced.
 // Votes travel as a ring allgather, and every ring step carries bytes (an
 // idle rank joins a round when bytes reach it).
 //
@@ -56,7 +58,7 @@ double Engine::agingLimit() const {
 
 bool Engine::hasNews() {
   if (news_.load(std::memory_order_acquire) != seen_news_) return true;
-  return !aged_ && fast_count_ > 0 && nowSeconds() - fast_oldest_ > agingLimit();
+  return !aged_ && waitingCount() > 0 && nowSeconds() - fast_oldest_ > agingLimit();
 }
 
 bool Engine::peerStartedRound() {
@@ -97,7 +99,7 @@ void Engine::idleWait() {
   }
   // Block until woken, or until an aging tensor or kMaxBlock is due.
   double timeout = kMaxBlock;
-  if (fast_count_ > 0 && !aged_)
+  if (waitingCount() > 0 && !aged_)
     timeout = std::min(timeout, std::max(0.0005, fast_oldest_ + agingLimit() - nowSeconds()));
   // The engine thread gives up the driver's seat while it sleeps, so a
   // submitting or waiting caller can drive without waking it.
@@ -144,16 +146,25 @@ void Engine::classify(std::vector<std::shared_ptr<Entry>>& fresh) {
   std::vector<std::shared_ptr<Entry>> slow;
   for (auto& e : fresh) {
     auto it = ids_.find(e->meta.name);
-    if (cfg_.cache_enabled && it != ids_.end() &&
+    if (cfg_.cache_enabled && it != ids_.end() && e->meta.type != CollectiveType::kJoin &&
         static_cast<size_t>(it->second) < exec_meta_.size() &&
         exec_meta_[it->second] == e->meta && !fast_[it->second]) {
       e->id = it->second;
       fast_[e->id] = e;
       ++fast_count_;
       fast_oldest_ = std::min(fast_oldest_, e->submitted);
+    } else if (freshEligible(*e)) {  // engine_fresh.cc
+      fresh_.push_back(e);
+      fast_oldest_ = std::min(fast_oldest_, e->submitted);
     } else {
       slow.push_back(e);
     }
+  }
+  // More new tensors than the vote has slots for (a step's first pass):
+  // the coordinator negotiates them all and grants ids for the fast path.
+  if (fresh_.size() > static_cast<size_t>(kFreshSlots)) {
+    slow.insert(slow.end(), fresh_.begin(), fresh_.end());
+    fresh_.clear();
   }
   if (!slow.empty()) sendSlow(slow);
 }
@@ -199,12 +210,14 @@ void Engine::round() {
   // The vote.
   const int N = comm_.size;
   const size_t K = ids_.size();
-  const size_t len = kVoteHeader + K;
+  const size_t fresh_at = kVoteHeader + K;  // engine_fresh.cc's part of the vote
+  const size_t len = fresh_at + kFreshWords;
   vote_.assign(len, 1);
   const uint64_t held = recv_seq_.load(std::memory_order_acquire);
   vote_[0] = static_cast<int32_t>(std::min<uint64_t>(held, INT32_MAX));
   for (size_t i = 0; i < K; ++i) vote_[kVoteHeader + i] = fast_[i] ? 1 : 0;
-  bool aged = fast_count_ > 0 && nowSeconds() - fast_oldest_ > agingLimit();
+  writeFreshVote(vote_.data() + fresh_at);
+  bool aged = waitingCount() > 0 && nowSeconds() - fast_oldest_ > agingLimit();
   aged_ = aged;
   vote_[1] = (slow_outstanding_ > 0 || aged) ? 0 : 1;
   // Every rank's vote goes round the ring (an allgather: N-1 steps, each
@@ -216,7 +229,7 @@ void Engine::round() {
   collectives::ringAllgather(comm_, votes_.data(),
                              std::vector<size_t>(N, len * sizeof(int32_t)));
   for (int q = 0; q < N; ++q)
-    for (size_t i = 0; i < len; ++i) vote_[i] = std::min(vote_[i], votes_[q * len + i]);
+    for (size_t i = 0; i < fresh_at; ++i) vote_[i] = std::min(vote_[i], votes_[q * len + i]);
 
   // 1. Coordinator responses every rank holds, in order.
   const uint64_t upto = static_cast<uint64_t>(vote_[0]);
@@ -248,25 +261,32 @@ void Engine::round() {
       std::vector<std::shared_ptr<Entry>> es;
       es.reserve(idx.size());
       for (size_t k : idx) es.push_back(ready[k]);
-      if (g.type == CollectiveType::kAllgather) g.dim0s.push_back(exec_dim0s_[es[0]->id]);
+      if (g.type == CollectiveType::kAllgather || g.type == CollectiveType::kAlltoall)
+        g.dim0s.push_back(exec_dim0s_[es[0]->id]);
       runGroup(g, es);
     }
   }
 
+  // 2b. New names every rank offered alike (engine_fresh.cc).
+  runFresh(len, fresh_at);
+
   // 3. Someone needs the coordinator: it must see every waiting tensor.
   if (vote_[1] == 0) {
     aged_ = false;
-    if (fast_count_ > 0) {
+    if (waitingCount() > 0) {
       std::vector<std::shared_ptr<Entry>> move;
       for (auto& f : fast_)
         if (f) move.push_back(std::move(f));
       fast_count_ = 0;
+      move.insert(move.end(), fresh_.begin(), fresh_.end());
+      fresh_.clear();
       sendSlow(move);
     }
   }
   fast_oldest_ = 1e300;
   for (auto& f : fast_)
     if (f) fast_oldest_ = std::min(fast_oldest_, f->submitted);
+  for (auto& f : fresh_) fast_oldest_ = std::min(fast_oldest_, f->submitted);
 }
 
 void Engine::executeResponse(const Response& resp) {
@@ -305,9 +325,24 @@ void Engine::runSlowGroup(const Group& g) {
     finish(es, Status(Code::kMismatch, g.error));
     return;
   }
-  if (es.size() != g.names.size())
-    fail(Code::kInternal, "coordinator scheduled '", g.names[0],
-         "' which this rank never submitted");
+  if (es.size() != g.names.size()) {
+    if (g.fill.size() != g.names.size())
+      fail(Code::kInternal, "coordinator scheduled '", g.names[0],
+           "' which this rank never submitted");
+    // This rank has joined: zeros stand in for what it never submitted
+    // (alltoall_join.cc), in the group's order.
+    es.clear();
+    std::lock_guard<std::mutex> lk(mu_);
+    for (size_t i = 0; i < g.names.size(); ++i) {
+      auto it = inflight_.find(g.names[i]);
+      if (it != inflight_.end()) {
+        es.push_back(it->second);
+        continue;
+      }
+      es.push_back(joinFillEntry(g.fill[i]));
+      if (timeline_.enabled()) timeline_.begin(g.names[i], "JOINED");  // runGroup ends it
+    }
+  }
   runGroup(g, es);
 }
 
@@ -327,6 +362,10 @@ void Engine::runGroup(const Group& g, const std::vector<std::shared_ptr<Entry>>&
       case CollectiveType::kBroadcast: execBroadcast(*es[0]); break;
       case CollectiveType::kReducescatter: execReducescatter(*es[0]); break;
       case CollectiveType::kBarrier: break;
+      case CollectiveType::kAlltoall: execAlltoall(*es[0], g.dim0s[0]); break;
+      case CollectiveType::kJoin:
+        *static_cast<int32_t*>(es[0]->req.output) = static_cast<int32_t>(g.dim0s[0][0]);
+        break;
     }
   }
   // Remember what ran, so the next submission with the same Meta can take
@@ -335,7 +374,8 @@ void Engine::runGroup(const Group& g, const std::vector<std::shared_ptr<Entry>>&
     auto it = ids_.find(es[i]->meta.name);
     if (it == ids_.end()) continue;
     exec_meta_[it->second] = st.ok() ? es[i]->meta : Meta();
-    if (g.type == CollectiveType::kAllgather) exec_dim0s_[it->second] = g.dim0s[0];
+    if (g.type == CollectiveType::kAllgather || g.type == CollectiveType::kAlltoall)
+      exec_dim0s_[it->second] = g.dim0s[0];
   }
   finish(es, st);
 }

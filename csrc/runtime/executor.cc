@@ -24,6 +24,18 @@ double finalScale(const Meta& m, int size) {
 
 ReduceOp kernelOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
 
+// The algorithm, critical-path hops and bytes this rank sent
+// (collectives::AllreduceStats), on every tensor of the group.
+void traceAllreduce(Timeline& t, const std::vector<std::shared_ptr<Entry>>& es) {
+  if (!t.enabled()) return;
+  const collectives::AllreduceStats st = collectives::lastAllreduceStats();
+  const std::string args =
+      strCat("{\"algo\":\"", collectives::allreduceAlgoName(st.algo), "\",\"ranks\":", st.size,
+             ",\"bytes\":", st.bytes, ",\"hops\":", st.hops, ",\"bytes_sent\":", st.bytes_sent,
+             "}");
+  for (auto& e : es) t.instant(e->meta.name, "ALLREDUCE_STATS", args);
+}
+
 }  // namespace
 
 void allocateOutput(Entry& e, const std::vector<int64_t>& shape) {
@@ -54,6 +66,7 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
       in = e.req.output;
     }
     collectives::allreduce(comm_, in, e.req.output, n, dt, kernelOp(m0.op), post);
+    traceAllreduce(timeline_, es);
     return;
   }
   if (m0.prescale == 1.0) {
@@ -66,6 +79,7 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
       spans.push_back({static_cast<const char*>(e->req.input), static_cast<char*>(e->req.output),
                        static_cast<size_t>(e->meta.numElements())});
     collectives::allreduceSpans(comm_, spans, dt, kernelOp(m0.op), post, &fusion_);
+    traceAllreduce(timeline_, es);
     return;
   }
   // Fused with a prescale: pack every input into one buffer (scaling it
@@ -84,6 +98,7 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
   size_t count = total / dtypeSize(dt);
   kernels::scale(fusion_.data(), count, dt, m0.prescale);
   collectives::allreduce(comm_, fusion_.data(), fusion_.data(), count, dt, kernelOp(m0.op), post);
+  traceAllreduce(timeline_, es);
   for (auto& e : es) timeline_.begin(e->meta.name, "MEMCPY_OUT_FUSION_BUFFER");
   off = 0;
   for (auto& e : es) {

@@ -68,6 +68,11 @@ Status Engine::execGpu(const Group& g, const std::vector<std::shared_ptr<Entry>>
       break;
     }
     case CollectiveType::kBarrier: break;
+    case CollectiveType::kAlltoall:
+    case CollectiveType::kJoin:
+      return Status(Code::kInvalidArgument,
+                    strCat(collectiveName(g.type), " of tensor '", m.name,
+                           "' takes host memory only (GPU tensors go through the host)"));
   }
   return Status::OK();
 }

@@ -6,7 +6,7 @@ namespace runtime {
 bool Meta::operator==(const Meta& o) const {
   return name == o.name && type == o.type && dtype == o.dtype && shape == o.shape &&
          op == o.op && root == o.root && prescale == o.prescale &&
-         postscale == o.postscale && device == o.device;
+         postscale == o.postscale && device == o.device && splits == o.splits;
 }
 
 int64_t Meta::numElements() const {
@@ -31,6 +31,7 @@ void Meta::write(wire::Writer& w) const {
   w.put<double>(prescale);
   w.put<double>(postscale);
   w.put<int32_t>(device);
+  w.putI64s(splits);
 }
 
 Meta Meta::read(wire::Reader& r) {
@@ -40,7 +41,7 @@ Meta Meta::read(wire::Reader& r) {
   m.shape = r.getI64s();
   uint8_t op = r.get<uint8_t>();
   // Enum values index tables later on: refuse what no build would send.
-  if (type > static_cast<uint8_t>(CollectiveType::kBarrier) || dtype >= kNumDataTypes ||
+  if (type > static_cast<uint8_t>(CollectiveType::kJoin) || dtype >= kNumDataTypes ||
       op >= kNumReduceOps)
     fail(Code::kInternal, "malformed tensor description for '", m.name, "' (collective ",
          unsigned(type), ", dtype ", unsigned(dtype), ", op ", unsigned(op), ")");
@@ -51,6 +52,7 @@ Meta Meta::read(wire::Reader& r) {
   m.prescale = r.get<double>();
   m.postscale = r.get<double>();
   m.device = r.get<int32_t>();
+  m.splits = r.getI64s();
   return m;
 }
 
@@ -70,6 +72,8 @@ void Response::write(wire::Writer& w) const {
     w.put<uint32_t>(static_cast<uint32_t>(g.dim0s.size()));
     for (auto& d : g.dim0s) w.putI64s(d);
     w.putStr(g.error);
+    w.put<uint32_t>(static_cast<uint32_t>(g.fill.size()));
+    for (auto& m : g.fill) m.write(w);
   }
 }
 
@@ -82,7 +86,7 @@ Response Response::read(wire::Reader& r) {
     int32_t id = r.get<int32_t>();
     resp.new_ids.emplace_back(id, r.getStr());
   }
-  uint32_t ng = r.getCount(14);  // the smallest group: kind, type, 3 counts
+  uint32_t ng = r.getCount(18);  // the smallest group: kind, type, 4 counts
   resp.groups.resize(ng);
   for (auto& g : resp.groups) {
     g.kind = static_cast<Group::Kind>(r.get<uint8_t>());
@@ -92,6 +96,8 @@ Response Response::read(wire::Reader& r) {
     uint32_t nd = r.getCount(4);
     for (uint32_t i = 0; i < nd; ++i) g.dim0s.push_back(r.getI64s());
     g.error = r.getStr();
+    uint32_t nf = r.getCount(4);
+    for (uint32_t i = 0; i < nf; ++i) g.fill.push_back(Meta::read(r));
   }
   return resp;
 }

@@ -22,6 +22,9 @@ struct Meta {
   int32_t root = 0;
   double prescale = 1.0, postscale = 1.0;
   int32_t device = -1;
+  // alltoall: rows of dim 0 sent to each rank, in rank order; empty means
+  // an even split.
+  std::vector<int64_t> splits;
 
   bool operator==(const Meta& o) const;
   int64_t numElements() const;
@@ -51,7 +54,12 @@ struct Group {
   CollectiveType type = CollectiveType::kAllreduce;
   std::vector<std::string> names;           // in execution / fusion order
   std::vector<std::vector<int64_t>> dim0s;  // allgather: per name, per rank
+                                            // alltoall: the size x size splits
+                                            // join: {last rank to join}
   std::string error;                        // kError: the message
+  // While ranks have joined: every name's agreed Meta, in `names` order, so
+  // a joined rank can take part with zeros in what it never submitted.
+  std::vector<Meta> fill;
 };
 
 struct Response {

@@ -8,14 +8,15 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 
 #include "common/abort.h"
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/wire.h"
-#include "runtime/coordinator.h"
-#include "runtime/engine.h"
+#include "runtime/comm.h"
+#include "runtime/process_sets.h"
 
 namespace tfring {
 namespace runtime {
@@ -44,12 +45,106 @@ void setKeepAlive(int fd, double timeout_s) {
   if (timeout_s > 0) net::setLiveness(fd, timeout_s);
 }
 
-std::string describeRank(const transport::Topology& T, int r) {
-  return strCat("rank ", r, " (host ", T.peers.empty() ? "?" : T.peers[r].addr, ", pid ",
+std::string describeRank(const transport::Topology& T, int r, int label) {
+  return strCat("rank ", label, " (host ", T.peers.empty() ? "?" : T.peers[r].addr, ", pid ",
                 T.peers.empty() ? 0 : T.peers[r].pid, ")");
 }
 
 }  // namespace
+
+std::unique_ptr<Comm> connectComm(rendezvous::Store* store, int rank, int size,
+                                  const std::string& secret, const Config& base,
+                                  const std::vector<int>* labels) {
+  std::unique_ptr<Comm> c(new Comm());
+  c->cfg = base;
+  auto links = transport::RingLinks::connect(store, rank, size, secret, c->cfg);
+  // Rank 0's fusion settings hold for every rank (see HostLinks).
+  c->cfg.fusion_threshold = links->host()->fusion_threshold;
+  c->cfg.cycle_time_ms = links->host()->cycle_time_ms;
+  const auto& T = links->topology();
+  Deadline deadline = Deadline::in(c->cfg.timeout_s);
+  auto label = [&](int r) { return labels ? (*labels)[r] : r; };
+
+  // Coordinator connections: rank 0 accepts one from every other engine;
+  // its own engine talks to the coordinator in process.
+  std::unique_ptr<Coordinator> coord;
+  int ctrl = -1;
+  if (rank == 0) {
+    std::vector<int> fds(size, -1);
+    if (size > 1) {
+      int port = 0;
+      // The address rank 0 published: it listens nowhere else.
+      int listen_fd = net::listenOn(T.peers[0].addr, 0, &port);
+      store->setString("coord/port", std::to_string(port));
+      int got = 1;
+      while (got < size) {
+        int fd = net::acceptWithDeadline(listen_fd, deadline);
+        if (fd < 0) {
+          net::closeFd(listen_fd);
+          std::string missing;
+          for (int r = 1; r < size; ++r)
+            if (fds[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(label(r));
+          fail(Code::kTimeout, "timed out waiting for ranks [", missing,
+               "] to connect to the coordinator");
+        }
+        int who = -1;
+        std::string why;
+        if (!wire::acceptHello(fd, wire::kPurposeControl, secret, deadline, &who, &why) ||
+            who <= 0 || who >= size || fds[who] >= 0) {
+          if (why.empty()) why = strCat("duplicate or invalid rank ", who);
+          TFRING_LOG(kWarning, "coordinator: ", why);
+          net::closeFd(fd);
+          continue;
+        }
+        net::setNoDelay(fd);
+        setKeepAlive(fd, c->cfg.heartbeat_timeout_s);
+        fds[who] = fd;
+        ++got;
+      }
+      net::closeFd(listen_fd);
+    }
+    std::vector<std::string> desc;
+    for (int r = 0; r < size; ++r) desc.push_back(describeRank(T, r, label(r)));
+    coord.reset(new Coordinator(std::move(fds), std::move(desc), c->cfg));
+    if (labels) coord->setRankLabels(*labels);
+  } else {
+    int port = std::stoi(store->getString("coord/port", c->cfg.timeout_s));
+    ctrl = net::connectTo(T.peers[0].addr, port, deadline);
+    net::setNoDelay(ctrl);
+    setKeepAlive(ctrl, c->cfg.heartbeat_timeout_s);
+    wire::clientHandshake(ctrl, wire::kPurposeControl, rank, secret, deadline,
+                          strCat("the coordinator (rank ", label(0), ")"));
+  }
+
+  c->topo = T;
+  c->transport = links->transportName();
+  c->engine.reset(new Engine(std::move(links), ctrl, coord.get(), c->cfg));
+  c->coordinator = std::move(coord);
+  return c;
+}
+
+void Comm::start() {
+  if (coordinator) {
+    Engine* eng = engine.get();
+    coordinator->setLocalSink([eng](const std::vector<uint8_t>& m) { eng->onCtrlMessage(m); });
+    coordinator->start();
+  }
+  engine->start();
+}
+
+void Comm::stop() {
+  engine->stop();
+  // Rank 0 waits for the others' goodbyes so that what it sent them is read,
+  // but not for ranks that keep running without tfring: they have been told
+  // rank 0 left, and anything they still submit fails saying so.
+  if (coordinator)
+    coordinator->join(std::min(cfg.timeout_s, std::max(1.0, cfg.heartbeat_timeout_s)));
+}
+
+Comm::~Comm() {
+  engine.reset();
+  coordinator.reset();
+}
 
 Status init(const InitOptions& opts) {
   Global& g = G();
@@ -60,80 +155,26 @@ Status init(const InitOptions& opts) {
       fail(Code::kInvalidArgument, "invalid rank ", opts.rank, " for world size ", opts.size);
     if (opts.size > 1 && !opts.store)
       fail(Code::kInvalidArgument, "a store is required for world size ", opts.size);
-    g.cfg = Config::fromEnv();
-    log::setLevel(g.cfg.log_level);
+    Config cfg = Config::fromEnv();
+    log::setLevel(cfg.log_level);
     log::setRank(opts.rank);
     AbortState::get().reset();
 
-    rendezvous::Store* store = opts.store.get();
-    auto links = transport::RingLinks::connect(store, opts.rank, opts.size, opts.secret, g.cfg);
-    // Rank 0's fusion settings hold for every rank (see HostLinks).
-    g.cfg.fusion_threshold = links->host()->fusion_threshold;
-    g.cfg.cycle_time_ms = links->host()->cycle_time_ms;
-    const auto& T = links->topology();
-    Deadline deadline = Deadline::in(g.cfg.timeout_s);
-
-    // Coordinator connections: rank 0 accepts one from every other engine;
-    // its own engine talks to the coordinator in process.
-    std::unique_ptr<Coordinator> coord;
-    int ctrl = -1;
-    if (opts.rank == 0) {
-      std::vector<int> fds(opts.size, -1);
-      if (opts.size > 1) {
-        int port = 0;
-        // The address rank 0 published: it listens nowhere else.
-        int listen_fd = net::listenOn(T.peers[0].addr, 0, &port);
-        store->setString("coord/port", std::to_string(port));
-        int got = 1;
-        while (got < opts.size) {
-          int fd = net::acceptWithDeadline(listen_fd, deadline);
-          if (fd < 0) {
-            net::closeFd(listen_fd);
-            std::string missing;
-            for (int r = 1; r < opts.size; ++r)
-              if (fds[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-            fail(Code::kTimeout, "timed out waiting for ranks [", missing,
-                 "] to connect to the coordinator");
-          }
-          int who = -1;
-          std::string why;
-          if (!wire::acceptHello(fd, wire::kPurposeControl, opts.secret, deadline, &who, &why) ||
-              who <= 0 || who >= opts.size || fds[who] >= 0) {
-            if (why.empty()) why = strCat("duplicate or invalid rank ", who);
-            TFRING_LOG(kWarning, "coordinator: ", why);
-            net::closeFd(fd);
-            continue;
-          }
-          net::setNoDelay(fd);
-          setKeepAlive(fd, g.cfg.heartbeat_timeout_s);
-          fds[who] = fd;
-          ++got;
-        }
-        net::closeFd(listen_fd);
-      }
-      std::vector<std::string> desc;
-      for (int r = 0; r < opts.size; ++r) desc.push_back(describeRank(T, r));
-      coord.reset(new Coordinator(std::move(fds), std::move(desc), g.cfg));
-    } else {
-      int port = std::stoi(store->getString("coord/port", g.cfg.timeout_s));
-      ctrl = net::connectTo(T.peers[0].addr, port, deadline);
-      net::setNoDelay(ctrl);
-      setKeepAlive(ctrl, g.cfg.heartbeat_timeout_s);
-      wire::clientHandshake(ctrl, wire::kPurposeControl, opts.rank, opts.secret, deadline,
-                            "the coordinator (rank 0)");
-    }
-
-    g.topo = T;
-    g.transport = links->transportName();
-    g.engine.reset(new Engine(std::move(links), ctrl, coord.get(), g.cfg));
-    if (coord) {
+    auto c = connectComm(opts.store.get(), opts.rank, opts.size, opts.secret, cfg);
+    g.cfg = c->cfg;
+    g.topo = c->topo;
+    g.transport = c->transport;
+    g.engine = std::move(c->engine);
+    g.coordinator = std::move(c->coordinator);
+    if (g.coordinator) {
       Engine* eng = g.engine.get();
-      coord->setLocalSink([eng](const std::vector<uint8_t>& m) { eng->onCtrlMessage(m); });
-      coord->start();
+      g.coordinator->setLocalSink(
+          [eng](const std::vector<uint8_t>& m) { eng->onCtrlMessage(m); });
+      g.coordinator->start();
     }
-    g.coordinator = std::move(coord);
     g.engine->start();
     g.initialized = true;
+    processSetsInit(opts.store, opts.secret, g.cfg, g.topo);
     TFRING_LOG(kDebug, "initialized: rank ", opts.rank, "/", opts.size, " transport ", g.transport);
     return Status::OK();
   } catch (const Error& e) {
@@ -151,6 +192,7 @@ void shutdown() {
   Global& g = G();
   std::lock_guard<std::mutex> lk(g.mu);
   if (!g.initialized) return;
+  processSetsShutdown();  // before the world: their rings are its ranks too
   g.engine->stop();
   // Rank 0 waits for the others' goodbyes so that what it sent them is read,
   // but not for ranks that keep running without tfring: they have been told
@@ -169,6 +211,13 @@ int localRank() { return G().topo.local_rank; }
 int localSize() { return G().topo.local_size; }
 int crossRank() { return G().topo.cross_rank; }
 int crossSize() { return G().topo.cross_size; }
+bool isHomogeneous() {
+  std::map<std::string, int> per_host;
+  for (const auto& p : G().topo.peers) ++per_host[p.host];
+  for (const auto& kv : per_host)
+    if (kv.second != per_host.begin()->second) return false;
+  return true;
+}
 const Config& config() { return G().cfg; }
 std::string transportName() { return G().transport; }
 
@@ -181,6 +230,8 @@ Status enqueue(Request req, DoneCallback done) {
 }
 
 Status enqueueBatch(std::vector<Request> reqs, std::vector<DoneCallback> dones) {
+  if (!reqs.empty() && reqs[0].process_set != 0)  // process_sets.cc
+    return processSetEnqueue(std::move(reqs), std::move(dones));
   Global& g = G();
   Engine* e = g.engine.get();
   if (!g.initialized || !e)
@@ -188,7 +239,9 @@ Status enqueueBatch(std::vector<Request> reqs, std::vector<DoneCallback> dones) 
   return e->enqueue(std::move(reqs), std::move(dones));
 }
 
-void drive(const std::function<bool()>& done, const std::function<void()>& wait) {
+void drive(const std::function<bool()>& done, const std::function<void()>& wait,
+           int process_set) {
+  if (process_set != 0) return processSetDrive(process_set, done, wait);
   Global& g = G();
   Engine* e = g.engine.get();
   if (!g.initialized || !e) {
@@ -198,10 +251,31 @@ void drive(const std::function<bool()>& done, const std::function<void()>& wait)
   e->drive(done, wait);
 }
 
-void tryDrive() {
+void tryDrive(int process_set) {
+  if (process_set != 0) return processSetTryDrive(process_set);
   Global& g = G();
   Engine* e = g.engine.get();
   if (g.initialized && e) e->tryDrive();
+}
+
+Status startTimeline(const std::string& path) {
+  Global& g = G();
+  std::lock_guard<std::mutex> lk(g.mu);
+  if (!g.initialized || !g.engine)
+    return Status(Code::kAborted, "tfring is not initialized: call tfring.init() first");
+  if (path.empty()) return Status(Code::kInvalidArgument, "the timeline path is empty");
+  if (!g.engine->startTimeline(path))
+    return Status(Code::kInvalidArgument, strCat("cannot create the timeline file '", path, "'"));
+  return Status::OK();
+}
+
+Status stopTimeline() {
+  Global& g = G();
+  std::lock_guard<std::mutex> lk(g.mu);
+  if (!g.initialized || !g.engine)
+    return Status(Code::kAborted, "tfring is not initialized: call tfring.init() first");
+  g.engine->stopTimeline();
+  return Status::OK();
 }
 
 std::vector<int64_t> reducescatterShape(const std::vector<int64_t>& shape, int rank, int size) {

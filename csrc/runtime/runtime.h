@@ -39,9 +39,19 @@ int localRank();
 int localSize();
 int crossRank();
 int crossSize();
+// True when every host runs the same number of ranks.
+bool isHomogeneous();
 const Config& config();
 // "shm", "tcp" or "shm+tcp": what the ring links in this job use.
 std::string transportName();
+
+// Starts writing the timeline (timeline.h) to `path` while the job runs,
+// replacing one already being written; a path without "{rank}" is written
+// by rank 0 only. kAborted when not initialized, kInvalidArgument when the
+// file cannot be created. stopTimeline closes it (a no-op when none is
+// open).
+Status startTimeline(const std::string& path);
+Status stopTimeline();
 
 // Allocates the output once its shape is known (allgather, reducescatter).
 using Allocator =
@@ -67,6 +77,15 @@ struct Request {
   // it before enqueue() is done; null: the input is ready now. `done` comes
   // once the output is complete on the device (see gpu/executor.h).
   void* stream = nullptr;
+  // The process set that runs it: 0 is the world; others are created by
+  // addProcessSet. Every request of one batch names the same set.
+  int process_set = 0;
+  // alltoall: rows of dim 0 for each rank, in rank order (empty: an even
+  // split); received_splits, when set, gets the rows that came from each
+  // rank before `done`. The output is allocated through `allocate`.
+  std::vector<int64_t> splits;
+  std::vector<int64_t>* received_splits = nullptr;
+  // join: `output` points to an int32 that gets the last rank to join.
 };
 
 // Queues a request. Errors found locally (not initialized, duplicate name in
@@ -81,10 +100,32 @@ Status enqueueBatch(std::vector<Request> reqs, std::vector<DoneCallback> dones);
 // engine's protocol itself until done() (no thread switch on completion),
 // or, when another thread is driving, calls wait() (which should sleep
 // briefly, returning early when done) until done().
-void drive(const std::function<bool()>& done, const std::function<void()>& wait);
+void drive(const std::function<bool()>& done, const std::function<void()>& wait,
+           int process_set = 0);
 // After enqueue: runs what can start at once on the calling thread, if no
 // other thread is driving; returns without waiting for peers to show up.
-void tryDrive();
+void tryDrive(int process_set = 0);
+
+// ----------------------------------------------------------- process sets ----
+// A process set is a communicator of its own over some of the world's ranks
+// (runtime/process_sets.cc): its own ring, in the order of its sorted global
+// ranks, its own engine and coordinator (on its first rank), so its
+// negotiation, cache and fusion are separate from every other set's, and
+// collectives on disjoint sets run at the same time. Requests name their set
+// (Request.process_set); ranks inside a set are numbered 0..n-1 in that
+// order, except a broadcast's root, which callers give as a global rank.
+
+// Called on every rank of the world with the same id and ranks, in the same
+// order (the callers check that): members connect the set's ring through
+// the world's store under "pset/<id>/"; the others only note the set, so
+// their requests on it are refused naming it.
+Status addProcessSet(int id, const std::vector<int>& ranks);
+// Called on every rank, after every rank has finished its collectives on
+// the set: members tear down its communicator. Later requests on it fail
+// saying it was removed.
+Status removeProcessSet(int id);
+// The set's sorted global ranks; empty if the id is unknown or removed.
+std::vector<int> processSetRanks(int id);
 
 // Output shape rules, shared with the TF shape functions and the binding.
 // reducescatter splits the first dimension as evenly as possible, the first

@@ -20,22 +20,28 @@ std::string jsonEscape(const std::string& s) {
 
 Timeline::~Timeline() { close(); }
 
-void Timeline::open(const std::string& path, int rank) {
+bool Timeline::open(const std::string& path, int rank) {
   std::string p = path;
   auto pos = p.find("{rank}");
   if (pos == std::string::npos) {
-    if (rank != 0) return;
+    if (rank != 0) return true;
   } else {
     p.replace(pos, 6, std::to_string(rank));
   }
+  std::lock_guard<std::mutex> lk(mu_);
+  closeLocked();
   file_ = std::fopen(p.c_str(), "w");
   if (!file_) {
     TFRING_LOG(kWarning, "cannot open timeline file ", p);
-    return;
+    return false;
   }
   rank_ = rank;
   t0_ = nowSeconds();
+  first_ = true;
+  tids_.clear();
   std::fputs("[\n", file_);
+  on_.store(true, std::memory_order_relaxed);
+  return true;
 }
 
 int Timeline::tid(const std::string& tensor) {
@@ -55,8 +61,9 @@ void Timeline::emit(const std::string& json) {
 }
 
 void Timeline::begin(const std::string& tensor, const std::string& phase) {
-  if (!file_) return;
+  if (!enabled()) return;
   std::lock_guard<std::mutex> lk(mu_);
+  if (!file_) return;
   long long ts = static_cast<long long>((nowSeconds() - t0_) * 1e6);
   int t = tid(tensor);
   emit(strCat("{\"name\":\"", phase, "\",\"ph\":\"B\",\"ts\":", ts, ",\"pid\":", rank_,
@@ -64,16 +71,32 @@ void Timeline::begin(const std::string& tensor, const std::string& phase) {
 }
 
 void Timeline::end(const std::string& tensor) {
-  if (!file_) return;
+  if (!enabled()) return;
   std::lock_guard<std::mutex> lk(mu_);
+  if (!file_) return;
   long long ts = static_cast<long long>((nowSeconds() - t0_) * 1e6);
   int t = tid(tensor);
   emit(strCat("{\"ph\":\"E\",\"ts\":", ts, ",\"pid\":", rank_, ",\"tid\":", t, "}"));
   std::fflush(file_);
 }
 
+void Timeline::instant(const std::string& tensor, const std::string& name,
+                       const std::string& args_json) {
+  if (!file_) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  long long ts = static_cast<long long>((nowSeconds() - t0_) * 1e6);
+  int t = tid(tensor);
+  emit(strCat("{\"name\":\"", name, "\",\"ph\":\"i\",\"s\":\"t\",\"ts\":", ts,
+              ",\"pid\":", rank_, ",\"tid\":", t, ",\"args\":", args_json, "}"));
+}
+
 void Timeline::close() {
   std::lock_guard<std::mutex> lk(mu_);
+  closeLocked();
+}
+
+void Timeline::closeLocked() {
+  on_.store(false, std::memory_order_relaxed);
   if (!file_) return;
   std::fputs("\n]\n", file_);
   std::fclose(file_);

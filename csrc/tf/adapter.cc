@@ -29,6 +29,8 @@ bool toRingDataType(tfw::DataType in, DataType* out) {
     case tfw::DT_UINT8: *out = DataType::kUInt8; return true;
     case tfw::DT_INT8: *out = DataType::kInt8; return true;
     case tfw::DT_BOOL: *out = DataType::kBool; return true;
+    case tfw::DT_INT16: *out = DataType::kInt16; return true;
+    case tfw::DT_UINT16: *out = DataType::kUInt16; return true;
     default: return false;
   }
 }
@@ -90,6 +92,9 @@ RingOpKernel::RingOpKernel(tfw::OpKernelConstruction* c, CollectiveType type)
       on_gpu_(c->device_type() == tfw::DeviceType(tfw::DEVICE_GPU)) {
   OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
   if (tensor_name_.empty()) tensor_name_ = name();
+  // Graphs saved before the attribute existed have none: the world.
+  if (c->HasAttr("process_set_id"))
+    OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_));
 }
 
 bool RingOpKernel::prepare(tfw::OpKernelContext* ctx, runtime::Request* req,
@@ -97,6 +102,7 @@ bool RingOpKernel::prepare(tfw::OpKernelContext* ctx, runtime::Request* req,
   const tfw::Tensor& input = ctx->input(index);
   req->name = tensor_name_ + name_suffix;
   req->type = type_;
+  req->process_set = process_set_;
   if (!toRingDataType(input.dtype(), &req->dtype)) {
     ctx->SetStatus(absl::InvalidArgumentError(
         tfring::strCat("tfring: ", collectiveName(type_), " of tensor '",
@@ -172,6 +178,7 @@ void RingOpKernel::submit(tfw::OpKernelContext* ctx,
                           std::vector<runtime::Request> reqs,
                           DoneCallback done) {
   const int n = static_cast<int>(reqs.size());
+  const int process_set = n > 0 ? reqs[0].process_set : 0;
   auto countdown = std::make_shared<Countdown>(ctx, n + 1, std::move(done));
   // One batch: a grouped allreduce lands in one round and is fused whole.
   std::vector<runtime::DoneCallback> cbs;
@@ -186,7 +193,7 @@ void RingOpKernel::submit(tfw::OpKernelContext* ctx,
     // If every rank is ready, the collective runs right here instead of
     // after a wake-up of the engine thread.
     try {
-      runtime::tryDrive();
+      runtime::tryDrive(process_set);
     } catch (...) {
     }
   }

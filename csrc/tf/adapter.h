@@ -76,6 +76,7 @@ class RingOpKernel : public ::tensorflow::AsyncOpKernel {
   CollectiveType type_;
   std::string tensor_name_;
   bool on_gpu_ = false;  // the DEVICE_GPU registration
+  int process_set_ = 0;  // the process_set_id attribute
 };
 
 }  // namespace tf

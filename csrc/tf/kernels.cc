@@ -10,6 +10,7 @@
 // only once every rank has been heard from, so the engine calls back into
 // outputAllocator() to allocate it.
 #include <string>
+#include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
 
@@ -169,26 +170,113 @@ class RingReducescatterOp : public RingOpKernel {
   double prescale_ = 1.0, postscale_ = 1.0;
 };
 
+// ---- alltoall and join ----------------------------------------------------
+// Host tensors only: registered for DEVICE_CPU, so TensorFlow copies GPU
+// tensors to the host and back around them.
+
+class RingAlltoallOp : public RingOpKernel {
+ public:
+  explicit RingAlltoallOp(tfw::OpKernelConstruction* c)
+      : RingOpKernel(c, CollectiveType::kAlltoall) {}
+
+  void ComputeAsync(tfw::OpKernelContext* ctx, DoneCallback done) override {
+    runtime::Request req;
+    if (!prepare(ctx, &req)) return done();
+    OP_REQUIRES_ASYNC(
+        ctx, ctx->input(0).dims() >= 1,
+        absl::InvalidArgumentError("tfring: alltoall of tensor '" +
+                                   tensorName() +
+                                   "' needs at least one dimension"),
+        done);
+    const tfw::Tensor& splits = ctx->input(1);
+    auto flat = splits.flat<int32_t>();
+    for (int64_t i = 0; i < flat.size(); ++i) req.splits.push_back(flat(i));
+    auto received = std::make_shared<std::vector<int64_t>>();
+    req.received_splits = received.get();
+    req.allocate = outputAllocator(ctx);
+    // received_splits is output 1, written once the engine has run.
+    submit(ctx, {std::move(req)}, [ctx, received, done]() {
+      if (ctx->status().ok()) {
+        tfw::Tensor* out = nullptr;
+        auto st = ctx->allocate_output(
+            1, tfw::TensorShape({static_cast<int64_t>(received->size())}), &out);
+        if (!st.ok()) {
+          ctx->SetStatus(st);
+        } else {
+          auto v = out->flat<int32_t>();
+          for (size_t i = 0; i < received->size(); ++i)
+            v(i) = static_cast<int32_t>((*received)[i]);
+        }
+      }
+      done();
+    });
+  }
+};
+
+class RingJoinOp : public RingOpKernel {
+ public:
+  explicit RingJoinOp(tfw::OpKernelConstruction* c)
+      : RingOpKernel(c, CollectiveType::kJoin) {}
+
+  void ComputeAsync(tfw::OpKernelContext* ctx, DoneCallback done) override {
+    tfw::Tensor* out = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, tfw::TensorShape({}), &out),
+                         done);
+    runtime::Request req;
+    req.name = "tfring.join";  // one join per rank at a time, matched by type
+    req.type = CollectiveType::kJoin;
+    req.dtype = DataType::kInt32;
+    req.output = dataOf(*out);
+    submit(ctx, {std::move(req)}, std::move(done));
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("RingAlltoall").Device(tfw::DEVICE_CPU), RingAlltoallOp);
+REGISTER_KERNEL_BUILDER(Name("RingJoin").Device(tfw::DEVICE_CPU), RingJoinOp);
+
 // One class per op for both devices (RingOpKernel tells them apart). The
 // GPU kernels take device memory for every input and output (the attributes
 // stay on the host) and are registered only in builds whose tfring_core can
 // run GPU collectives for this TensorFlow (cmake/tensorflow.cmake,
-// TFRING_TF_GPU); otherwise TF places the ops on the CPU.
-#define TFRING_REGISTER_KERNELS(device)                                      \
-  REGISTER_KERNEL_BUILDER(Name("RingAllreduce").Device(device),              \
-                          RingAllreduceOp);                                  \
-  REGISTER_KERNEL_BUILDER(Name("RingGroupedAllreduce").Device(device),       \
+// TFRING_TF_GPU); otherwise TF places the ops on the CPU. 16-bit integers
+// have no NCCL type, so their GPU kernels are left out too and TF runs those
+// collectives on the host (copying the tensor there and back).
+#define TFRING_REGISTER_KERNELS(device, types)                               \
+  REGISTER_KERNEL_BUILDER(                                                   \
+      Name("RingAllreduce").Device(device).TypeConstraint("T", types),       \
+      RingAllreduceOp);                                                      \
+  REGISTER_KERNEL_BUILDER(Name("RingGroupedAllreduce")                       \
+                              .Device(device)                                \
+                              .TypeConstraint("T", types),                   \
                           RingGroupedAllreduceOp);                           \
-  REGISTER_KERNEL_BUILDER(Name("RingAllgather").Device(device),              \
-                          RingAllgatherOp);                                  \
-  REGISTER_KERNEL_BUILDER(Name("RingBroadcast").Device(device),              \
-                          RingBroadcastOp);                                  \
-  REGISTER_KERNEL_BUILDER(Name("RingReducescatter").Device(device),          \
-                          RingReducescatterOp)
+  REGISTER_KERNEL_BUILDER(                                                   \
+      Name("RingAllgather").Device(device).TypeConstraint("T", types),       \
+      RingAllgatherOp);                                                      \
+  REGISTER_KERNEL_BUILDER(                                                   \
+      Name("RingBroadcast").Device(device).TypeConstraint("T", types),       \
+      RingBroadcastOp);                                                      \
+  REGISTER_KERNEL_BUILDER(                                                   \
+      Name("RingReducescatter").Device(device).TypeConstraint("T", types),   \
+      RingReducescatterOp)
 
-TFRING_REGISTER_KERNELS(tfw::DEVICE_CPU);
+namespace {
+// Every dtype of the op registrations (each op's own list is narrower where
+// it excludes bool); GPU: without the 16-bit integers.
+const std::vector<tfw::DataType> kCpuTypes = {
+    tfw::DT_HALF,  tfw::DT_BFLOAT16, tfw::DT_FLOAT, tfw::DT_DOUBLE,
+    tfw::DT_INT32, tfw::DT_INT64,    tfw::DT_UINT8, tfw::DT_INT8,
+    tfw::DT_INT16, tfw::DT_UINT16,   tfw::DT_BOOL};
 #if TFRING_TF_GPU
-TFRING_REGISTER_KERNELS(tfw::DEVICE_GPU);
+const std::vector<tfw::DataType> kGpuTypes = {
+    tfw::DT_HALF,  tfw::DT_BFLOAT16, tfw::DT_FLOAT, tfw::DT_DOUBLE,
+    tfw::DT_INT32, tfw::DT_INT64,    tfw::DT_UINT8, tfw::DT_INT8,
+    tfw::DT_BOOL};
+#endif
+}  // namespace
+
+TFRING_REGISTER_KERNELS(tfw::DEVICE_CPU, kCpuTypes);
+#if TFRING_TF_GPU
+TFRING_REGISTER_KERNELS(tfw::DEVICE_GPU, kGpuTypes);
 #endif
 
 }  // namespace tf

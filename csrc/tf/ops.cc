@@ -10,6 +10,8 @@
 //
 // Every op carries `tensor_name`: the name that matches the request across
 // ranks. When empty the kernel uses its node name (see kernels.cc).
+// `process_set_id` picks the communicator (0: every rank; others: a process
+// set, runtime.h); a broadcast's root_rank is a global rank either way.
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -37,11 +39,12 @@ absl::Status unknownFirstDim(InferenceContext* c) {
 }  // namespace
 
 REGISTER_OP("RingAllreduce")
-    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8}")
+    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, int16, uint16}")
     .Attr("reduce_op: {'sum', 'average', 'min', 'max', 'product'} = 'sum'")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Output("reduced: T")
     .SetIsStateful()
@@ -54,11 +57,12 @@ divides by the number of ranks.
 )doc");
 
 REGISTER_OP("RingGroupedAllreduce")
-    .Attr("T: list({half, bfloat16, float, double, int32, int64, uint8, int8})")
+    .Attr("T: list({half, bfloat16, float, double, int32, int64, uint8, int8, int16, uint16})")
     .Attr("reduce_op: {'sum', 'average', 'min', 'max', 'product'} = 'sum'")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensors: T")
     .Output("reduced: T")
     .SetIsStateful()
@@ -74,8 +78,9 @@ request for tensor i is named "<tensor_name>.i".
 )doc");
 
 REGISTER_OP("RingAllgather")
-    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, bool}")
+    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, int16, uint16, bool}")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Output("gathered: T")
     .SetIsStateful()
@@ -87,9 +92,10 @@ The first dimension may differ between ranks; the others must agree.
 )doc");
 
 REGISTER_OP("RingBroadcast")
-    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, bool}")
+    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, int16, uint16, bool}")
     .Attr("root_rank: int")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Output("broadcast: T")
     .SetIsStateful()
@@ -100,11 +106,12 @@ Every rank receives `root_rank`'s `tensor` (the shapes must agree).
 )doc");
 
 REGISTER_OP("RingReducescatter")
-    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8}")
+    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, int16, uint16}")
     .Attr("reduce_op: {'sum', 'average', 'min', 'max', 'product'} = 'sum'")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Output("reduced: T")
     .SetIsStateful()
@@ -114,6 +121,41 @@ REGISTER_OP("RingReducescatter")
 Reduces `tensor` across ranks like RingAllreduce, then keeps this rank's share
 of the first dimension: rows are split as evenly as possible, the first
 (dim0 % size) ranks getting one extra row.
+)doc");
+
+// ---- alltoall and join ----------------------------------------------------
+
+REGISTER_OP("RingAlltoall")
+    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, bool}")
+    .Attr("tensor_name: string = ''")
+    .Input("tensor: T")
+    .Input("splits: int32")
+    .Output("output: T")
+    .Output("received_splits: int32")
+    .SetIsStateful()
+    .SetIsDistributedCommunication()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(unknownFirstDim(c));
+      ShapeHandle splits;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &splits));
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Sends splits[i] rows of `tensor`'s first dimension to rank i (an empty
+`splits`: an even split) and returns the rows received from every rank, in
+rank order, with how many came from each (`received_splits`).
+)doc");
+
+REGISTER_OP("RingJoin")
+    .Attr("tensor_name: string = ''")
+    .Output("last_rank: int32")
+    .SetIsStateful()
+    .SetIsDistributedCommunication()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+This rank is out of data: until every rank has joined it takes part in the
+others' allreduces with zeros. Returns the last rank to join.
 )doc");
 
 }  // namespace tf

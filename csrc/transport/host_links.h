@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "transport/channel.h"
+#include "transport/peer_links.h"
 #include "transport/shm/host_segment.h"
 #include "transport/waiter.h"
 
@@ -43,6 +44,11 @@ struct HostLinks {
   std::unique_ptr<RecvChannel> cross_recv;
   std::unique_ptr<Waiter> cross_waiter;
   std::vector<char> scratch;          // the small cross-host exchange
+
+  // Links to this rank's recursive-doubling partners; null in a job of one
+  // and where no recursive allreduce can run (transport/ring_links.cc).
+  std::unique_ptr<PeerLinks> peers;
+  std::vector<char> peer_scratch;     // the recursive allreduces' receive buffer
 };
 
 }  // namespace transport

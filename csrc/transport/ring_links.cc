@@ -17,7 +17,8 @@ namespace transport {
 namespace {
 
 bool knownAlgo(const std::string& a) {
-  return a == "auto" || a == "ring" || a == "oneshot" || a == "hier";
+  return a == "auto" || a == "ring" || a == "oneshot" || a == "hier" || a == "recdbl" ||
+         a == "rabenseifner";
 }
 
 // Bytes of each slot of the host segment: the small threshold, and when the
@@ -75,7 +76,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   if (size == 1) {  // a job of one: no store, no links
     if (!knownAlgo(H.algo))
       fail(Code::kInvalidArgument, "TFRING_ALLREDUCE_ALGO=", H.algo,
-           " is not one of auto, ring, oneshot, hier");
+           " is not one of auto, ring, oneshot, hier, recdbl, rabenseifner");
     T.ring = {0};
     T.peers = {PeerInfo{net::hostIdentity(), static_cast<int>(::getpid()), "127.0.0.1", 0}};
     return L;
@@ -122,7 +123,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
                  " instead of this rank's ", cfg.fusion_threshold, " and ", cfg.cycle_time_ms);
     if (!knownAlgo(H.algo))
       fail(Code::kInvalidArgument, "TFRING_ALLREDUCE_ALGO=", H.algo,
-           " (rank 0's value) is not one of auto, ring, oneshot, hier");
+           " (rank 0's value) is not one of auto, ring, oneshot, hier, recdbl, rabenseifner");
     if (H.algo != cfg.allreduce_algo || H.small_threshold != cfg.small_threshold)
       TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_ALLREDUCE_ALGO=", H.algo,
                  " and TFRING_SMALL_THRESHOLD=", H.small_threshold, " instead of this rank's ",
@@ -313,6 +314,21 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     H.cross_send.reset(new TcpSendChannel(xr_fd, xr, xr_name));
     H.cross_recv.reset(new TcpRecvChannel(xl_fd, xl, strCat(T.peers[xl].addr), 1 << 20));
     H.cross_waiter.reset(new Waiter(nullptr, H.cross_send.get(), H.cross_recv.get()));
+  }
+
+  // 4c. Point-to-point links for the recursive allreduces: at most
+  // log2(size) + 1 per rank (transport/peer_links.h), opened only where
+  // the algorithm is forced or auto may pick one (the rule of
+  // collectives::chooseAllreduce: 8+ ranks on 4+ hosts, or on hosts the
+  // host-aware schemes cannot serve). Every rank decides alike.
+  const bool cross_ok = H.num_hosts > 1 && H.uniform && (T.local_size == 1 || host_shm);
+  const bool want_peers =
+      H.algo == "recdbl" || H.algo == "rabenseifner" ||
+      (H.algo == "auto" && size >= 8 && H.num_hosts > 1 && (H.num_hosts >= 4 || !cross_ok));
+  if (want_peers) {
+    std::vector<std::string> addrs;
+    for (const auto& p : T.peers) addrs.push_back(p.addr);
+    H.peers = PeerLinks::connect(store, rank, size, addrs, secret, deadline);
   }
 
   // 5. Map the neighbours' segments, then unlink ours once both have it.

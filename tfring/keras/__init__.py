@@ -4,7 +4,8 @@ The one-line way:
 
     model.fit(x, y, callbacks=[tfring.keras.callbacks.RingAllreduceCallback()])
 
-Horovod-style, one piece at a time:
+Horovod-style, one piece at a time (a horovod.tensorflow.keras script
+runs with `import tfring.keras as hvd`; see docs/from-horovod-keras.md):
 
     import tfring.keras as tk
     tk.init()
@@ -51,7 +52,9 @@ from tfring.compression import Compression  # noqa: F401
 from tfring.keras import callbacks  # noqa: F401
 from tfring.keras._state import average_logs, broadcast_model
 from tfring.keras.callbacks import (  # noqa: F401
+    BestModelCheckpoint,
     BroadcastGlobalVariablesCallback,
+    LearningRateScheduleCallback,
     LearningRateWarmupCallback,
     MetricAverageCallback,
     ResumableCheckpointCallback,
@@ -59,19 +62,50 @@ from tfring.keras.callbacks import (  # noqa: F401
 )
 from tfring.keras.checkpoint import restore_checkpoint  # noqa: F401
 from tfring.keras import elastic  # noqa: F401,E402 - hvd.elastic.KerasState...
-from tfring.keras.optimizer import DistributedOptimizer  # noqa: F401
+from tfring.keras.horovod import (  # noqa: F401
+    allgather,
+    allreduce,
+    broadcast,
+    broadcast_global_variables,
+    load_model,
+    reducescatter,
+)
+from tfring.keras.optimizer import (  # noqa: F401
+    DistributedOptimizer,
+    PartialDistributedOptimizer,
+)
+from tfring.keras.sync_batch_norm import SyncBatchNormalization  # noqa: F401
+from tfring.optimizers import (  # noqa: F401
+    DistributedGradientTape,
+    PartialDistributedGradientTape,
+)
 from tfring.rewrite import broadcast_values
+
+# Horovod's horovod.tensorflow.keras also re-exports these from
+# horovod.tensorflow; here they resolve to tfring's names of the same
+# meaning, when this build has them.
+_FROM_TFRING = (
+    "start_timeline", "stop_timeline", "mpi_threads_supported",
+    "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
+    "ddl_built", "ccl_built", "cuda_built", "rocm_built", "ProcessSet",
+    "global_process_set", "add_process_set", "remove_process_set",
+)
+
+
+def __getattr__(name):
+    if name in _FROM_TFRING:
+        import tfring
+
+        try:
+            return getattr(tfring, name)
+        except AttributeError:
+            pass
+    raise AttributeError(f"module 'tfring.keras' has no attribute {name!r}")
 
 
 def broadcast_variables(variables, root_rank=0):
     """Assigns root_rank's values to these Keras (or TF) variables, eagerly."""
     broadcast_values(variables, root_rank, name="tfring.keras.variables")
-
-
-def broadcast_global_variables(model, root_rank=0):
-    """Assigns root_rank's weights and optimizer state to `model` on every
-    rank (what BroadcastGlobalVariablesCallback does at train begin)."""
-    broadcast_model(model, root_rank)
 
 
 def average_metrics(logs):

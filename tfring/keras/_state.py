@@ -7,6 +7,7 @@ import functools
 import numpy as np
 
 from tfring import Average, basics
+from tfring import optimizers as _optimizers
 from tfring.compression import Compression
 from tfring.rewrite import (
     _depth,
@@ -19,11 +20,15 @@ from tfring.rewrite import (
 
 class GradientConfig:
     """How gradients are reduced: op (Average or Sum), compression, fusion
-    bucket size, sparse handling and Horovod's predivide factor."""
+    bucket size, sparse handling, Horovod's predivide factor, the process
+    set, the local (unreduced) variables and local accumulation over
+    backward_passes_per_step passes."""
 
     def __init__(self, op=Average, compression=Compression.none,
                  fusion_threshold=None, sparse_as_dense=False,
-                 gradient_predivide_factor=1.0):
+                 gradient_predivide_factor=1.0, process_set=None,
+                 scale_local_gradients=True, backward_passes_per_step=1,
+                 average_aggregated_gradients=False):
         from tfring import ops as _ops
 
         name = _ops._reduce_op_name(op)
@@ -33,14 +38,41 @@ class GradientConfig:
         if gradient_predivide_factor != 1.0 and name != "average":
             raise ValueError("tfring.keras: gradient_predivide_factor needs "
                              "op=Average")
+        passes = int(backward_passes_per_step)
+        if passes < 1:
+            raise ValueError(f"tfring.keras: backward_passes_per_step must be "
+                             f">= 1, got {backward_passes_per_step}")
         self.op = op
         self.op_name = name
         self.compression = compression
         self.fusion_threshold = fusion_threshold
         self.sparse_as_dense = sparse_as_dense
         self.predivide = float(gradient_predivide_factor)
+        self.process_set = _optimizers.resolve_process_set(process_set)
+        self.scale_local = bool(scale_local_gradients)
+        self.local_keys = set()
+        self.passes = passes
+        self.average_passes = bool(average_aggregated_gradients)
+        self.accumulator = None
+        if passes > 1:
+            from tfring.keras._accumulate import KerasAccumulator
 
-    def reduce(self, grads):
+            self.accumulator = KerasAccumulator(passes,
+                                                self.average_passes)
+
+    def register_local(self, variable):
+        self.local_keys.update(_optimizers._var_keys(variable))
+
+    def is_local(self, variable):
+        return bool(self.local_keys) and not self.local_keys.isdisjoint(
+            _optimizers._var_keys(variable))
+
+    def _reduce_all(self, grads):
+        if self.process_set is not None:
+            return _optimizers._GradientReducer(
+                self.op, self.compression, self.sparse_as_dense,
+                self.predivide, "DistributedOptimizer_Allreduce",
+                self.process_set).reduce(grads)
         op, pre, post = self.op, 1.0, 1.0
         if self.predivide != 1.0:
             # Split the average's 1/size around the sum (keeps fp16 in range).
@@ -50,19 +82,49 @@ class GradientConfig:
                                 self.fusion_threshold, self.sparse_as_dense,
                                 prescale_factor=pre, postscale_factor=post)
 
+    def reduce(self, grads, variables=None):
+        grads = list(grads)
+        if variables is None or not self.local_keys:
+            return self._reduce_all(grads)
+        return _optimizers.reduce_skipping_locals(
+            self._reduce_all, grads, variables, self.is_local,
+            self.scale_local, _optimizers._set_size(self.process_set))
 
-def reducing_apply(orig, config):
+
+def _variables_arg(optimizer, args, kwargs):
+    variables = args[0] if args else kwargs.get("trainable_variables")
+    if variables is None and optimizer is not None:
+        variables = getattr(optimizer, "_trainable_variables", None)
+    return None if variables is None else list(variables)
+
+
+def reducing_apply(orig, config, optimizer=None):
     # config: a GradientConfig, or a function returning the current one.
     """optimizer.apply(grads, trainable_variables=None, ...) that reduces
-    the gradients first; nested apply calls (apply_gradients -> apply,
-    a LossScaleOptimizer's inner optimizer) reduce nothing again."""
+    the gradients first (or accumulates them, with backward passes); nested
+    apply calls (apply_gradients -> apply, a LossScaleOptimizer's inner
+    optimizer) reduce nothing again."""
 
     @functools.wraps(orig)
     def apply(grads, *args, **kwargs):
         if _depth() > 0:
             with _nested():
                 return orig(grads, *args, **kwargs)
-        grads = _current(config).reduce(list(grads))
+        cfg = _current(config)
+        grads = list(grads)
+        variables = _variables_arg(optimizer, args, kwargs)
+        if cfg.accumulator is not None:
+            if variables is None:
+                raise ValueError("tfring.keras: backward_passes_per_step "
+                                 "needs the variables: apply(grads, "
+                                 "trainable_variables)")
+
+            def apply_fn(reduced):
+                with _nested():
+                    return orig(reduced, *args, **kwargs)
+            return cfg.accumulator.step(optimizer, grads, variables,
+                                        cfg.reduce, apply_fn)
+        grads = cfg.reduce(grads, variables)
         with _nested():
             return orig(grads, *args, **kwargs)
     return apply
@@ -72,7 +134,7 @@ def _current(config):
     return config() if callable(config) else config
 
 
-def reducing_apply_gradients(orig, config):
+def reducing_apply_gradients(orig, config, optimizer=None):
     """optimizer.apply_gradients(grads_and_vars, ...) reducing first."""
 
     @functools.wraps(orig)
@@ -80,11 +142,20 @@ def reducing_apply_gradients(orig, config):
         if _depth() > 0:
             with _nested():
                 return orig(grads_and_vars, *args, **kwargs)
+        cfg = _current(config)
         pairs = list(grads_and_vars)
-        grads = _current(config).reduce([g for g, _ in pairs])
+        grads = [g for g, _ in pairs]
+        variables = [v for _, v in pairs]
+        if cfg.accumulator is not None:
+            def apply_fn(reduced):
+                with _nested():
+                    return orig(list(zip(reduced, variables)),
+                                *args, **kwargs)
+            return cfg.accumulator.step(optimizer, grads, variables,
+                                        cfg.reduce, apply_fn)
+        grads = cfg.reduce(grads, variables)
         with _nested():
-            return orig(list(zip(grads, [v for _, v in pairs])),
-                        *args, **kwargs)
+            return orig(list(zip(grads, variables)), *args, **kwargs)
     return apply_gradients
 
 
@@ -100,7 +171,7 @@ def distribute_instance(optimizer, config):
         orig = getattr(optimizer, name, None)
         if orig is not None:
             object.__setattr__(optimizer, name, wrap(
-                orig, lambda: optimizer._tfring_config))
+                orig, lambda: optimizer._tfring_config, optimizer))
     object.__setattr__(optimizer, "_tfring_config", config)
     return optimizer
 
@@ -129,12 +200,16 @@ def agree(count, what):
             f"and optimizer on every rank before broadcasting")
 
 
-def broadcast_model(model, root_rank=0, optimizer=True):
+def broadcast_model(model, root_rank=0, optimizer=True, exclude=None):
     """Broadcasts the model's variables (trainable or not) and, if built,
     its optimizer's state from root_rank. Optimizers that exist but are
     unbuilt on some ranks are built first, so restored state on root_rank
-    reaches every rank."""
+    reaches every rank. `exclude`: ids (tfring.optimizers._var_keys) of
+    model variables that keep each rank's value."""
     variables = list(model.variables)
+    if exclude:
+        variables = [v for v in variables
+                     if exclude.isdisjoint(_optimizers._var_keys(v))]
     agree(len(variables), "model variables")
     broadcast_values(variables, root_rank, name="tfring.keras.weights")
     opt = getattr(model, "optimizer", None) if optimizer else None

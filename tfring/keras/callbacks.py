@@ -15,6 +15,7 @@ import keras
 import numpy as np
 
 from tfring import Average, basics
+from tfring import ops as _ops
 from tfring.compression import Compression
 from tfring.keras._state import (
     GradientConfig,
@@ -23,9 +24,12 @@ from tfring.keras._state import (
     distribute_instance,
 )
 from tfring.keras.checkpoint import _ResumableCheckpoint
+from tfring.optimizers import _var_keys
 
 __all__ = [
+    "BestModelCheckpoint",
     "BroadcastGlobalVariablesCallback",
+    "LearningRateScheduleCallback",
     "LearningRateWarmupCallback",
     "MetricAverageCallback",
     "ResumableCheckpointCallback",
@@ -46,23 +50,45 @@ def _print0(msg):
 class _BroadcastGlobalVariables:
     """At the start of the first fit, assigns root_rank's model weights and
     optimizer state to every rank, so all ranks start equal (after random
-    initialization or after root_rank alone restored a checkpoint)."""
+    initialization or after root_rank alone restored a checkpoint).
 
-    def __init__(self, root_rank=0):
+    local_variables (a variable or a list of them, e.g. the weights of a
+    PartialDistributedOptimizer's local layers) keep each rank's own
+    values. device is accepted for Horovod compatibility and ignored."""
+
+    def __init__(self, root_rank=0, device="", local_variables=None):
         super().__init__()
         _ensure_init()
         self.root_rank = int(root_rank)
+        self.device = device
         self.broadcast_done = False
+        if local_variables is None:
+            local_variables = []
+        elif not isinstance(local_variables, (list, tuple, set)):
+            local_variables = [local_variables]
+        for var in local_variables:
+            if not hasattr(var, "assign"):
+                raise ValueError(f"BroadcastGlobalVariablesCallback: local "
+                                 f"variables must be variables, got "
+                                 f"{type(var).__name__}")
+        self._local_keys = set()
+        for var in local_variables:
+            self.register_local_var(var)
+
+    def register_local_var(self, var):
+        """Keeps this variable out of the broadcast."""
+        self._local_keys.update(_var_keys(var))
 
     def _broadcast(self):
-        broadcast_model(self.model, self.root_rank)
+        broadcast_model(self.model, self.root_rank, exclude=self._local_keys)
         self.broadcast_done = True
 
     def on_train_begin(self, logs=None):
+        _no_xla_for_tfring_optimizer(self.model)
         # Keras builds the model and its optimizer before fit calls
         # on_train_begin; a model it could not build waits for its first
         # batch.
-        if not self.broadcast_done and self.model.variables:
+        if not self.broadcast_done and _built(self.model):
             self._broadcast()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -70,13 +96,109 @@ class _BroadcastGlobalVariables:
             self._broadcast()
 
 
+def _built(model):
+    """Whether the model has its weights: a model without an Input is built
+    by its first batch (before that its variables may hold only the
+    dropout seed generators)."""
+    return bool(getattr(model, "built", True) and model.trainable_variables)
+
+
+def _no_xla_for_tfring_optimizer(model):
+    """A train step that runs a tfring.keras.DistributedOptimizer is
+    XLA-compiled when the op library has XLA kernels (docs/xla.md); with a
+    build that has none (Keras 3 compiles with XLA by default on GPU hosts)
+    turn XLA off for it and trace the train function again."""
+    from tfring import ops as _ops
+
+    opt = getattr(model, "optimizer", None)
+    if (getattr(opt, "_tfring_config", None) is not None
+            and getattr(model, "jit_compile", False)
+            and not _ops._xla_build_state()[0]):
+        model.jit_compile = False
+        if hasattr(model, "make_train_function"):
+            model.make_train_function(force=True)
+
+
 class _MetricAverage:
     """Averages the epoch-end metrics (loss, metrics, val_*) over ranks, in
     place, so callbacks after it (History, ModelCheckpoint(save_best_only),
-    EarlyStopping, ReduceLROnPlateau) decide the same on every rank."""
+    EarlyStopping, ReduceLROnPlateau) decide the same on every rank.
+    device is accepted for Horovod compatibility and ignored."""
+
+    def __init__(self, device=""):
+        super().__init__()
+        self.device = device
 
     def on_epoch_end(self, epoch, logs=None):
         average_logs(logs)
+
+
+class _LearningRateSchedule:
+    """Sets the learning rate to initial_lr * multiplier(epoch) for epochs
+    in [start_epoch, end_epoch) (Horovod's LearningRateScheduleCallback).
+
+    A constant multiplier m means m ** (epoch - start_epoch). With
+    staircase=True the rate changes at the start of each epoch (integer
+    epoch); otherwise at every batch, with the fractional epoch
+    epoch + batch / steps_per_epoch (steps_per_epoch defaults to what fit
+    reports). initial_lr=None takes the optimizer's rate at train begin.
+    momentum_correction is accepted for Horovod compatibility: Keras
+    compiles the momentum into the train step, so it is not rescaled.
+    """
+
+    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None,
+                 staircase=True, momentum_correction=True,
+                 steps_per_epoch=None):
+        super().__init__()
+        _ensure_init()
+        self.initial_lr = initial_lr
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch = None
+        if callable(multiplier):
+            self.multiplier = multiplier
+        else:
+            self.multiplier = (
+                lambda epoch: multiplier ** (epoch - start_epoch))
+
+    def _set_lr(self, value):
+        self.model.optimizer.learning_rate = value
+
+    def _get_lr(self):
+        return float(np.array(self.model.optimizer.learning_rate))
+
+    def on_train_begin(self, logs=None):
+        if self.initial_lr is None:
+            self.initial_lr = self._get_lr()
+        if not self.staircase and not self.steps_per_epoch:
+            params = self.params or {}
+            self.steps_per_epoch = params.get("steps")
+            if not self.steps_per_epoch:
+                raise ValueError(
+                    f"{type(self).__name__}: fit does not know the steps "
+                    f"per epoch (an unsized dataset); pass steps_per_epoch=")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current_epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        epoch = self.current_epoch
+        if epoch < self.start_epoch or (self.end_epoch is not None
+                                        and epoch >= self.end_epoch):
+            return
+        if self.staircase:
+            if batch == 0:
+                self._set_lr(self.initial_lr * self.multiplier(epoch))
+        else:
+            self._set_lr(self.initial_lr * self.multiplier(
+                epoch + float(batch) / self.steps_per_epoch))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = self._get_lr()
 
 
 class _LearningRateWarmup:
@@ -124,7 +246,9 @@ class _LearningRateWarmup:
     def on_train_batch_begin(self, batch, logs=None):
         if self.current_epoch > self.warmup_epochs:
             return
-        epoch_float = self.current_epoch + batch / self.steps_per_epoch
+        # As Horovod: the rate a batch trains with is the one at the end of
+        # that batch, so the last batch of the warm-up reaches initial_lr.
+        epoch_float = self.current_epoch + (batch + 1) / self.steps_per_epoch
         self.model.optimizer.learning_rate = self.learning_rate(epoch_float)
 
     def on_epoch_end(self, epoch, logs=None):
@@ -143,8 +267,9 @@ class _RingAllreduce:
 
     * the optimizer's public apply methods allreduce (average) the
       gradients inside the compiled train step, fused into few ops; the
-      train function is recompiled at the start of each fit (and XLA
-      compilation, which cannot run tfring's ops, is turned off);
+      train function is recompiled at the start of each fit (with XLA
+      when the model asks for it, see docs/xla.md; builds whose ops have
+      no XLA kernels turn XLA off for the step);
     * at the start of the first fit, root_rank's weights and optimizer
       state (also when restored from a checkpoint) are broadcast;
     * epoch-end metrics are averaged over ranks (put this callback first);
@@ -184,8 +309,8 @@ class _RingAllreduce:
 
     def on_train_begin(self, logs=None):
         model = self.model
-        if getattr(model, "jit_compile", False):
-            model.jit_compile = False
+        if getattr(model, "jit_compile", False) and not _ops._xla_build_state()[0]:
+            model.jit_compile = False  # this build's ops have no XLA kernels
         if model.optimizer is None:
             raise ValueError("RingAllreduceCallback: compile the model with "
                              "an optimizer before fit")
@@ -193,7 +318,7 @@ class _RingAllreduce:
         # The train function may have been traced before the optimizer
         # reduced gradients (an earlier fit): trace it again.
         model.make_train_function(force=True)
-        if self._broadcast_for != id(model) and model.variables:
+        if self._broadcast_for != id(model) and _built(model):
             broadcast_model(model, self.root_rank)
             self._broadcast_for = id(model)
         if basics.rank() != 0 and not self.checkpoint_all_ranks:
@@ -253,6 +378,45 @@ class MetricAverageCallback(_MetricAverage, keras.callbacks.Callback):
 
 class LearningRateWarmupCallback(_LearningRateWarmup, keras.callbacks.Callback):
     __doc__ = _LearningRateWarmup.__doc__
+
+
+class LearningRateScheduleCallback(_LearningRateSchedule,
+                                   keras.callbacks.Callback):
+    __doc__ = _LearningRateSchedule.__doc__
+
+
+def _best_model_checkpoint(base):
+    class BestModelCheckpoint(base):
+        """Horovod's BestModelCheckpoint: a ModelCheckpoint that saves only
+        the best model by `monitor` (save_best_only=True). filepath may be
+        given here or set later (callback.filepath = ...) before fit."""
+
+        def __init__(self, monitor="val_loss", verbose=0,
+                     save_weights_only=False, mode="auto",
+                     save_freq="epoch", filepath=None):
+            placeholder = ("best.weights.h5" if save_weights_only
+                           else "best.keras")
+            super().__init__(filepath=filepath or placeholder,
+                             monitor=monitor, verbose=verbose,
+                             save_best_only=True,
+                             save_weights_only=save_weights_only, mode=mode,
+                             save_freq=save_freq)
+            self.filepath = filepath
+
+        def on_train_begin(self, logs=None):
+            if not self.filepath:
+                raise ValueError("BestModelCheckpoint: set its filepath "
+                                 "before fit (BestModelCheckpoint(filepath="
+                                 "...) or callback.filepath = ...)")
+            self.filepath = str(self.filepath)
+            parent = getattr(super(), "on_train_begin", None)
+            if parent is not None:
+                parent(logs)
+
+    return BestModelCheckpoint
+
+
+BestModelCheckpoint = _best_model_checkpoint(keras.callbacks.ModelCheckpoint)
 
 
 class RingAllreduceCallback(_RingAllreduce, keras.callbacks.Callback):

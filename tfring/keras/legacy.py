@@ -1,6 +1,7 @@
 """tfring.keras for tf_keras (Keras 2, `pip install tf_keras`; what
-tf.keras means with TF_USE_LEGACY_KERAS=1): the same callbacks and
-DistributedOptimizer, bound to tf_keras.
+tf.keras means with TF_USE_LEGACY_KERAS=1): the same callbacks,
+DistributedOptimizer and the rest of horovod.tensorflow.keras, bound to
+tf_keras.
 
     import tfring.keras.legacy as tk
     model.fit(x, y, callbacks=[tk.callbacks.RingAllreduceCallback()])
@@ -13,26 +14,43 @@ import tf_keras
 from tfring.keras import (  # noqa: F401 - the framework-independent API
     Average,
     Compression,
+    DistributedGradientTape,
+    PartialDistributedGradientTape,
     Sum,
+    allgather,
+    allreduce,
     average_metrics,
+    broadcast,
     broadcast_global_variables,
     broadcast_variables,
+    cross_rank,
+    cross_size,
     init,
+    is_initialized,
     local_rank,
     local_size,
     rank,
+    reducescatter,
     shard,
     shutdown,
     size,
 )
 from tfring.keras.callbacks import (
     _BroadcastGlobalVariables,
+    _best_model_checkpoint,
+    _LearningRateSchedule,
     _LearningRateWarmup,
     _MetricAverage,
     _RingAllreduce,
 )
 from tfring.keras.checkpoint import _ResumableCheckpoint
-from tfring.keras.optimizer import DistributedOptimizer  # noqa: F401 - works for both
+from tfring.keras.horovod import load_model_with
+from tfring.keras.optimizer import (  # noqa: F401 - work for both
+    DistributedOptimizer,
+    PartialDistributedOptimizer,
+)
+from tfring.keras.sync_batch_norm import global_moments
+from tfring import basics as _basics
 
 
 class BroadcastGlobalVariablesCallback(_BroadcastGlobalVariables,
@@ -49,6 +67,11 @@ class LearningRateWarmupCallback(_LearningRateWarmup,
     __doc__ = _LearningRateWarmup.__doc__
 
 
+class LearningRateScheduleCallback(_LearningRateSchedule,
+                                   tf_keras.callbacks.Callback):
+    __doc__ = _LearningRateSchedule.__doc__
+
+
 class RingAllreduceCallback(_RingAllreduce, tf_keras.callbacks.Callback):
     __doc__ = _RingAllreduce.__doc__
 
@@ -58,10 +81,44 @@ class ResumableCheckpointCallback(_ResumableCheckpoint,
     __doc__ = _ResumableCheckpoint.__doc__
 
 
+BestModelCheckpoint = _best_model_checkpoint(
+    tf_keras.callbacks.ModelCheckpoint)
+
+
+class SyncBatchNormalization(tf_keras.layers.BatchNormalization):
+    """tf_keras BatchNormalization with statistics over every rank's batch
+    during training (see tfring.keras.SyncBatchNormalization)."""
+
+    def __init__(self, fused=False, **kwargs):
+        if fused:
+            raise ValueError("SyncBatchNormalization does not support "
+                             "fused=True")
+        if not kwargs.get("name"):
+            kwargs["name"] = "sync_batch_normalization"
+        super().__init__(fused=False, **kwargs)
+
+    def _moments(self, inputs, reduction_axes, keep_dims, mask=None):
+        if _basics.size() == 1:
+            return super()._moments(inputs, reduction_axes, keep_dims,
+                                    mask=mask)
+        return global_moments(inputs, list(reduction_axes), mask,
+                              keepdims=keep_dims, name=f"{self.name}.moments")
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None,
+               compression=Compression.none, legacy_opts=False):
+    """Horovod's load_model on tf_keras: the loaded model's optimizer (and
+    its saved state) becomes a tfring DistributedOptimizer."""
+    return load_model_with(tf_keras, DistributedOptimizer, filepath,
+                           custom_optimizers, custom_objects, compression)
+
+
 callbacks = types.SimpleNamespace(
     ResumableCheckpointCallback=ResumableCheckpointCallback,
     BroadcastGlobalVariablesCallback=BroadcastGlobalVariablesCallback,
     MetricAverageCallback=MetricAverageCallback,
     LearningRateWarmupCallback=LearningRateWarmupCallback,
+    LearningRateScheduleCallback=LearningRateScheduleCallback,
     RingAllreduceCallback=RingAllreduceCallback,
+    BestModelCheckpoint=BestModelCheckpoint,
 )

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from tfring import Average, _core, basics
 from tfring import ops as _ops
+from tfring._buckets import plan as _bucket_plan
 from tfring.compression import Compression
 
 
@@ -29,19 +30,11 @@ def _nbytes(tensor):
 
 
 def _buckets(tensors, limit):
-    """Splits `tensors` (in order) into consecutive runs of at most `limit`
-    bytes (a larger tensor forms its own run; unknown sizes count 0)."""
-    runs, run, run_bytes = [], [], 0
-    for t in tensors:
-        n = _nbytes(t) or 0
-        if run and run_bytes + n > limit:
-            runs.append(run)
-            run, run_bytes = [], 0
-        run.append(t)
-        run_bytes += n
-    if run:
-        runs.append(run)
-    return runs
+    """Splits `tensors` (in backprop order) into consecutive runs of at most
+    `limit` bytes, the first ones smaller so that communication starts early
+    in backprop (tfring/_buckets.py); a larger tensor forms its own run."""
+    return [[tensors[i] for i in run]
+            for run in _bucket_plan([_nbytes(t) for t in tensors], limit)]
 
 
 def reduce_gradients(grads, op=Average, compression=Compression.none,

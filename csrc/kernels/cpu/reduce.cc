@@ -110,8 +110,11 @@ struct ScalarVec : detail::BufferedTail<T, 1, ScalarVec<T>> {
       return a * b;
     } else {
       using U = std::make_unsigned_t<T>;
-      // uint8 operands promote to int; 255 * 255 still fits.
-      return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+      // Multiply in unsigned int at least: 8- and 16-bit operands would
+      // otherwise promote to (signed) int, and 65535 * 65535 overflows it.
+      using W = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, U>;
+      return static_cast<T>(static_cast<U>(static_cast<W>(static_cast<U>(a)) *
+                                           static_cast<W>(static_cast<U>(b))));
     }
   }
   static Reg min(Reg a, Reg b) {

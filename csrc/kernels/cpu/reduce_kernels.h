@@ -222,6 +222,8 @@ KernelTable makeTable(const char* name) {
   fillRow<VecOf, uint8_t>(&t, DataType::kUInt8);
   fillRow<VecOf, int8_t>(&t, DataType::kInt8);
   fillRow<VecOf, Bool>(&t, DataType::kBool);
+  fillRow<VecOf, int16_t>(&t, DataType::kInt16);
+  fillRow<VecOf, uint16_t>(&t, DataType::kUInt16);
   return t;
 }
 

@@ -166,6 +166,22 @@ struct Vec256<int8_t> : Int256<int8_t> {
   static Reg max(Reg a, Reg b) { return _mm256_max_epi8(a, b); }
 };
 
+template <>
+struct Vec256<int16_t> : Int256<int16_t> {
+  static Reg add(Reg a, Reg b) { return _mm256_add_epi16(a, b); }
+  static Reg mul(Reg a, Reg b) { return _mm256_mullo_epi16(a, b); }
+  static Reg min(Reg a, Reg b) { return _mm256_min_epi16(a, b); }
+  static Reg max(Reg a, Reg b) { return _mm256_max_epi16(a, b); }
+};
+
+template <>
+struct Vec256<uint16_t> : Int256<uint16_t> {
+  static Reg add(Reg a, Reg b) { return _mm256_add_epi16(a, b); }
+  static Reg mul(Reg a, Reg b) { return _mm256_mullo_epi16(a, b); }
+  static Reg min(Reg a, Reg b) { return _mm256_min_epu16(a, b); }
+  static Reg max(Reg a, Reg b) { return _mm256_max_epu16(a, b); }
+};
+
 // bool: logical or / and, results always 0 or 1 (min(x, 1) maps nonzero to 1).
 template <>
 struct Vec256<Bool> : Int256<Bool> {

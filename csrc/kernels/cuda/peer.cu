@@ -146,6 +146,8 @@ void peerReduce(void* dst, const PeerSrcs& srcs, size_t begin, size_t count, Dat
     case DataType::kUInt8: return dispatchOp<uint8_t>(dst, srcs, begin, count, op, factor, stream);
     case DataType::kInt8: return dispatchOp<int8_t>(dst, srcs, begin, count, op, factor, stream);
     case DataType::kBool: return dispatchOp<Bool>(dst, srcs, begin, count, op, factor, stream);
+    case DataType::kInt16: return dispatchOp<int16_t>(dst, srcs, begin, count, op, factor, stream);
+    case DataType::kUInt16: return dispatchOp<uint16_t>(dst, srcs, begin, count, op, factor, stream);
   }
   fail(Code::kInvalidArgument, "unknown dtype ", static_cast<int>(dtype));
 }

@@ -159,6 +159,8 @@ void dispatchDtype(DataType dtype, Fn&& fn) {
     case DataType::kUInt8: return fn(uint8_t{});
     case DataType::kInt8: return fn(int8_t{});
     case DataType::kBool: return fn(Bool{});
+    case DataType::kInt16: return fn(int16_t{});
+    case DataType::kUInt16: return fn(uint16_t{});
   }
   fail(Code::kInvalidArgument, "unknown dtype ", static_cast<int>(dtype));
 }

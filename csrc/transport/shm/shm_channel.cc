@@ -44,7 +44,7 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& job, int rank,
     fail(Code::kUnavailable, "could not size shared memory ", s->name_, " to ",
          total, " bytes: ", strerror(e), " (is /dev/shm large enough?)");
   }
-  void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) fail(Code::kUnavailable, "mmap(", s->name_, "): ", strerror(errno));
   s->mapped_ = total;
@@ -72,7 +72,7 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& job, int rank) {
     ::close(fd);
     fail(Code::kUnavailable, "shared memory of rank ", rank, " is truncated");
   }
-  void* p = ::mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = ::mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) fail(Code::kUnavailable, "mmap(", s->name_, "): ", strerror(errno));
   s->mapped_ = st.st_size;

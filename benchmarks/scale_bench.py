@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Small-allreduce latency and critical-path hops by algorithm as ranks grow.
+
+    python benchmarks/scale_bench.py --np 8,16,32 --size 4K
+    python benchmarks/scale_bench.py --np 8,16,32 --size 4K --transport tcp
+    python benchmarks/scale_bench.py --np 16 --hosts 4 --algos ring,recdbl,rabenseifner,oneshot
+
+Starts N core-only ranks on this machine (no MPI, no TensorFlow; a file
+store in a temporary directory) and times ``_core.DirectAllreduce`` (the
+algorithm alone, no engine) for each algorithm in turn: float32 sum, in
+place, back to back, ``--iters`` calls after a warm-up, ``--reps`` times with
+the algorithms taking turns; a repetition's time is the slowest rank's mean
+per call, and the table shows the median repetition. Beside it: the hops on
+the collective's critical path and the most bytes one rank sent
+(``_core.last_collective_stats()``), and each algorithm's time as a ratio of
+the ring's.
+
+With more ranks than cores every sequential hop costs a context switch, so
+on a small machine the time tracks the hop count: compare trends, not
+absolute values. ``--hosts K`` makes consecutive ranks pretend to share K
+hosts (TFRING_HOSTNAME), which ``oneshot`` needs to run the small
+cross-host scheme; ``--transport tcp`` puts every link on TCP, as when each
+rank sits on a host of its own (the recursive algorithms always use TCP;
+the ring uses shared memory between ranks of one host).
+"""
+
+import argparse
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import child_env, human_size, parse_ints, parse_size  # noqa: E402
+
+
+def worker(args):
+    import numpy as np
+
+    from tfring import _core
+
+    rank, n = args.rank, args.nranks
+    direct = _core.DirectAllreduce(_core.FileStore(args.store), rank, n, args.secret)
+    count = args.size // 4
+    row = {}
+    algos = args.algos.split(",")
+    for algo in algos:
+        buf = np.full(count, rank + 1, np.float32)
+        direct.allreduce(buf, algo)
+        assert np.all(buf == n * (n + 1) / 2), (algo, buf[:4])
+        st = _core.last_collective_stats()
+        row[algo] = {"times": [], "hops": st["hops"], "bytes_sent": st["bytes_sent"],
+                     "ran": st["algo"]}
+    # Algorithms take turns, rep by rep, so a change in the machine's load
+    # falls on all of them.
+    for _ in range(args.reps):
+        for algo in algos:
+            row[algo]["times"].append(direct.time(args.size, algo, args.iters))
+    direct.close()
+    with open(args.out, "w") as f:
+        json.dump(row, f)
+    return 0
+
+
+def run(n, args):
+    with tempfile.TemporaryDirectory(prefix="tfring-scale-") as tmp:
+        store = os.path.join(tmp, "store")
+        os.makedirs(store)
+        secret = secrets.token_hex(16)
+        procs = []
+        for r in range(n):
+            env = child_env()
+            env["OMP_NUM_THREADS"] = "1"
+            # Opens the point-to-point links on any topology; each call
+            # names its algorithm.
+            env["TFRING_ALLREDUCE_ALGO"] = "recdbl"
+            if args.transport:
+                env["TFRING_TRANSPORT"] = args.transport
+            if args.hosts > 1:
+                env["TFRING_HOSTNAME"] = f"host{r * args.hosts // n}"
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(r),
+                   "--nranks", str(n), "--store", store, "--secret", secret,
+                   "--size", str(args.size), "--algos", args.algos, "--iters", str(args.iters),
+                   "--reps", str(args.reps),
+                   "--out", os.path.join(tmp, f"{r}.json")]
+            procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL))
+        try:
+            for p in procs:
+                p.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise SystemExit(f"scale_bench: {n} ranks ran past --timeout {args.timeout:g} s")
+        if any(p.returncode for p in procs):
+            raise SystemExit(f"scale_bench: a rank of {n} failed")
+        rows = []
+        for r in range(n):
+            with open(os.path.join(tmp, f"{r}.json")) as f:
+                rows.append(json.load(f))
+    out = {"np": n}
+    for algo in args.algos.split(","):
+        reps = len(rows[0][algo]["times"])
+        per_rep = [max(row[algo]["times"][i] for row in rows) for i in range(reps)]
+        out[algo] = {
+            "time_s": sorted(per_rep)[reps // 2],
+            "min_s": min(per_rep),
+            "hops": rows[0][algo]["hops"],
+            "bytes_sent": max(row[algo]["bytes_sent"] for row in rows),
+            "ran": rows[0][algo]["ran"],
+        }
+    return out
+
+
+def table(results, algos, size):
+    head = (["np"] + [f"{a} (us)" for a in algos] + [f"{a} hops" for a in algos]
+            + [f"{a}/ring" for a in algos if a != "ring"])
+    lines = [f"{human_size(size)} allreduce, float32 sum (median over repetitions of the "
+             "slowest rank's mean per call)",
+             "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for res in results:
+        cells = [str(res["np"])]
+        cells += [f"{res[a]['time_s'] * 1e6:.0f}" for a in algos]
+        cells += [str(res[a]["hops"]) for a in algos]
+        if "ring" in algos:
+            cells += [f"{res[a]['time_s'] / res['ring']['time_s']:.2f}" for a in algos
+                      if a != "ring"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--np", type=parse_ints, default=[8, 16, 32])
+    p.add_argument("--size", type=parse_size, default=4096)
+    p.add_argument("--algos", default="ring,recdbl,rabenseifner")
+    p.add_argument("--hosts", type=int, default=1)
+    p.add_argument("--transport", default="", help="TFRING_TRANSPORT for the ranks (tcp: "
+                   "every link over TCP, as with one rank per host)")
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--json")
+    p.add_argument("--worker", action="store_true")
+    p.add_argument("--rank", type=int)
+    p.add_argument("--nranks", type=int)
+    p.add_argument("--store")
+    p.add_argument("--secret")
+    p.add_argument("--out")
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    algos = args.algos.split(",")
+    results = [run(n, args) for n in args.np]
+    print(table(results, algos, args.size))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

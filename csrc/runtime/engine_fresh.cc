@@ -1,0 +1,159 @@
+// First appearances agreed in the round, without the coordinator.
+//
+// A tensor whose name has no cache id yet (a name never seen, an unnamed
+// call's order-based name, a name built from a step counter) would cost a
+// round trip to the coordinator on rank 0: a TCP message, the
+// coordinator's thread, a response, the reader thread, and another round.
+// Instead, the round's vote carries the first kFreshSlots such tensors of
+// each rank as hashes: a 32-bit hash of the name and a 64-bit hash of the
+// name with everything ranks must agree on (type, dtype, shape, op, root,
+// scales, host or GPU). Every rank sees every rank's list (the vote is an
+// allgather), so every rank computes the same answer:
+//   - a full hash on every rank's list: that tensor runs in this round, in
+//     the order of rank 0's list, fused like cached tensors (fuseReady);
+//   - a name hash on every rank's list whose full hash is not: the ranks
+//     disagree about that tensor (a changed shape, unnamed calls in another
+//     order): each rank sends it to the coordinator now, which reports the
+//     mismatch by name on every rank;
+//   - anything else waits like a cached tensor: a later round, or, once it
+//     has waited past agingLimit() or some rank needs the coordinator, the
+//     coordinator (stall reports stay by name).
+// Such tensors get no cache id: a name used once costs the vote no space
+// afterwards. More than kFreshSlots new tensors at once (a training step's
+// first pass) go to the coordinator as before, which grants them ids for
+// the bitmap fast path. Allgather (rows differ per rank) always goes to the
+// coordinator on first appearance.
+#include <algorithm>
+#include <cstring>
+
+#include "common/clock.h"
+#include "runtime/engine.h"
+#include "runtime/fusion.h"
+
+namespace tfring {
+namespace runtime {
+
+namespace {
+
+uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h = 1469598103934665603ull) {
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+struct FreshList {
+  int count = 0;
+  const int32_t* slots = nullptr;  // count x {name hash, full lo, full hi}
+  uint32_t nameHash(int i) const { return static_cast<uint32_t>(slots[3 * i]); }
+  uint64_t full(int i) const {
+    return static_cast<uint64_t>(static_cast<uint32_t>(slots[3 * i + 1])) |
+           (static_cast<uint64_t>(static_cast<uint32_t>(slots[3 * i + 2])) << 32);
+  }
+  bool hasFull(uint64_t h) const {
+    for (int i = 0; i < count; ++i)
+      if (full(i) == h) return true;
+    return false;
+  }
+  bool hasName(uint32_t h) const {
+    for (int i = 0; i < count; ++i)
+      if (nameHash(i) == h) return true;
+    return false;
+  }
+};
+
+}  // namespace
+
+bool Engine::freshEligible(Entry& e) const {
+  if (!cfg_.cache_enabled || ids_.count(e.meta.name)) return false;
+  const CollectiveType t = e.meta.type;
+  if (t != CollectiveType::kAllreduce && t != CollectiveType::kBroadcast &&
+      t != CollectiveType::kReducescatter)
+    return false;
+  wire::Writer w;
+  e.meta.write(w);
+  const auto& b = w.bytes();
+  e.fresh_full = fnv1a(b.data(), b.size());
+  const auto* np = reinterpret_cast<const uint8_t*>(e.meta.name.data());
+  e.fresh_name = static_cast<uint32_t>(fnv1a(np, e.meta.name.size()) >> 16);
+  return true;
+}
+
+void Engine::writeFreshVote(int32_t* out) {
+  std::fill(out, out + kFreshWords, 0);
+  const int n = static_cast<int>(std::min<size_t>(fresh_.size(), kFreshSlots));
+  out[0] = n;
+  for (int i = 0; i < n; ++i) {
+    const Entry& e = *fresh_[i];
+    out[1 + 3 * i] = static_cast<int32_t>(e.fresh_name);
+    out[2 + 3 * i] = static_cast<int32_t>(static_cast<uint32_t>(e.fresh_full));
+    out[3 + 3 * i] = static_cast<int32_t>(static_cast<uint32_t>(e.fresh_full >> 32));
+  }
+}
+
+void Engine::runFresh(size_t len, size_t offset) {
+  const int N = comm_.size;
+  std::vector<FreshList> lists(N);
+  for (int q = 0; q < N; ++q) {
+    const int32_t* v = votes_.data() + static_cast<size_t>(q) * len + offset;
+    lists[q].count = std::max(0, std::min<int>(v[0], kFreshSlots));
+    lists[q].slots = v + 1;
+  }
+  auto everywhereFull = [&](uint64_t h) {
+    for (auto& l : lists)
+      if (!l.hasFull(h)) return false;
+    return true;
+  };
+  auto everywhereName = [&](uint32_t h) {
+    for (auto& l : lists)
+      if (!l.hasName(h)) return false;
+    return true;
+  };
+  // This rank's offered entries (the first slots of fresh_, as voted).
+  const int mine = lists[links_->topology().rank].count;
+  std::vector<std::shared_ptr<Entry>> run, conflict;
+  std::vector<bool> taken(mine, false);
+  // Execution order: rank 0's list, so every rank runs the same sequence.
+  for (int i = 0; i < lists[0].count; ++i) {
+    const uint64_t h = lists[0].full(i);
+    if (!everywhereFull(h)) continue;
+    for (int j = 0; j < mine; ++j)
+      if (!taken[j] && fresh_[j]->fresh_full == h) {
+        taken[j] = true;
+        run.push_back(fresh_[j]);
+        break;
+      }
+  }
+  for (int j = 0; j < mine; ++j)
+    if (!taken[j] && everywhereName(fresh_[j]->fresh_name)) {
+      taken[j] = true;
+      conflict.push_back(fresh_[j]);
+    }
+  if (run.empty() && conflict.empty()) return;
+  std::vector<std::shared_ptr<Entry>> keep;
+  for (int j = 0; j < static_cast<int>(fresh_.size()); ++j)
+    if (j >= mine || !taken[j]) keep.push_back(std::move(fresh_[j]));
+  fresh_.swap(keep);
+  if (!run.empty()) {
+    std::vector<const Meta*> metas;
+    metas.reserve(run.size());
+    for (auto& e : run) metas.push_back(&e->meta);
+    for (auto& idx : fuseReady(metas, cfg_.fusion_threshold)) {
+      Group g;
+      g.type = run[idx[0]]->meta.type;
+      std::vector<std::shared_ptr<Entry>> es;
+      es.reserve(idx.size());
+      for (size_t k : idx) {
+        es.push_back(run[k]);
+        g.names.push_back(run[k]->meta.name);
+      }
+      runGroup(g, es);
+    }
+  }
+  // Disagreement: the coordinator compares the Metas and names the ranks.
+  if (!conflict.empty()) sendSlow(conflict);
+}
+
+}  // namespace runtime
+}  // namespace tfring

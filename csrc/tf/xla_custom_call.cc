@@ -1,0 +1,493 @@
+// The XLA custom-call targets behind the ops' XLA kernels (xla_ops.cc): typed
+// FFI handlers registered with the XLA FFI registry of the TensorFlow binary
+// (XLA_FFI_GetApi, exported by libtensorflow_framework) for platform "Host",
+// and for "CUDA" in builds with the GPU kernels (TFRING_TF_GPU).
+//
+// Each handler turns its buffers into runtime::Requests named by the
+// `tensor_name` attribute and hands them to the engine in one batch, like
+// the TF kernels do (adapter.cc), so a grouped allreduce is fused whole.
+//
+// Host: asynchronous. The handler returns an ffi::Future and the XLA:CPU
+// runtime goes on with independent work meanwhile, so no XLA thread waits on
+// the network and several collectives of one step can be in flight together
+// in whatever order XLA's threads reach them (no rank can deadlock another
+// by blocking its threads on a different collective). Completion never runs
+// XLA code on a thread that holds the engine: if the requests finished
+// before the handler returned (every rank was ready and tryDrive ran them),
+// the future is returned complete; otherwise a completer thread fulfils it.
+//
+// CUDA: XLA:GPU runs custom calls on its host thread in program order, the
+// same order on every rank. The handler hands the engine XLA's stream (the
+// input is read after the work queued on it) and drives the engine until
+// the output is complete on the device (runtime.h's stream contract), then
+// returns; XLA's later kernels on that stream see the result.
+//
+// Errors reach TensorFlow with the engine's code: a shape that differs by
+// rank fails with FailedPreconditionError and the same message as without
+// XLA, on every rank.
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+#include "common/status.h"
+#include "common/types.h"
+#include "runtime/runtime.h"
+
+namespace tfring {
+namespace tf {
+namespace {
+
+namespace ffi = ::xla::ffi;
+
+bool toRingDataType(ffi::DataType in, DataType* out) {
+  switch (in) {
+    case ffi::DataType::F16: *out = DataType::kFloat16; return true;
+    case ffi::DataType::BF16: *out = DataType::kBFloat16; return true;
+    case ffi::DataType::F32: *out = DataType::kFloat32; return true;
+    case ffi::DataType::F64: *out = DataType::kFloat64; return true;
+    case ffi::DataType::S32: *out = DataType::kInt32; return true;
+    case ffi::DataType::S64: *out = DataType::kInt64; return true;
+    case ffi::DataType::U8: *out = DataType::kUInt8; return true;
+    case ffi::DataType::S8: *out = DataType::kInt8; return true;
+    case ffi::DataType::PRED: *out = DataType::kBool; return true;
+    default: return false;
+  }
+}
+
+// The same codes the TF kernels report (adapter.cc, toTfStatus).
+ffi::Error toFfiError(const Status& s) {
+  ffi::ErrorCode code;
+  switch (s.code()) {
+    case Code::kOk: return ffi::Error::Success();
+    case Code::kInvalidArgument: code = ffi::ErrorCode::kInvalidArgument; break;
+    case Code::kMismatch: code = ffi::ErrorCode::kFailedPrecondition; break;
+    case Code::kTimeout: code = ffi::ErrorCode::kDeadlineExceeded; break;
+    case Code::kPeerFailure: code = ffi::ErrorCode::kUnavailable; break;
+    case Code::kAborted: code = ffi::ErrorCode::kAborted; break;
+    case Code::kUnavailable: code = ffi::ErrorCode::kUnimplemented; break;
+    case Code::kInternal: code = ffi::ErrorCode::kInternal; break;
+    default: code = ffi::ErrorCode::kUnknown; break;
+  }
+  return ffi::Error(code, s.message());
+}
+
+std::vector<int64_t> dimsOf(const ffi::AnyBuffer& b) {
+  auto d = b.dimensions();
+  return std::vector<int64_t>(d.begin(), d.end());
+}
+
+// What the XLA kernel put in the custom call's attributes (xla_ops.cc).
+struct Attrs {
+  std::string name;
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int root = 0;
+};
+
+// Fills a request's common fields from one argument/result pair; false with
+// *err set for a dtype the core does not handle.
+bool fill(CollectiveType type, const Attrs& a, const std::string& name,
+          const ffi::AnyBuffer& in, void* out, runtime::Request* req, Status* err) {
+  req->name = name;
+  req->type = type;
+  if (!toRingDataType(in.element_type(), &req->dtype)) {
+    *err = Status(Code::kInvalidArgument,
+                  strCat("tfring: ", collectiveName(type), " of tensor '", name,
+                         "' under XLA does not support XLA element type ",
+                         static_cast<int>(in.element_type())));
+    return false;
+  }
+  req->shape = dimsOf(in);
+  req->input = in.untyped_data();
+  req->output = out;
+  req->op = a.op;
+  req->prescale = a.prescale;
+  req->postscale = a.postscale;
+  req->root = a.root;
+  return true;
+}
+
+// Allgather under XLA has a static output of size * dim0 rows, so every
+// rank must bring the same first dimension. The request's shape gets a
+// leading 1: the coordinator then compares dim0 like any other dimension and
+// a rank with other rows fails the collective on every rank with a
+// MismatchError, before any data moves.
+void allgatherShape(runtime::Request* req) { req->shape.insert(req->shape.begin(), 1); }
+
+Status withAllgatherHint(const Status& s) {
+  if (s.code() != Code::kMismatch) return s;
+  return Status(s.code(),
+                strCat(s.message(), ". Under XLA (jit_compile) allgather needs the same first "
+                       "dimension on every rank, since XLA fixes the output shape when it "
+                       "compiles; the shapes above carry a leading 1 for that check. Gather "
+                       "tensors whose first dimension differs by rank outside the "
+                       "jit-compiled function"));
+}
+
+Status enqueueNoThrow(std::vector<runtime::Request> reqs,
+                      std::vector<runtime::DoneCallback> cbs) {
+  try {
+    return runtime::enqueueBatch(std::move(reqs), std::move(cbs));
+  } catch (const Error& e) {
+    return e.status();
+  } catch (const std::exception& e) {
+    return Status(Code::kInternal, e.what());
+  }
+}
+
+// ------------------------------------------------------------- host ----
+
+// One custom call's requests on their way through the engine.
+struct Pending {
+  enum Phase { kSubmitting, kReturned, kFinished };
+  explicit Pending(int n, bool allgather) : left(n), allgather(allgather) {}
+
+  std::atomic<int> left;
+  std::atomic<int> phase{kSubmitting};
+  const bool allgather;
+  std::mutex mu;
+  Status first_error;
+  ffi::Promise promise;
+
+  void record(const Status& s) {
+    if (s.ok()) return;
+    std::lock_guard<std::mutex> lk(mu);
+    if (first_error.ok()) first_error = allgather ? withAllgatherHint(s) : s;
+  }
+  void fulfil() {
+    Status s;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      s = first_error;
+    }
+    if (s.ok())
+      promise.SetAvailable();
+    else
+      promise.SetError(toFfiError(s));
+  }
+};
+
+// Fulfils promises off the engine's threads: an XLA continuation attached to
+// a future may run on the thread that completes it.
+class Completer {
+ public:
+  static Completer& get() {
+    static Completer* c = new Completer();  // never destroyed: exit order
+    return *c;
+  }
+  void post(std::shared_ptr<Pending> p) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      queue_.push_back(std::move(p));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  Completer() { std::thread([this] { loop(); }).detach(); }
+  void loop() {
+    for (;;) {
+      std::shared_ptr<Pending> p;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [this] { return !queue_.empty(); });
+        p = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      p->fulfil();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Pending>> queue_;
+};
+
+// Submits the requests and returns the future XLA waits on.
+ffi::Future submitAsync(std::vector<runtime::Request> reqs, bool allgather) {
+  const int n = static_cast<int>(reqs.size());
+  auto p = std::make_shared<Pending>(n, allgather);
+  ffi::Future future(p->promise);
+  Completer::get();  // started before any request can finish
+  std::vector<runtime::DoneCallback> cbs;
+  cbs.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    cbs.push_back([p](const Status& s) {
+      p->record(s);
+      if (p->left.fetch_sub(1) != 1) return;
+      int expected = Pending::kSubmitting;
+      if (p->phase.compare_exchange_strong(expected, Pending::kFinished)) return;
+      Completer::get().post(p);  // the handler has returned already
+    });
+  }
+  Status s = n ? enqueueNoThrow(std::move(reqs), std::move(cbs)) : Status::OK();
+  if (!s.ok()) {  // refused: no callback will come
+    p->record(s);
+    p->fulfil();
+    return future;
+  }
+  if (n == 0) {
+    p->fulfil();
+    return future;
+  }
+  try {
+    runtime::tryDrive();  // every rank ready: the collective runs here
+  } catch (...) {
+  }
+  int expected = Pending::kSubmitting;
+  if (!p->phase.compare_exchange_strong(expected, Pending::kReturned))
+    p->fulfil();  // finished inside tryDrive (or size 1): complete at once
+  return future;
+}
+
+Attrs reduceAttrs(std::string_view name, int32_t op, double pre, double post) {
+  Attrs a;
+  a.name = std::string(name);
+  a.op = static_cast<ReduceOp>(op);
+  a.prescale = pre;
+  a.postscale = post;
+  return a;
+}
+
+ffi::Future failed(const Status& s) {
+  ffi::Promise p;
+  ffi::Future f(p);
+  p.SetError(toFfiError(s));
+  return f;
+}
+
+ffi::Future hostAllreduce(ffi::RemainingArgs args, ffi::RemainingRets rets,
+                          std::string_view name, int32_t op, double pre, double post,
+                          int32_t grouped) {
+  Attrs a = reduceAttrs(name, op, pre, post);
+  std::vector<runtime::Request> reqs(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto in = args.get<ffi::AnyBuffer>(i);
+    auto out = rets.get<ffi::AnyBuffer>(i);
+    if (!in.has_value() || !out.has_value())
+      return failed(Status(Code::kInternal, strCat("tfring: allreduce of tensor '", a.name,
+                                                   "': XLA passed no buffer ", i)));
+    std::string req_name = grouped ? strCat(a.name, ".", i) : a.name;
+    Status err;
+    if (!fill(CollectiveType::kAllreduce, a, req_name, *in, (*out)->untyped_data(), &reqs[i],
+              &err))
+      return failed(err);
+  }
+  return submitAsync(std::move(reqs), false);
+}
+
+ffi::Future hostAllgather(ffi::AnyBuffer in, ffi::Result<ffi::AnyBuffer> out,
+                          std::string_view name) {
+  Attrs a;
+  a.name = std::string(name);
+  std::vector<runtime::Request> reqs(1);
+  Status err;
+  if (!fill(CollectiveType::kAllgather, a, a.name, in, out->untyped_data(), &reqs[0], &err))
+    return failed(err);
+  allgatherShape(&reqs[0]);
+  return submitAsync(std::move(reqs), true);
+}
+
+ffi::Future hostBroadcast(ffi::AnyBuffer in, ffi::Result<ffi::AnyBuffer> out,
+                          std::string_view name, int32_t root) {
+  Attrs a;
+  a.name = std::string(name);
+  a.root = root;
+  std::vector<runtime::Request> reqs(1);
+  Status err;
+  if (!fill(CollectiveType::kBroadcast, a, a.name, in, out->untyped_data(), &reqs[0], &err))
+    return failed(err);
+  return submitAsync(std::move(reqs), false);
+}
+
+ffi::Future hostReducescatter(ffi::AnyBuffer in, ffi::Result<ffi::AnyBuffer> out,
+                              std::string_view name, int32_t op, double pre, double post) {
+  Attrs a = reduceAttrs(name, op, pre, post);
+  std::vector<runtime::Request> reqs(1);
+  Status err;
+  if (!fill(CollectiveType::kReducescatter, a, a.name, in, out->untyped_data(), &reqs[0],
+            &err))
+    return failed(err);
+  return submitAsync(std::move(reqs), false);
+}
+
+XLA_FFI_DEFINE_HANDLER(kHostAllreduce, hostAllreduce,
+                       ffi::Ffi::Bind()
+                           .RemainingArgs()
+                           .RemainingRets()
+                           .Attr<std::string_view>("tensor_name")
+                           .Attr<int32_t>("reduce_op")
+                           .Attr<double>("prescale")
+                           .Attr<double>("postscale")
+                           .Attr<int32_t>("grouped"));
+XLA_FFI_DEFINE_HANDLER(kHostAllgather, hostAllgather,
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<std::string_view>("tensor_name"));
+XLA_FFI_DEFINE_HANDLER(kHostBroadcast, hostBroadcast,
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<std::string_view>("tensor_name")
+                           .Attr<int32_t>("root"));
+XLA_FFI_DEFINE_HANDLER(kHostReducescatter, hostReducescatter,
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<std::string_view>("tensor_name")
+                           .Attr<int32_t>("reduce_op")
+                           .Attr<double>("prescale")
+                           .Attr<double>("postscale"));
+
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), "tfring_allreduce", "Host", kHostAllreduce);
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), "tfring_allgather", "Host", kHostAllgather);
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), "tfring_broadcast", "Host", kHostBroadcast);
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), "tfring_reducescatter", "Host",
+                         kHostReducescatter);
+
+// -------------------------------------------------------------- CUDA ----
+#if TFRING_TF_GPU
+
+struct CUstream_st;  // cudaStream_t, without CUDA headers
+
+// Submits with XLA's stream and drives the engine until every request is
+// done (the outputs are then complete on the device).
+ffi::Error submitBlocking(std::vector<runtime::Request> reqs, bool allgather) {
+  const int n = static_cast<int>(reqs.size());
+  struct State {
+    std::atomic<int> left;
+    std::mutex mu;
+    Status first;
+  };
+  auto st = std::make_shared<State>();
+  st->left = n;
+  std::vector<runtime::DoneCallback> cbs;
+  for (int i = 0; i < n; ++i)
+    cbs.push_back([st](const Status& s) {
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lk(st->mu);
+        if (st->first.ok()) st->first = s;
+      }
+      st->left.fetch_sub(1);
+    });
+  Status s = n ? enqueueNoThrow(std::move(reqs), std::move(cbs)) : Status::OK();
+  if (!s.ok()) return toFfiError(allgather ? withAllgatherHint(s) : s);
+  try {
+    runtime::drive([st] { return st->left.load() == 0; },
+                   [] { std::this_thread::sleep_for(std::chrono::microseconds(20)); });
+  } catch (const Error& e) {
+    return toFfiError(e.status());
+  }
+  std::lock_guard<std::mutex> lk(st->mu);
+  return toFfiError(allgather ? withAllgatherHint(st->first) : st->first);
+}
+
+void onGpu(std::vector<runtime::Request>* reqs, int32_t device, CUstream_st* stream) {
+  for (auto& r : *reqs) {
+    r.device = device;
+    r.stream = stream;
+  }
+}
+
+ffi::Error gpuAllreduce(CUstream_st* stream, int32_t device, ffi::RemainingArgs args,
+                        ffi::RemainingRets rets, std::string_view name, int32_t op,
+                        double pre, double post, int32_t grouped) {
+  Attrs a = reduceAttrs(name, op, pre, post);
+  std::vector<runtime::Request> reqs(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto in = args.get<ffi::AnyBuffer>(i);
+    auto out = rets.get<ffi::AnyBuffer>(i);
+    if (!in.has_value() || !out.has_value())
+      return toFfiError(Status(Code::kInternal, strCat("tfring: allreduce of tensor '", a.name,
+                                                       "': XLA passed no buffer ", i)));
+    std::string req_name = grouped ? strCat(a.name, ".", i) : a.name;
+    Status err;
+    if (!fill(CollectiveType::kAllreduce, a, req_name, *in, (*out)->untyped_data(), &reqs[i],
+              &err))
+      return toFfiError(err);
+  }
+  onGpu(&reqs, device, stream);
+  return submitBlocking(std::move(reqs), false);
+}
+
+ffi::Error gpuOne(CollectiveType type, CUstream_st* stream, int32_t device,
+                  const ffi::AnyBuffer& in, void* out, const Attrs& a) {
+  std::vector<runtime::Request> reqs(1);
+  Status err;
+  if (!fill(type, a, a.name, in, out, &reqs[0], &err)) return toFfiError(err);
+  if (type == CollectiveType::kAllgather) allgatherShape(&reqs[0]);
+  onGpu(&reqs, device, stream);
+  return submitBlocking(std::move(reqs), type == CollectiveType::kAllgather);
+}
+
+ffi::Error gpuAllgather(CUstream_st* stream, int32_t device, ffi::AnyBuffer in,
+                        ffi::Result<ffi::AnyBuffer> out, std::string_view name) {
+  Attrs a;
+  a.name = std::string(name);
+  return gpuOne(CollectiveType::kAllgather, stream, device, in, out->untyped_data(), a);
+}
+
+ffi::Error gpuBroadcast(CUstream_st* stream, int32_t device, ffi::AnyBuffer in,
+                        ffi::Result<ffi::AnyBuffer> out, std::string_view name, int32_t root) {
+  Attrs a;
+  a.name = std::string(name);
+  a.root = root;
+  return gpuOne(CollectiveType::kBroadcast, stream, device, in, out->untyped_data(), a);
+}
+
+ffi::Error gpuReducescatter(CUstream_st* stream, int32_t device, ffi::AnyBuffer in,
+                            ffi::Result<ffi::AnyBuffer> out, std::string_view name,
+                            int32_t op, double pre, double post) {
+  return gpuOne(CollectiveType::kReducescatter, stream, device, in, out->untyped_data(),
+                reduceAttrs(name, op, pre, post));
+}
+
+#define TFRING_GPU_BIND \
+  ffi::Ffi::Bind().Ctx<ffi::PlatformStream<CUstream_st*>>().Ctx<ffi::DeviceOrdinal>()
+
+XLA_FFI_DEFINE_HANDLER(kGpuAllreduce, gpuAllreduce,
+                       TFRING_GPU_BIND.RemainingArgs()
+                           .RemainingRets()
+                           .Attr<std::string_view>("tensor_name")
+                           .Attr<int32_t>("reduce_op")
+                           .Attr<double>("prescale")
+                           .Attr<double>("postscale")
+                           .Attr<int32_t>("grouped"));
+XLA_FFI_DEFINE_HANDLER(kGpuAllgather, gpuAllgather,
+                       TFRING_GPU_BIND.Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<std::string_view>("tensor_name"));
+XLA_FFI_DEFINE_HANDLER(kGpuBroadcast, gpuBroadcast,
+                       TFRING_GPU_BIND.Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<std::string_view>("tensor_name")
+                           .Attr<int32_t>("root"));
+XLA_FFI_DEFINE_HANDLER(kGpuReducescatter, gpuReducescatter,
+                       TFRING_GPU_BIND.Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<std::string_view>("tensor_name")
+                           .Attr<int32_t>("reduce_op")
+                           .Attr<double>("prescale")
+                           .Attr<double>("postscale"));
+
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), "tfring_allreduce", "CUDA", kGpuAllreduce);
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), "tfring_allgather", "CUDA", kGpuAllgather);
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), "tfring_broadcast", "CUDA", kGpuBroadcast);
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), "tfring_reducescatter", "CUDA",
+                         kGpuReducescatter);
+
+#endif  // TFRING_TF_GPU
+
+}  // namespace
+}  // namespace tf
+}  // namespace tfring

@@ -1,0 +1,228 @@
+// XLA kernels of the collective ops, so that a function compiled with
+// jit_compile=True (Keras's train step on GPU hosts included) runs them.
+// Each op becomes one typed-FFI custom call (targets in xla_custom_call.cc)
+// whose attributes carry the op's cross-rank `tensor_name` and its reduce
+// attributes; XLA passes the input and a preallocated output buffer.
+//
+// XLA fixes every shape when it compiles, so:
+//   * allreduce and broadcast produce the input's shape;
+//   * allgather produces size * dim0 rows: under XLA every rank must bring
+//     the same first dimension (checked across ranks at run time, a
+//     MismatchError on every rank otherwise, see xla_custom_call.cc);
+//   * reducescatter produces this rank's rows (runtime::reducescatterShape),
+//     so tfring must be initialized before the function is compiled;
+//   * a dynamic (data-dependent) dimension is refused while compiling, with
+//     an error naming the op.
+//
+// The calls are side-effecting: XLA never merges, drops or hoists them,
+// exactly like the stateful TF ops they compile.
+#include <cctype>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
+#include "tensorflow/compiler/tf2xla/xla_op_registry.h"
+#include "xla/hlo/builder/xla_builder.h"
+#include "xla/shape.h"
+
+#include "common/types.h"
+#include "runtime/runtime.h"
+
+namespace tfring {
+namespace tf {
+namespace {
+
+namespace tfw = ::tensorflow;
+
+// A string attribute in the MLIR dictionary syntax XLA parses a typed-FFI
+// call's backend_config with: anything but [A-Za-z0-9_./-] hex-escaped.
+std::string mlirString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '_' || c == '.' || c == '/' || c == '-') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[4];
+      std::snprintf(buf, sizeof(buf), "\\%02X", c);
+      out += buf;
+    }
+  }
+  return out + "\"";
+}
+
+// A double as its exact bit pattern (MLIR's hexadecimal float literal).
+std::string mlirDouble(double v) {
+  uint64_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "0x%016llX : f64", static_cast<unsigned long long>(bits));
+  return buf;
+}
+
+std::string mlirInt(int64_t v) { return std::to_string(v) + " : i32"; }
+
+class RingXlaOp : public tfw::XlaOpKernel {
+ public:
+  RingXlaOp(tfw::OpKernelConstruction* c, CollectiveType type)
+      : XlaOpKernel(c), type_(type) {
+    OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
+    if (tensor_name_.empty()) tensor_name_ = name();
+    if (type == CollectiveType::kAllreduce || type == CollectiveType::kReducescatter) {
+      std::string op;
+      float pre = 1.0f, post = 1.0f;
+      OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &op));
+      OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &pre));
+      OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &post));
+      OP_REQUIRES(c, parseReduceOp(op, &op_),
+                  absl::InvalidArgumentError("tfring: unknown reduce_op '" + op + "'"));
+      prescale_ = pre;
+      postscale_ = post;
+    }
+    if (type == CollectiveType::kBroadcast) OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_));
+  }
+
+  void Compile(tfw::XlaOpKernelContext* ctx) override {
+    const int n = ctx->num_inputs();
+    std::vector<xla::XlaOp> operands;
+    std::vector<xla::Shape> results;
+    for (int i = 0; i < n; ++i) {
+      absl::StatusOr<xla::Shape> shape = ctx->InputXlaShape(i);
+      OP_REQUIRES_OK(ctx, shape.status());
+      OP_REQUIRES(ctx, shape->is_static(),
+                  error(absl::StrCat("has the dynamic shape ", shape->ToString(),
+                                     " under XLA (a data-dependent size, such as the output "
+                                     "of tf.unique or tf.boolean_mask). XLA fixes every "
+                                     "collective's shape when it compiles: pad the tensor to "
+                                     "a fixed size, or call the collective outside the "
+                                     "jit-compiled function")));
+      operands.push_back(ctx->Input(i));
+      xla::Shape out = *shape;
+      if (type_ == CollectiveType::kAllgather || type_ == CollectiveType::kReducescatter) {
+        OP_REQUIRES(ctx, out.dimensions().size() >= 1,
+                    error("needs at least one dimension"));
+        OP_REQUIRES(ctx, runtime::isInitialized(),
+                    error("is compiled by XLA before tfring.init(): its output shape "
+                          "depends on the number of ranks; call tfring.init() first"));
+        int64_t d0 = out.dimensions(0);
+        int64_t rows = type_ == CollectiveType::kAllgather
+                           ? d0 * runtime::size()
+                           : runtime::reducescatterShape({d0}, runtime::rank(),
+                                                         runtime::size())[0];
+        out.set_dimensions(0, rows);
+      }
+      results.push_back(out);
+    }
+    const bool grouped = type_ == CollectiveType::kAllreduce && grouped_;
+    xla::Shape result = grouped ? xla::Shape(results) : results[0];
+    xla::XlaOp call = xla::CustomCall(
+        ctx->builder(), target(), operands, result, backendConfig(grouped),
+        /*has_side_effect=*/true, /*output_operand_aliasing=*/{}, /*literal=*/nullptr,
+        xla::CustomCallSchedule::SCHEDULE_NONE, xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
+    if (!grouped) {
+      ctx->SetOutput(0, call);
+      return;
+    }
+    for (int i = 0; i < n; ++i) ctx->SetOutput(i, xla::GetTupleElement(call, i));
+  }
+
+ protected:
+  bool grouped_ = false;
+
+ private:
+  absl::Status error(const std::string& what) const {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tfring: ", collectiveName(type_), " of tensor '", tensor_name_, "' (op ", name(),
+        ") ", what));
+  }
+
+  const char* target() const {
+    switch (type_) {
+      case CollectiveType::kAllgather: return "tfring_allgather";
+      case CollectiveType::kBroadcast: return "tfring_broadcast";
+      case CollectiveType::kReducescatter: return "tfring_reducescatter";
+      default: return "tfring_allreduce";
+    }
+  }
+
+  // The handler's attributes, in the dictionary syntax of typed FFI calls.
+  std::string backendConfig(bool grouped) const {
+    std::string c = "{tensor_name = " + mlirString(tensor_name_);
+    switch (type_) {
+      case CollectiveType::kAllreduce:
+        c += ", grouped = " + mlirInt(grouped ? 1 : 0);
+        [[fallthrough]];
+      case CollectiveType::kReducescatter:
+        c += ", reduce_op = " + mlirInt(static_cast<int>(op_));
+        c += ", prescale = " + mlirDouble(prescale_);
+        c += ", postscale = " + mlirDouble(postscale_);
+        break;
+      case CollectiveType::kBroadcast:
+        c += ", root = " + mlirInt(root_);
+        break;
+      default:
+        break;
+    }
+    return c + "}";
+  }
+
+  CollectiveType type_;
+  std::string tensor_name_;
+  ReduceOp op_ = ReduceOp::kSum;
+  double prescale_ = 1.0, postscale_ = 1.0;
+  int root_ = 0;
+};
+
+class RingAllreduceXla : public RingXlaOp {
+ public:
+  explicit RingAllreduceXla(tfw::OpKernelConstruction* c)
+      : RingXlaOp(c, CollectiveType::kAllreduce) {}
+};
+
+class RingGroupedAllreduceXla : public RingXlaOp {
+ public:
+  explicit RingGroupedAllreduceXla(tfw::OpKernelConstruction* c)
+      : RingXlaOp(c, CollectiveType::kAllreduce) {
+    grouped_ = true;
+  }
+};
+
+class RingAllgatherXla : public RingXlaOp {
+ public:
+  explicit RingAllgatherXla(tfw::OpKernelConstruction* c)
+      : RingXlaOp(c, CollectiveType::kAllgather) {}
+};
+
+class RingBroadcastXla : public RingXlaOp {
+ public:
+  explicit RingBroadcastXla(tfw::OpKernelConstruction* c)
+      : RingXlaOp(c, CollectiveType::kBroadcast) {}
+};
+
+class RingReducescatterXla : public RingXlaOp {
+ public:
+  explicit RingReducescatterXla(tfw::OpKernelConstruction* c)
+      : RingXlaOp(c, CollectiveType::kReducescatter) {}
+};
+
+// XLA:CPU always; XLA:GPU only where the custom calls have a CUDA target
+// (builds with the GPU kernels), so that elsewhere TF reports the op as not
+// compilable for the GPU instead of XLA failing to find the target.
+constexpr absl::string_view kXlaDevices[] = {
+    "XLA_CPU_JIT",  // tensorflow::DEVICE_CPU_XLA_JIT
+#if TFRING_TF_GPU
+    "XLA_GPU_JIT",  // tensorflow::DEVICE_GPU_XLA_JIT
+#endif
+};
+
+REGISTER_XLA_OP(Name("RingAllreduce").Device(kXlaDevices), RingAllreduceXla);
+REGISTER_XLA_OP(Name("RingGroupedAllreduce").Device(kXlaDevices), RingGroupedAllreduceXla);
+REGISTER_XLA_OP(Name("RingAllgather").Device(kXlaDevices), RingAllgatherXla);
+REGISTER_XLA_OP(Name("RingBroadcast").Device(kXlaDevices), RingBroadcastXla);
+REGISTER_XLA_OP(Name("RingReducescatter").Device(kXlaDevices), RingReducescatterXla);
+
+}  // namespace
+}  // namespace tf
+}  // namespace tfring

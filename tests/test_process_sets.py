@@ -1,0 +1,65 @@
+"""Process sets (tfring/process_sets.py, csrc/runtime/process_sets.cc) on 4
+ranks: each checked against numpy, disjoint sets running while the other is
+held, static and dynamic sets, the TF ops, and the errors on every rank.
+The worker is tests/workers/process_sets.py."""
+
+from multiproc import check_ok, run_ranks
+
+
+
+def run(mode, timeout=180):
+    results = run_ranks(4, "process_sets.py", args=[mode], timeout=timeout)
+    outs = check_ok(results)
+    return outs
+
+
+def assert_all_ok(outs, names):
+    for r, out in enumerate(outs):
+        for name in names:
+            assert name in out, f"rank {r} did not run {name}: {sorted(out)}"
+            assert out[name]["ok"], f"rank {r} {name}:\n{out[name].get('error')}"
+
+
+def test_disjoint_sets_run_concurrently_and_overlapping_set():
+    outs = run("core")
+    assert_all_ok(outs, ["ids_and_queries", "b_runs_while_a_held", "a_runs_while_b_held",
+                         "world_pending_blocks_no_set", "overlapping_set"])
+    # Set b's ranks finished 30 collectives while a's was pending, and the
+    # other way round.
+    assert [o["b_runs_while_a_held"].get("ran_while_held") for o in outs] == [None, None, 30, 30]
+    assert [o["a_runs_while_b_held"].get("ran_while_held") for o in outs] == [20, 20, None, None]
+
+
+def test_static_and_dynamic_sets():
+    outs = run("static")
+    assert_all_ok(outs, ["static_sets", "dynamic_add_remove", "shutdown_and_reinit"])
+
+
+def test_errors_name_the_set_on_every_rank():
+    outs = run("errors")
+    assert_all_ok(outs, ["repeated_ranks", "out_of_range", "ranks_disagree", "non_member_core",
+                         "non_member_python", "mismatch_in_set", "broadcast_root_outside",
+                         "removed_set", "unknown_set"])
+    # Every rank, member or not, got the mismatch and disagreement errors.
+    for o in outs:
+        assert "across ranks" in o["mismatch_in_set"]["msg"]
+        assert "ranks disagree on a process set change" in o["ranks_disagree"]["msg"]
+
+
+def test_tf_ops_on_process_sets():
+    outs = run("tf", timeout=240)
+    assert_all_ok(outs, ["tf_errors", "tf_eager", "tf_function", "tf_gradient", "tf_tape",
+                         "tf_broadcast_variables", "tf_two_sets_concurrently"])
+
+
+def test_a_member_dying_fails_every_rank_naming_it():
+    results = run_ranks(4, "process_sets.py", args=["fault"], timeout=120)
+    assert results[3].returncode != 0
+    for r in results[:3]:
+        assert r.returncode == 0, r.stderr[-3000:]
+        out = r.result["fault"]
+        assert out["ok"], out
+        assert out["type"] == "PeerFailureError", out
+        # Rank 3 is named as the job's rank, not its index in the set.
+        assert "rank 3" in out["msg"] and "rank 1:" not in out["msg"], out["msg"]
+        assert out["seconds"] < 30, out  # detected, not waited out (TFRING_TIMEOUT=60)

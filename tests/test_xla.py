@@ -1,0 +1,100 @@
+"""tfring's collectives inside tf.function(jit_compile=True) on 1 and 2
+ranks (worker: tests/workers/xla.py): every supported op bit-equal to numpy
+and to the same function without XLA, a collective in a while loop, the
+same MismatchError as without XLA on every rank, a DistributedGradientTape
+training step and a Keras fit with jit_compile=True reaching the non-XLA
+weights, and the errors for what XLA
+cannot run (ragged allgather, dynamic shapes, a late import)."""
+
+import os
+
+import pytest
+
+from multiproc import rank_results, run_ranks
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", "TFRING_TIMEOUT": "60"}
+CHECKS = ["ops_match_numpy_and_no_xla", "while_loop", "mismatch_same_error_as_without_xla",
+          "allgather_needs_equal_rows_under_xla", "dynamic_shape_names_the_op",
+          "tape_training_matches_no_xla", "keras_fit_jit_matches_no_xla",
+          "gradients_match_no_xla"]
+
+
+def _xla_built():
+    state = os.path.join(os.path.dirname(HERE), "tfring", "_tfring_ops.so.xla")
+    try:
+        with open(state) as f:
+            return f.read().startswith("on")
+    except OSError:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _xla_built(),
+                                reason="tfring's op library was built without XLA kernels")
+
+_jobs = {}
+
+
+def job(size):
+    if size not in _jobs:
+        _jobs[size] = run_ranks(size, "xla.py", ["main"], env=ENV, timeout=300)
+    return _jobs[size]
+
+
+@pytest.mark.parametrize("check", CHECKS)
+@pytest.mark.parametrize("size", [1, 2])
+def test_check(size, check):
+    if check == "mismatch_same_error_as_without_xla" and size == 1:
+        pytest.skip("a mismatch needs two ranks")
+    outs = rank_results(job(size), check)
+    failed = [(r, o.get("error")) for r, o in enumerate(outs) if not o["ok"]]
+    assert not failed, "\n".join(f"rank {r}:\n{e}" for r, e in failed)
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_names_agree_across_ranks(size):
+    names = [o["names"] for o in rank_results(job(size), "ops_match_numpy_and_no_xla")]
+    assert all(n == names[0] for n in names), names
+    assert len(set(names[0])) == len(names[0]), names[0]
+
+
+def test_mismatch_message_is_the_same_with_and_without_xla():
+    for out in rank_results(job(2), "mismatch_same_error_as_without_xla"):
+        msgs = out["messages"]
+        # TF wraps the engine's message: "[Op:...]" after it under XLA; the
+        # graph executor's "Graph execution error", node and stack around it.
+        core = msgs["xla"].split(" [Op:")[0]
+        assert core.startswith("mismatched allreduce of tensor 'bad/bad_shape'"), msgs
+        assert core in msgs["graph"], msgs
+
+
+def test_import_after_an_xla_compilation_fails_at_trace_time():
+    outs = rank_results(run_ranks(1, "xla.py", ["late_import"], env=ENV, timeout=120),
+                        "late_import")
+    assert outs[0]["ok"], outs[0].get("error")
+
+
+def test_benchmark_reports_both_steps(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, **ENV)
+    r = subprocess.run(
+        [sys.executable, os.path.join(os.path.dirname(HERE), "benchmarks", "xla_bench.py"),
+         "--reps", "1", "--iters", "2", "--width", "16", "--layers", "1", "--batch", "8",
+         "--features", "8", "--json", str(out)],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "XLA/no XLA" in r.stdout and "target XLA/no XLA <= 1.10" in r.stdout, r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["ranks"] == 2 and set(doc["steps"]) == {"mlp", "fused"}, doc
+    for step in doc["steps"].values():
+        assert step["xla_s"] > 0 and step["no_xla_s"] > 0, step
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_ranks_exit_cleanly(size):
+    for r in job(size):
+        assert r.returncode == 0, f"rank {r.rank} exited {r.returncode}\n{r.stderr[-3000:]}"

@@ -1,0 +1,93 @@
+"""Allreduce at scale (TFRING_ALLREDUCE_ALGO set by the test, core-only
+ranks). Modes:
+
+  full    every dtype x op at sizes 0, 1, odd, a few KiB and 1 MiB against a
+          numpy float64 reference; reports failures, a digest of every
+          result (ranks must agree bitwise) and the stats of each call.
+  stats   a few float32 sum allreduces of `count` elements; reports each
+          call's _core.last_collective_stats().
+  kill    the last rank dies inside a stream of allreduces; reports what the
+          survivors raised. Survivors exit right after their error, as a
+          script does.
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+from common import DTYPES, OPS, compare, digest, make_input, reference, report, to_f64, tolerance
+
+import tfring.basics as basics
+from tfring import _core
+
+mode = sys.argv[1] if len(sys.argv) > 1 else "full"
+basics.init()
+rank, n = basics.rank(), basics.size()
+
+if mode == "kill":
+    victim = n - 1
+    seen = {"error": None, "message": "", "elapsed": None}
+    x = np.ones(64, np.float32)
+    _core.allreduce(x, name="warmup")
+    t0 = time.time()
+    if rank == victim:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    try:
+        for i in range(10_000_000):
+            _core.allreduce(x, name=f"step.{i}", out=x)
+            x[:] = 1
+    except Exception as e:  # noqa: BLE001 - the test inspects what was raised
+        seen.update(error=type(e).__name__, message=str(e), elapsed=time.time() - t0)
+    report(seen)
+    os._exit(0)  # right after the error, without a clean shutdown
+
+if mode == "stats":
+    stats = []
+    for count in [int(c) for c in os.environ["TEST_COUNTS"].split(",")]:
+        x = np.full(count, rank + 1, np.float32)
+        y = _core.allreduce(x, op="sum", name=f"stats.{count}")
+        ok = bool(np.array_equal(y, np.full(count, n * (n + 1) / 2, np.float32)))
+        stats.append(dict(_core.last_collective_stats(), count=count, ok=ok))
+    report({"stats": stats, "totals": _core.allreduce_algorithm_stats()})
+    basics.shutdown()
+    sys.exit(0)
+
+failures, outs, stats = [], [], []
+dtypes = DTYPES if os.environ.get("TEST_ALL_DTYPES") else ["float32", "float64", "int32",
+                                                             "bfloat16"]
+counts = [0, 1, 3, 2 * n + 1, 1001]
+salt = 0
+for dtype in dtypes:
+    for op in OPS:
+        for count in counts:
+            salt += 1
+            x, dt = make_input(dtype, count, rank, salt, op)
+            y = _core.allreduce(x, op=op, name=f"ar.{dtype}.{op}.{count}", dtype=dt)
+            want = reference([make_input(dtype, count, r, salt, op)[0] for r in range(n)],
+                             dtype, op, n)
+            compare(failures, f"allreduce {dtype} {op} n={count}", to_f64(y, dtype), want,
+                    tolerance(dtype, n))
+            outs.append(y)
+            if count:
+                stats.append(_core.last_collective_stats())
+
+# Larger buffers: a few KiB and 1 MiB of float32, with scales.
+for count, pre, post in ((1500, 1.0, 1.0), (262_144, 0.5, 3.0), (262_147, 1.0, 1.0)):
+    salt += 1
+    x, dt = make_input("float32", count, rank, salt, "sum")
+    y = _core.allreduce(x, op="sum", name=f"big.{count}", dtype=dt, prescale=pre,
+                        postscale=post)
+    want = reference([make_input("float32", count, r, salt, "sum")[0] for r in range(n)],
+                     "float32", "sum", n) * pre * post
+    compare(failures, f"allreduce float32 sum n={count}", to_f64(y, "float32"), want,
+            tolerance("float32", n) * 4)
+    outs.append(y)
+    stats.append(_core.last_collective_stats())
+
+report({"failures": failures, "digest": digest(outs), "stats": stats,
+        "counts": _core.allreduce_algorithm_counts()})
+basics.shutdown()

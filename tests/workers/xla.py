@@ -1,0 +1,302 @@
+"""Rank worker for tests/test_xla.py: tfring's collectives inside functions
+compiled with tf.function(jit_compile=True), against the same functions
+without XLA and numpy float64 references.
+
+argv[1]: "main" runs every check below; "late_import" compiles a function
+with XLA before importing tfring (a process of its own). Results go back as
+{check: {"ok": bool, "error": str, ...}}.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import numpy as np
+import tensorflow as tf
+from common import checker, report
+
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(2)
+
+results = {}
+check = checker(results, announce=True)
+
+if sys.argv[1] == "late_import":
+    @tf.function(jit_compile=True)
+    def plain(x):
+        return x * 2
+
+    plain(tf.ones([2]))
+    import tfring
+
+    tfring.init()
+
+    @check("late_import")
+    def _():
+        @tf.function(jit_compile=True)
+        def f(x):
+            return tfring.allreduce(x)
+
+        try:
+            f.get_concrete_function(tf.TensorSpec([2], tf.float32))
+        except NotImplementedError as e:
+            msg = str(e)
+            assert "RingAllreduce" in msg and "before tracing the first" in msg, msg
+            return {"message": msg}
+        raise AssertionError("no trace-time error after a late import")
+
+    report(results)
+    sys.exit(0)
+
+import tfring  # noqa: E402
+
+tfring.init()
+RANK, SIZE = tfring.rank(), tfring.size()
+# XLA may fuse the model's arithmetic (FMA, reassociated reductions): a
+# trained model is compared with its non-XLA twin within this tolerance.
+# The collectives themselves move and sum the same bytes in the same
+# order, so on exactly representable data their results are compared
+# bit for bit.
+TOL = 1e-5
+
+
+def values(shape, salt, dtype=np.float32):
+    """Per-rank data of multiples of 1/4: every sum and product below is
+    exact in float32, so XLA's fusions cannot change a bit."""
+    rng = np.random.default_rng(1000 * salt + RANK)
+    return (rng.integers(-8, 9, shape) / 4).astype(dtype)
+
+
+def every(shape, salt, dtype=np.float32):
+    """What values() gives on each rank, in rank order (the references)."""
+    out = []
+    for r in range(SIZE):
+        rng = np.random.default_rng(1000 * salt + r)
+        out.append((rng.integers(-8, 9, shape) / 4).astype(dtype))
+    return out
+
+
+def equal(what, got, want):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+    assert np.array_equal(got, want), f"{what}: {got.ravel()[:6]} != {want.ravel()[:6]}"
+
+
+def step(x, y, z, w):
+    """Arithmetic around every supported collective."""
+    a = tfring.allreduce(x * 2 + 1, op=tfring.Sum, name="sum")
+    b = tfring.allreduce(x, op=tfring.Average, name="avg", prescale_factor=0.5,
+                         postscale_factor=4.0)
+    c = tfring.allreduce(x, op=tfring.Max, name="max")
+    g = tfring.grouped_allreduce([x, y, z], op=tfring.Sum, name="group")
+    br = tfring.broadcast(w * 3, root_rank=SIZE - 1, name="bcast")
+    ag = tfring.allgather(w - 1, name="gather")
+    rs = tfring.reducescatter(w, op=tfring.Sum, name="scatter")
+    return [a * 3, b, c, *g, br, ag, rs]
+
+
+def inputs(salt):
+    return [tf.constant(values([5, 3], salt)),
+            tf.constant(values([4], salt + 1, np.float64)),
+            tf.constant(np.arange(6, dtype=np.int32).reshape(2, 3) * (RANK + 1)),
+            tf.constant(values([3, 2], salt + 2))]
+
+
+def references(salt):
+    xs, ys, ws = every([5, 3], salt), every([4], salt + 1, np.float64), every([3, 2], salt + 2)
+    zs = [np.arange(6, dtype=np.int32).reshape(2, 3) * (r + 1) for r in range(SIZE)]
+    f64 = [x.astype(np.float64) for x in xs]
+    rows = 3 // SIZE + (1 if RANK < 3 % SIZE else 0)
+    start = sum(3 // SIZE + (1 if r < 3 % SIZE else 0) for r in range(RANK))
+    wsum = np.sum(ws, axis=0)
+    return [
+        (np.sum([x * 2 + 1 for x in f64], axis=0) * 3).astype(np.float32),
+        (np.sum([x * 0.5 for x in f64], axis=0) / SIZE * 4).astype(np.float32),
+        np.max(xs, axis=0),
+        np.sum(f64, axis=0).astype(np.float32), np.sum(ys, axis=0),
+        np.sum(zs, axis=0).astype(np.int32),
+        ws[SIZE - 1] * 3,
+        np.concatenate([w - 1 for w in ws]),
+        wsum[start:start + rows],
+    ]
+
+
+@check("ops_match_numpy_and_no_xla")
+def _():
+    jit = tf.function(step, jit_compile=True)
+    nojit = tf.function(step)
+    for salt in (1, 7):  # a second call takes the engine's cached path
+        args = inputs(salt)
+        got, base = jit(*args), nojit(*args)
+        for i, (g, b, want) in enumerate(zip(got, base, references(salt))):
+            equal(f"output {i} vs numpy", g.numpy(), want)
+            equal(f"output {i} vs no XLA", g.numpy(), b.numpy())
+    graph = jit.get_concrete_function(*inputs(1)).graph
+    names = sorted(op.get_attr("tensor_name").decode() for op in graph.get_operations()
+                   if op.type.startswith("Ring"))
+    return {"names": names}
+
+
+@check("while_loop")
+def _():
+    @tf.function(jit_compile=True)
+    def loop(x):
+        def body(i, acc):
+            return i + 1, tfring.allreduce(acc, op=tfring.Sum, name="loop_sum") / SIZE + 1
+
+        return tf.while_loop(lambda i, _: i < 3, body, [tf.constant(0), x])[1]
+
+    x = tf.constant(values([4], 3))
+    want = np.mean(every([4], 3), axis=0).astype(np.float32)
+    for _ in range(3):
+        want = (want * SIZE / SIZE + 1).astype(np.float32)
+    equal("while_loop", loop(x).numpy(), want)
+
+
+@check("mismatch_same_error_as_without_xla")
+def _():
+    def bad(x):
+        return tfring.allreduce(x, name="bad_shape")
+
+    x = tf.ones([3 + RANK])
+    msgs = {}
+    for label, fn in (("xla", tf.function(bad, jit_compile=True)), ("graph", tf.function(bad))):
+        try:
+            fn(x)
+        except tf.errors.FailedPreconditionError as e:
+            msgs[label] = e.message
+        else:
+            raise AssertionError(f"{label}: a shape mismatch should raise")
+    for label, msg in msgs.items():
+        assert "bad_shape" in msg and "shape [3] on rank 0 vs [4] on rank 1" in msg, (label, msg)
+    # Later collectives still work, with and without XLA.
+    after = tf.function(lambda v: tfring.allreduce(v, op=tfring.Sum, name="after"),
+                        jit_compile=True)(tf.ones([2]))
+    equal("after", after.numpy(), np.full(2, SIZE, np.float32))
+    return {"messages": msgs}
+
+
+@check("allgather_needs_equal_rows_under_xla")
+def _():
+    f = tf.function(lambda v: tfring.allgather(v, name="ragged"), jit_compile=True)
+    try:
+        out = f(tf.ones([2 + RANK, 3]))
+    except tf.errors.FailedPreconditionError as e:
+        assert "/ragged'" in e.message and "same first dimension" in e.message, e.message
+        return {"message": e.message}
+    assert SIZE == 1, "ragged allgather under XLA should fail on every rank"
+    equal("one rank", out.numpy(), np.ones([2, 3], np.float32))
+
+
+@check("dynamic_shape_names_the_op")
+def _():
+    @tf.function(jit_compile=True)
+    def f(x):
+        return tfring.allreduce(tf.boolean_mask(x, x > 0), name="masked")
+
+    try:
+        f(tf.constant([1.0, -1.0, 2.0]))
+    except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as e:
+        assert "masked" in e.message and "dynamic shape" in e.message, e.message
+        return {"message": e.message}
+    raise AssertionError("a dynamic shape under XLA should raise")
+
+
+@check("tape_training_matches_no_xla")
+def _():
+    import keras
+
+    features, batch, steps = 6, 8, 5
+    rng = np.random.default_rng(0)
+    data_x = rng.normal(size=(steps, batch * SIZE, features)).astype(np.float32)
+    data_y = data_x.sum(axis=2, keepdims=True).astype(np.float32)
+
+    def train(jit):
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(16, "tanh"),
+                                  keras.layers.Dense(1)])
+        opt = keras.optimizers.SGD(0.05)
+        tfring.broadcast_variables(model.variables, root_rank=0)
+
+        @tf.function(jit_compile=jit)
+        def train_step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(xb) - yb))
+            tape = tfring.DistributedGradientTape(tape)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        for s in range(steps):
+            part = slice(RANK * batch, (RANK + 1) * batch)
+            train_step(tf.constant(data_x[s, part]), tf.constant(data_y[s, part]))
+        return [v.numpy() for v in model.trainable_variables]
+
+    with_xla, without = train(True), train(False)
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(with_xla, without))
+    assert diff <= TOL, f"XLA and non-XLA weights differ by {diff}"
+    # Every rank holds the same weights.
+    flat = np.concatenate([w.ravel() for w in with_xla])
+    spread = tfring.allreduce(flat, op=tfring.Max) - tfring.allreduce(flat, op=tfring.Min)
+    assert float(np.max(spread)) == 0.0, "ranks' weights differ"
+    return {"max_diff": diff}
+
+
+@check("keras_fit_jit_matches_no_xla")
+def _():
+    import keras
+
+    import tfring.keras as tk
+
+    features, batch, steps = 6, 8, 4
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(steps * batch * SIZE, features)).astype(np.float32)
+    y = np.sin(x).sum(axis=1, keepdims=True).astype(np.float32)
+    # Rank r's part of every global batch.
+    blocks = x.reshape(steps, SIZE, batch, features)[:, RANK].reshape(-1, features)
+    yblocks = y.reshape(steps, SIZE, batch, 1)[:, RANK].reshape(-1, 1)
+
+    def fit(jit):
+        keras.utils.set_random_seed(3 + RANK)  # rank 0's weights are broadcast
+        model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(8, "tanh"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=jit)
+        model.fit(blocks, yblocks, batch_size=batch, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[tk.callbacks.RingAllreduceCallback()])
+        assert bool(model.jit_compile) == jit, "the callback changed jit_compile"
+        return [v.numpy() for v in model.trainable_variables]
+
+    with_xla, without = fit(True), fit(False)
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(with_xla, without))
+    assert diff <= TOL, f"XLA and non-XLA fit differ by {diff}"
+    return {"max_diff": diff}
+
+
+@check("gradients_match_no_xla")
+def _():
+    def grads(x, w):
+        with tf.GradientTape() as tape:
+            tape.watch(w)
+            a = tfring.allreduce(x * w, op=tfring.Sum, name="g_sum")
+            g = tfring.allgather(w * 2, name="g_gather")
+            b = tfring.broadcast(w, root_rank=0, name="g_bcast")
+            loss = tf.reduce_sum(a * a) + tf.reduce_sum(g) * 3 + tf.reduce_sum(b * x)
+        return tape.gradient(loss, w)
+
+    x, w = tf.constant(values([4, 2], 11)), tf.constant(values([4, 2], 12))
+    got = tf.function(grads, jit_compile=True)(x, w).numpy()
+    base = tf.function(grads)(x, w).numpy()
+    equal("gradient vs no XLA", got, base)
+    # d/dw: 2 * sum_r(a) * x (a is the same on every rank and the loss is
+    # summed over ranks), + 6 * size from the allgather, + the broadcast's
+    # sum of every rank's x on the root only.
+    xs, ws = every([4, 2], 11), every([4, 2], 12)
+    a = np.sum([xr.astype(np.float64) * wr for xr, wr in zip(xs, ws)], axis=0)
+    want = 2 * a * SIZE * xs[RANK] + 6 * SIZE + (np.sum(xs, axis=0) if RANK == 0 else 0)
+    equal("gradient vs numpy", got, want.astype(np.float32))
+
+
+report(results)
