@@ -48,7 +48,8 @@ def elastic_run(tmp_path, hosts, options, timeout=JOB_TIMEOUT, **env):
     cmd = [sys.executable, "-m", "tfring.run", "--host-discovery-script",
            f"cat {hosts_file}", *options, sys.executable, WORKER]
     try:
-        out = subprocess.run(cmd, env=_env(TFRING_TIMEOUT=30, **env), cwd=tmp_path,
+        out = subprocess.run(cmd, env=_env(**{"TFRING_TIMEOUT": 30, **env}),
+                             cwd=tmp_path,
                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
                              timeout=timeout)
     except subprocess.TimeoutExpired as e:
@@ -293,3 +294,18 @@ def test_reset_limit_stops_the_job(tmp_path):
     assert out.returncode == 1, out.show
     assert "the job re-formed 4 times, over --reset-limit 3" in out.stderr, out.show
     assert "the job was stopped" in out.stderr, out.show
+
+
+def test_hung_member_that_does_not_report_is_dropped(tmp_path):
+    # Worker 2 stops (SIGSTOP) mid-training: no process exits. The others'
+    # collectives fail (TFRING_TIMEOUT) and they report it; worker 2 does
+    # not report within TFRING_ELASTIC_REPORT_GRACE, so the driver takes it
+    # as hung, blacklists its host and re-forms without it.
+    out = elastic_run(tmp_path, "127.0.0.1:2\n127.0.0.2:1\n", ["--min-np", "2", "--max-np", "3"],
+                      STOP_WIDS="2", STEPS=40, STEP_SLEEP=0.02, TFRING_TIMEOUT=6,
+                      TFRING_ELASTIC_REPORT_GRACE=2)
+    sizes = check_result(out)
+    assert sizes[0] == 3 and sizes[-1] == 2, sizes
+    assert re.search(r"worker 2 \(pid \d+\) on 127.0.0.2 did not report within 2 s", out.stderr), \
+        out.show
+    assert "host 127.0.0.2 blacklisted" in out.stderr, out.show

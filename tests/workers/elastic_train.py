@@ -11,7 +11,8 @@ KILL_HOST/KILL_STEP (the ranks on that host SIGKILL themselves before step
 KILL_STEP of their first membership), GROW_FILE/GROW_LINES/GROW_STEP (rank 0
 rewrites the discovery file at that step, then trains on until 4 steps ran
 on GROW_SIZE ranks), FLAG_FILE/FLAG_STEP (rank 0 creates the file at that step), KILL_WIDS (these
-workers SIGKILL themselves 4 steps after they join), UNTIL_WID (train on until
+workers SIGKILL themselves 4 steps after they join), STOP_WIDS (the same
+with SIGSTOP: hung, not dead), UNTIL_WID (train on until
 that worker is a member).
 """
 
@@ -47,6 +48,7 @@ SLEEP = float(os.environ.get("STEP_SLEEP", "0.05"))
 HOST = os.environ.get("TFRING_HOSTNAME")
 WID = int(os.environ.get("TFRING_ELASTIC_ID", "-1"))
 KILL_WIDS = [int(w) for w in os.environ.get("KILL_WIDS", "").split(",") if w]
+STOP_WIDS = [int(w) for w in os.environ.get("STOP_WIDS", "").split(",") if w]
 
 
 def membership():
@@ -89,6 +91,8 @@ def main():
             since_join[0] += 1
             if WID in KILL_WIDS and since_join[0] == 4:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if WID in STOP_WIDS and since_join[0] == 4:
+                os.kill(os.getpid(), signal.SIGSTOP)  # hung, not dead
             if first_epoch and HOST == os.environ.get("KILL_HOST") and s == env_int("KILL_STEP"):
                 os.kill(os.getpid(), signal.SIGKILL)
             if r == 0 and s == env_int("GROW_STEP") and os.environ.get("GROW_FILE"):
