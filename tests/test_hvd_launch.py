@@ -269,8 +269,8 @@ def test_config_file_fills_unset_options(tmp_path):
 
 
 def test_elastic_and_conflicting_options_fail_clearly(tmp_path):
-    out = launch(["-np", "2", "--min-np", "1", "true"], timeout=60)
-    assert out.returncode == 2 and "no elastic mode" in out.stderr, out.stderr
+    out = launch(["-np", "2", "--reset-limit", "1", "true"], timeout=60)
+    assert out.returncode == 2 and "only in elastic mode" in out.stderr, out.stderr
     out = launch(["-np", "2", "-H", "localhost:2", "--hostfile", "x", "true"], timeout=60)
     assert out.returncode == 2 and "mutually exclusive" in out.stderr, out.stderr
 

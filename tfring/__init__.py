@@ -87,7 +87,7 @@ _LAZY = {
 
 # Subpackages reachable as attributes (tfring.keras.callbacks...) without an
 # explicit import; importing one loads its framework, so only on first use.
-_SUBPACKAGES = ("keras",)
+_SUBPACKAGES = ("keras", "elastic")
 
 __all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum"] + list(_LAZY)
 

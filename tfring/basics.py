@@ -2,6 +2,7 @@
 timeline, and what this build can do (Horovod's *_built / *_enabled)."""
 
 import atexit
+import os
 import warnings
 
 import numpy as np
@@ -27,6 +28,14 @@ def init(comm=None, process_sets=None):
     # Before anything reads TFRING_*: the bootstrap (TFRING_TIMEOUT,
     # TFRING_IFACE) and the core's configuration at _core.init.
     notices = _horovod_env.apply()
+    if os.environ.get("TFRING_ELASTIC_ID"):
+        # Started by the elastic driver (tfring-run --min-np...): the driver
+        # assigns rank and size per membership epoch (tfring/elastic/_worker.py).
+        from tfring.elastic import _worker
+
+        _worker.join()
+        _joined(process_sets)
+        return
     try:
         rank, size, store, secret = _bootstrap.discover(comm)
     except Exception:
@@ -41,6 +50,11 @@ def init(comm=None, process_sets=None):
         store = _core.PrefixStore(f"join{_joins}/", store)
     _joins += 1
     _core.init(rank, size, store, secret)
+    _joined(process_sets)
+
+
+def _joined(process_sets):
+    """What follows the core's init, however the job was joined."""
     _load_tf_ops()
     # ---- process sets (tfring/process_sets.py) ----
     from tfring import process_sets as _ps

@@ -61,6 +61,7 @@ from tfring.keras.callbacks import (  # noqa: F401
     RingAllreduceCallback,
 )
 from tfring.keras.checkpoint import restore_checkpoint  # noqa: F401
+from tfring.keras import elastic  # noqa: F401,E402 - hvd.elastic.KerasState...
 from tfring.keras.horovod import (  # noqa: F401
     allgather,
     allreduce,

@@ -6,7 +6,9 @@ converted the same way as the ``HOROVOD_*`` variable horovodrun would set
 (tfring/_horovod_env.py holds that one table); launcher options
 (``--hostfile``, ``-i``, ``--output-filename``, ``--start-timeout``...) are
 handled by tfring-run itself. Options for features tfring does not have are
-accepted with a notice, except elastic mode and jsrun, which fail clearly.
+accepted with a notice, except jsrun, which fails clearly. The elastic
+options (--min-np, --max-np, --host-discovery-script...) run the elastic
+driver (tfring/run/elastic.py).
 docs/launching-horovod.md lists every option.
 """
 
@@ -210,18 +212,23 @@ def add_options(parser):
     a.add_argument("--autotune-steps-per-sample", type=nint, default=None)
     a.add_argument("--autotune-bayes-opt-max-samples", type=nint, default=None)
     a.add_argument("--autotune-gaussian-process-noise", type=nfloat, default=None)
-    e = parser.add_argument_group("elastic horovodrun (not supported: use --restarts)")
-    e.add_argument("--host-discovery-script", default=None, help=argparse.SUPPRESS)
+    e = parser.add_argument_group("elastic mode (docs/elastic.md)")
+    e.add_argument("--host-discovery-script", default=None,
+                   help="prints the usable hosts, one 'host:slots' per line; run every second")
     e.add_argument("--min-np", "--min-num-proc", dest="min_num_proc", type=int, default=None,
-                   help=argparse.SUPPRESS)
+                   help="fewest ranks the job runs with (default -np)")
     e.add_argument("--max-np", "--max-num-proc", dest="max_num_proc", type=int, default=None,
-                   help=argparse.SUPPRESS)
+                   help="most ranks the job grows to (default -np, else every slot)")
     e.add_argument("--slots-per-host", dest="slots_per_host", type=int, default=None,
-                   help=argparse.SUPPRESS)
-    e.add_argument("--elastic-timeout", type=int, default=None, help=argparse.SUPPRESS)
-    e.add_argument("--reset-limit", type=int, default=None, help=argparse.SUPPRESS)
+                   help="slots of a discovered host printed without ':slots'")
+    e.add_argument("--elastic-timeout", type=int, default=None,
+                   help="seconds to wait for --min-np ranks before failing (default 600)")
+    e.add_argument("--reset-limit", type=int, default=None,
+                   help="fail after this many re-formations of the job")
     e.add_argument("--blacklist-cooldown-range", dest="cooldown_range", type=int, nargs=2,
-                   default=None, help=argparse.SUPPRESS)
+                   default=None, metavar=("MIN", "MAX"),
+                   help="a failed host is readmitted after MIN s, doubling per failure up "
+                   "to MAX s (default: never)")
 
 
 # ----------------------------------------------------------- config file ----
@@ -422,9 +429,14 @@ def check_args(parser, args):
     """Refuses what tfring-run cannot do; reads --config-file."""
     given = [opt for dest, opt in ELASTIC_OPTIONS.items()
              if getattr(args, dest, None) is not None]
-    if given:
-        parser.error(f"{', '.join(given)}: tfring-run has no elastic mode; --restarts N "
-                     "restarts the whole job after a rank fails")
+    elastic = any(getattr(args, d, None) is not None
+                  for d in ("host_discovery_script", "min_num_proc", "max_num_proc"))
+    if given and not elastic:
+        parser.error(f"{', '.join(given)}: only in elastic mode, which --min-np, --max-np "
+                     "or --host-discovery-script turns on (docs/elastic.md)")
+    if given and args.use_mpi:
+        parser.error(f"{', '.join(given)}: not with --mpi (elastic jobs are started by "
+                     "tfring-run itself)")
     if args.use_jsrun:
         parser.error("--jsrun: tfring-run starts ranks itself, or with --mpi through mpirun")
     if args.hosts and args.hostfile:

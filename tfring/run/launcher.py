@@ -609,7 +609,9 @@ def main(argv=None):
     if args.check_build:
         horovodrun.check_build(sys.stdout)
         return 0
-    if args.np is None:
+    from tfring.run import elastic
+
+    if args.np is None and not elastic.requested(args):
         parser.error("the following arguments are required: -np")
     if args.restarts < 0:
         parser.error("--restarts must be >= 0")
@@ -619,6 +621,8 @@ def main(argv=None):
 
         return mpi.run_job(parser, args, tunables, _hosts, _parse_env_items)
     with horovodrun.environ(tunables):
+        if elastic.requested(args):
+            return elastic.main(parser, args)
         return _run_attempts(parser, args)
 
 
