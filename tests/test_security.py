@@ -201,14 +201,14 @@ def _meta(name=b"w", shape=(2, 3)):
     return (struct.pack("<I", len(name)) + name + bytes([0, 2]) +
             struct.pack("<I", len(shape)) + b"".join(struct.pack("<q", d) for d in shape) +
             bytes([0]) + struct.pack("<i", 0) + struct.pack("<dd", 1.0, 1.0) +
-            struct.pack("<i", -1))
+            struct.pack("<i", -1) + struct.pack("<I", 0))  # no alltoall splits
 
 
 def _response():
     name = b"grad"
     group = (bytes([0, 0]) + struct.pack("<I", 1) + struct.pack("<I", len(name)) + name +
              struct.pack("<I", 1) + struct.pack("<I", 2) + struct.pack("<qq", 3, 4) +
-             struct.pack("<I", 0))
+             struct.pack("<I", 0) + struct.pack("<I", 0))  # no error, no join fill
     return (struct.pack("<Q", 7) + struct.pack("<I", 1) + struct.pack("<i", 0) +
             struct.pack("<I", len(name)) + name + struct.pack("<I", 1) + group)
 
