@@ -52,6 +52,13 @@ def test_tf_ops_on_process_sets():
                          "tf_broadcast_variables", "tf_two_sets_concurrently"])
 
 
+def test_alltoall_and_adasum_on_process_sets():
+    outs = run("alltoall_adasum", timeout=240)
+    assert_all_ok(outs, ["alltoall_disjoint_sets", "alltoall_overlapping_set",
+                         "alltoall_even_split", "alltoall_splits_length_names_the_set",
+                         "adasum_disjoint_sets", "adasum_set_size_not_power_of_two"])
+
+
 def test_a_member_dying_fails_every_rank_naming_it():
     results = run_ranks(4, "process_sets.py", args=["fault"], timeout=120)
     assert results[3].returncode != 0

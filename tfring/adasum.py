@@ -19,24 +19,28 @@ tensor's memory and is meant for moderate tensors; it works for host and
 GPU tensors alike. As in Horovod: floating dtypes only, N must be a power
 of two, prescale_factor multiplies every input and postscale_factor the
 result.
+
+On a process set the same tree runs over the set's ranks in the set's
+order (its size must be a power of two), through an allgather on the set.
 """
 
 import numpy as np
 import tensorflow as tf
 
-from tfring import basics
+from tfring.process_sets import _process_set_arg, _rank_size
 
 __all__ = []
 
 _TINY = float(np.sqrt(np.finfo(np.float64).tiny))  # sqrt(DBL_MIN)
 
 
-def _check(tensor, what):
-    size = basics.size()
+def _check(tensor, what, ps_id=0):
+    _, size = _rank_size(ps_id)
     if size & (size - 1):
+        where = f"process set {ps_id} has" if ps_id else "this job has"
         raise NotImplementedError(
             f"tfring: Adasum needs a power-of-two number of ranks (as in "
-            f"Horovod); this job has {size}")
+            f"Horovod); {where} {size}")
     if not tensor.dtype.is_floating:
         raise ValueError(
             f"tfring: Adasum reduces floating-point tensors only; {what} has "
@@ -63,8 +67,7 @@ def _tree(stacked, n):
     return level[0]
 
 
-def _reduce_gathered(gathered, tensor, prescale, postscale):
-    size = basics.size()
+def _reduce_gathered(gathered, tensor, prescale, postscale, size):
     stacked = tf.reshape(tf.cast(gathered, tf.float64),
                          tf.concat([[size], tf.shape(tensor)], 0))
     if prescale != 1.0:
@@ -76,26 +79,32 @@ def _reduce_gathered(gathered, tensor, prescale, postscale):
 
 
 def allreduce(tensor, name=None, prescale_factor=1.0, postscale_factor=1.0,
-              ignore_name_scope=False):
+              ignore_name_scope=False, process_set=None):
     from tfring import ops
 
-    _check(tensor, f"tensor {name!r}" if name else "the tensor")
+    ps_id = _process_set_arg(process_set)
+    _check(tensor, f"tensor {name!r}" if name else "the tensor", ps_id)
     gathered = ops.allgather(tf.expand_dims(tensor, 0),
                              name=f"{name}.adasum" if name else None,
-                             ignore_name_scope=ignore_name_scope)
-    return _reduce_gathered(gathered, tensor, prescale_factor, postscale_factor)
+                             ignore_name_scope=ignore_name_scope,
+                             process_set=process_set)
+    return _reduce_gathered(gathered, tensor, prescale_factor, postscale_factor,
+                            _rank_size(ps_id)[1])
 
 
 def grouped_allreduce(tensors, name=None, prescale_factor=1.0,
-                      postscale_factor=1.0, ignore_name_scope=False):
+                      postscale_factor=1.0, ignore_name_scope=False,
+                      process_set=None):
     """Adasum of each tensor on its own (its own dot products and norms)."""
     from tfring import ops
 
+    ps_id = _process_set_arg(process_set)
     for i, t in enumerate(tensors):
-        _check(t, f"tensor {i} of the group")
+        _check(t, f"tensor {i} of the group", ps_id)
     gathered = ops.grouped_allgather(
         [tf.expand_dims(t, 0) for t in tensors],
         name=f"{name}.adasum" if name else None,
-        ignore_name_scope=ignore_name_scope)
-    return [_reduce_gathered(g, t, prescale_factor, postscale_factor)
+        ignore_name_scope=ignore_name_scope, process_set=process_set)
+    size = _rank_size(ps_id)[1]
+    return [_reduce_gathered(g, t, prescale_factor, postscale_factor, size)
             for g, t in zip(gathered, tensors)]

@@ -334,21 +334,14 @@ def allreduce(tensor, op=None, name=None, compression=Compression.none,
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     if op_name == "adasum":
-        _adasum_world_only(ps_id)
         from tfring import adasum
         reduced = adasum.allreduce(compressed, name, prescale_factor,
-                                   postscale_factor, ignore_name_scope)
+                                   postscale_factor, ignore_name_scope,
+                                   process_set)
     else:
         reduced = _allreduce(compressed, op_name, name, prescale_factor,
                              postscale_factor, ignore_name_scope, ps_id)
     return compression.decompress(reduced, ctx)
-
-
-def _adasum_world_only(ps_id):
-    if ps_id:
-        raise NotImplementedError(
-            f"tfring: Adasum runs on every rank only, not on process set "
-            f"{ps_id}; use op=Average or Sum on a process set")
 
 
 def _scale_gathered_values(values, op_name, scale, size):
@@ -418,10 +411,10 @@ def grouped_allreduce(tensors, op=None, name=None,
         dense_idx.append(i)
         ctxs.append(ctx)
     if dense and op_name == "adasum":
-        _adasum_world_only(ps_id)
         from tfring import adasum
         reduced = adasum.grouped_allreduce(dense, name, prescale_factor,
-                                           postscale_factor, ignore_name_scope)
+                                           postscale_factor, ignore_name_scope,
+                                           process_set)
     elif dense:
         reduced = _run_op(_lib.ring_grouped_allreduce, "RingGroupedAllreduce",
                           name, ignore_name_scope, tensors=dense,
@@ -760,14 +753,21 @@ def _reducescatter_grad(op, grad):
 
 # ------------------------------------------------------ alltoall and join ----
 
-def _check_global_set(process_set, what):
-    # alltoall and join run on every rank only: their negotiation (splits
-    # matrix, joined ranks) lives in the world's coordinator.
-    ps_id = _process_set_arg(process_set)
-    if ps_id:
-        raise NotImplementedError(
-            f"tfring: {what} on process set {ps_id}: {what} runs on every "
-            f"rank only (process_set=None or tfring.global_process_set)")
+def _check_splits_length(splits, ps_id, process_set):
+    # The coordinator checks splits on every rank too; on a process set a
+    # statically known length is checked here, so the error names the set.
+    if not ps_id or splits is None:
+        return
+    try:
+        n = len(splits)
+    except TypeError:  # a symbolic tensor: its length shows up only at run
+        n = splits.shape[0] if hasattr(splits, "shape") and splits.shape.rank == 1 else None
+    _, size = _rank_size(ps_id)
+    if n is not None and n != size:
+        raise ValueError(
+            f"tfring: alltoall on process set {ps_id} (ranks "
+            f"{list(process_set.ranks)}): splits has {n} entries but the set "
+            f"has {size} ranks (one entry per rank of the set, in its order)")
 
 
 @_no_autograph
@@ -781,21 +781,29 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     (length size(), summing to the first dimension) the result is
     `(output, received_splits)`, as in Horovod. The other dimensions must
     agree across ranks. GPU tensors go through host memory.
+
+    On a process set, rank i means the set's i-th rank: `splits` has one
+    entry per rank of the set, and the output holds the set's rows only.
     """
-    _check_global_set(process_set, "alltoall")
+    ps_id = _process_set_arg(process_set)
+    _check_splits_length(splits, ps_id, process_set)
     tensor = tf.convert_to_tensor(tensor)
     splits_t = (tf.constant([], tf.int32) if splits is None
                 else tf.cast(tf.convert_to_tensor(splits), tf.int32))
     with tf.device("/cpu:0"):
         output, received = _run_op(_lib.ring_alltoall, "RingAlltoall", name,
-                                   tensor=tensor, splits=splits_t)
+                                   tensor=tensor, splits=splits_t,
+                                   process_set_id=ps_id)
     return (output, received) if splits is not None else output
 
 
 def _alltoall_grad(op, grad, _grad_received):
     # Rows went from rank s to rank d, so their gradients go back from d to
-    # s: an alltoall of the gradient with the received splits.
-    grad, _ = alltoall(tf.convert_to_tensor(grad), splits=op.outputs[1])
+    # s: an alltoall of the gradient with the received splits, on the op's
+    # process set.
+    _, ps = _ps_of(op)
+    grad, _ = alltoall(tf.convert_to_tensor(grad), splits=op.outputs[1],
+                       process_set=ps)
     return [grad, None]
 
 

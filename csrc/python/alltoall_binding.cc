@@ -1,8 +1,9 @@
 // tfring._core.alltoall and tfring._core.join on numpy arrays (blocking).
 //
-// alltoall(array, splits=None, name=None) -> (output, received_splits):
-// splits[i] rows of dim 0 go to rank i (None: an even split); the output
-// holds the rows received from every rank in rank order, and
+// alltoall(array, splits=None, name=None, process_set=0) -> (output,
+// received_splits): splits[i] rows of dim 0 go to rank i of the process set
+// (None: an even split); the output holds the rows received from every rank
+// of the set in its rank order, and
 // received_splits (int64) how many came from each. join() -> int: blocks
 // until every rank has joined, taking part meanwhile in the others'
 // allreduces with zeros; returns the last rank to join.
@@ -35,7 +36,7 @@ bool dtypeOf(const py::dtype& d, DataType* dt) {
   return parseDataType(name, dt) && dtypeSize(*dt) == static_cast<size_t>(d.itemsize());
 }
 
-py::tuple alltoall(py::object a, py::object splits, py::object name) {
+py::tuple alltoall(py::object a, py::object splits, py::object name, int process_set) {
   static std::atomic<uint64_t> counter{0};
   py::array in = py::array::ensure(a, py::array::c_style);
   if (!in) throw py::type_error("expected an array-like input");
@@ -44,7 +45,9 @@ py::tuple alltoall(py::object a, py::object splits, py::object name) {
     throw py::type_error(strCat("tfring alltoall does not support dtype ",
                                 std::string(py::str(in.dtype().attr("name")))));
   auto st = std::make_shared<AlltoallState>();
+  st->process_set = process_set;  // wait() drives that set's engine
   runtime::Request req;
+  req.process_set = process_set;
   req.name = name.is_none() ? strCat("alltoall.noname.", counter++ % 4096)
                             : std::string(py::str(name));
   req.type = CollectiveType::kAlltoall;
@@ -101,9 +104,9 @@ int join() {
 
 void bindAlltoallJoin(py::module_& m) {
   m.def("alltoall", &alltoall, py::arg("array"), py::arg("splits") = py::none(),
-        py::arg("name") = py::none(),
-        "Sends splits[i] rows of dim 0 to rank i (None: an even split); returns "
-        "(output, received_splits).");
+        py::arg("name") = py::none(), py::arg("process_set") = 0,
+        "Sends splits[i] rows of dim 0 to rank i of the process set (None: an even "
+        "split); returns (output, received_splits).");
   m.def("join", &join,
         "Blocks until every rank has joined, taking part in the others' allreduces with "
         "zeros; returns the last rank to join.");

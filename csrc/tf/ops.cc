@@ -128,6 +128,7 @@ of the first dimension: rows are split as evenly as possible, the first
 REGISTER_OP("RingAlltoall")
     .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, bool}")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Input("splits: int32")
     .Output("output: T")

@@ -135,3 +135,18 @@ def reference(inputs, dtype, op, n):
 def tolerance(dtype, n):
     return {"float16": 2e-3 * n, "bfloat16": 1e-2 * n, "float32": 1e-6 * n,
             "float64": 1e-12 * n}.get(dtype, 0)
+
+
+def adasum_ref(vectors):
+    """Horovod's recursive pairwise Adasum in numpy float64."""
+    tiny = np.sqrt(np.finfo(np.float64).tiny)
+    level = [np.asarray(v, np.float64) for v in vectors]
+    while len(level) > 1:
+        nxt = []
+        for a, b in zip(level[0::2], level[1::2]):
+            dot, an, bn = np.sum(a * b), np.sum(a * a), np.sum(b * b)
+            ac = 1.0 - dot / an * 0.5 if an >= tiny else 1.0
+            bc = 1.0 - dot / bn * 0.5 if bn >= tiny else 1.0
+            nxt.append(ac * a + bc * b)
+        level = nxt
+    return level[0]

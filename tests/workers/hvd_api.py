@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from common import checker, report
+from common import adasum_ref, checker, report
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
@@ -420,21 +420,6 @@ def _():
 
 
 # --------------------------------------------------------------- Adasum ----
-
-def adasum_ref(vectors):
-    """Horovod's recursive pairwise Adasum in numpy float64."""
-    tiny = np.sqrt(np.finfo(np.float64).tiny)
-    level = [np.asarray(v, np.float64) for v in vectors]
-    while len(level) > 1:
-        nxt = []
-        for a, b in zip(level[0::2], level[1::2]):
-            dot, an, bn = np.sum(a * b), np.sum(a * a), np.sum(b * b)
-            ac = 1.0 - dot / an * 0.5 if an >= tiny else 1.0
-            bc = 1.0 - dot / bn * 0.5 if bn >= tiny else 1.0
-            nxt.append(ac * a + bc * b)
-        level = nxt
-    return level[0]
-
 
 @check("adasum")
 def _():

@@ -7,6 +7,7 @@ Modes:
   static   -- sets created by init(process_sets=[...]), dynamic add/remove
   errors   -- bad sets, a non-member calling, a removed set, a mismatch
   tf       -- the TF ops with process_set=, eager and tf.function, gradients
+  alltoall_adasum -- alltoall with ragged splits and op=Adasum on sets
   fault    -- a member of a set dies: every survivor's error names it
 """
 
@@ -17,7 +18,7 @@ import time
 
 import numpy as np
 
-from common import checker, report
+from common import adasum_ref, checker, report
 
 import tfring
 import tfring.basics as basics
@@ -410,6 +411,127 @@ def run_tf():
             assert np.allclose(y.numpy(), sum(xs.values()), rtol=1e-12), i
 
 
+def run_alltoall_adasum():
+    """alltoall and op=Adasum on sets a = [0, 1], b = [2, 3] and the
+    overlapping c = [1, 2, 3], each against numpy."""
+    import tensorflow as tf
+
+    a = tfring.add_process_set([0, 1])
+    b = tfring.add_process_set([2, 3])
+    c = tfring.add_process_set([1, 2, 3])
+    mine = a if rank in a.ranks else b
+
+    def splits_of(ps, salt):
+        """splits[i][j]: rows the set's i-th rank sends to its j-th (zeros
+        included)."""
+        k = len(ps.ranks)
+        return [[(salt + 2 * i + 3 * j) % 4 for j in range(k)] for i in range(k)]
+
+    def expected(ps, salt, xs, splits):
+        """The rows this rank receives: from each set rank i, in set order,
+        the block of rows i sent to this rank's set index."""
+        me = ps.ranks.index(rank)
+        blocks = []
+        for i, r in enumerate(ps.ranks):
+            start = sum(splits[i][:me])
+            blocks.append(xs[r][start:start + splits[i][me]])
+        return np.concatenate(blocks), [splits[i][me] for i in range(len(ps.ranks))]
+
+    def set_inputs(ps, salt):
+        splits = splits_of(ps, salt)
+        xs = {r: np.random.default_rng(100 * salt + r).normal(
+            size=(sum(splits[i]), 3)) for i, r in enumerate(ps.ranks)}
+        return splits, xs
+
+    def alltoall_checks(ps, salt, tag):
+        splits, xs = set_inputs(ps, salt)
+        me = ps.ranks.index(rank)
+        want, want_rs = expected(ps, salt, xs, splits)
+        got, rs = _core.alltoall(xs[rank], splits[me], name=f"core.{tag}",
+                                 process_set=ps.process_set_id)
+        assert np.array_equal(got, want) and list(rs) == want_rs, (tag, "core")
+        got, rs = tfring.alltoall(tf.constant(xs[rank]), splits=splits[me],
+                                  process_set=ps, name=f"eager.{tag}")
+        assert np.array_equal(got.numpy(), want), (tag, "eager")
+        assert list(rs.numpy()) == want_rs, (tag, "eager splits")
+
+        @tf.function
+        def fn(x, sp):
+            return tfring.alltoall(x, splits=sp, process_set=ps, name=f"fn.{tag}")
+
+        got, rs = fn(tf.constant(xs[rank]), tf.constant(splits[me]))
+        assert np.array_equal(got.numpy(), want), (tag, "tf.function")
+        # Gradient: the loss weighs every received row by (this rank's set
+        # index + 1), so the gradient of a sent row is its receiver's
+        # index + 1; it travels back over the same set.
+        x = tf.constant(xs[rank])
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y, _ = tfring.alltoall(x, splits=splits[me], process_set=ps,
+                                   name=f"grad.{tag}")
+            loss = tf.reduce_sum(y) * float(me + 1)
+        g = tape.gradient(loss, x).numpy()
+        want_g = np.concatenate([np.full((n, 3), j + 1.0)
+                                 for j, n in enumerate(splits[me])])
+        assert np.array_equal(g, want_g), (tag, "gradient")
+
+    @check("alltoall_disjoint_sets")
+    def _():
+        alltoall_checks(mine, 3, "disjoint")
+
+    @check("alltoall_overlapping_set")
+    def _():
+        if rank in c.ranks:
+            alltoall_checks(c, 5, "overlap")
+
+    @check("alltoall_even_split")
+    def _():
+        xs = {r: np.arange(8.0).reshape(4, 2) + 10 * r for r in mine.ranks}
+        got = tfring.alltoall(tf.constant(xs[rank]), process_set=mine, name="even")
+        me = mine.ranks.index(rank)
+        want = np.concatenate([xs[r][2 * me:2 * me + 2] for r in mine.ranks])
+        assert np.array_equal(got.numpy(), want)
+
+    @check("alltoall_splits_length_names_the_set")
+    def _():
+        # One entry per rank of the job (4) on a set of 2.
+        expect_error(lambda: tfring.alltoall(tf.ones((4, 1)), splits=[1, 1, 1, 1],
+                                             process_set=mine),
+                     f"process set {mine.process_set_id}", "splits has 4 entries",
+                     "the set has 2 ranks")
+        # The same mistake in numpy, caught by the set's coordinator on every
+        # member.
+        expect_error(lambda: _core.alltoall(np.ones((4, 1)), [1, 1, 1, 1],
+                                            name="badlen",
+                                            process_set=mine.process_set_id),
+                     "splits has 4 entries but there are 2 ranks")
+
+    @check("adasum_disjoint_sets")
+    def _():
+        xs = inputs(41, mine.ranks, (5, 3))
+        want = adasum_ref([xs[r] for r in mine.ranks])
+        got = tfring.allreduce(tf.constant(xs[rank]), op=tfring.Adasum,
+                               process_set=mine, name="adasum")
+        assert np.allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
+        ys = inputs(43, mine.ranks, (7,))
+        got = tfring.grouped_allreduce(
+            [tf.constant(xs[rank]), tf.constant(ys[rank])], op=tfring.Adasum,
+            process_set=mine, name="gadasum")
+        assert np.allclose(got[0].numpy(), want, rtol=1e-12, atol=1e-12)
+        assert np.allclose(got[1].numpy(), adasum_ref([ys[r] for r in mine.ranks]),
+                           rtol=1e-12, atol=1e-12)
+        # Not a plain sum or average: the reference differs from both.
+        total = sum(xs.values())
+        assert not np.allclose(want, total) and not np.allclose(want, total / 2)
+
+    @check("adasum_set_size_not_power_of_two")
+    def _():
+        if rank in c.ranks:
+            expect_error(lambda: tfring.allreduce(tf.ones(3), op=tfring.Adasum,
+                                                  process_set=c),
+                         "power-of-two", f"process set {c.process_set_id} has 3")
+
+
 def run_fault():
     """Rank 3 dies while rank 2 waits for it on set [2, 3] and ranks 0 and 1
     wait for it on the world: every survivor's error names rank 3."""
@@ -432,7 +554,7 @@ def run_fault():
 
 
 {"core": run_core, "static": run_static, "errors": run_errors, "tf": run_tf,
- "fault": run_fault}[mode]()
+ "alltoall_adasum": run_alltoall_adasum, "fault": run_fault}[mode]()
 if mode != "fault":
     # Every rank leaves the world together: nothing still needs a set.
     _core.allreduce(np.zeros(1), name="end")

@@ -34,11 +34,14 @@ from tfring.elastic.tensorflow import TensorFlowKerasState
 class KerasState(TensorFlowKerasState):
     """A compiled Keras model (its optimizer included) plus picklable attributes."""
 
+    _backend = keras.backend
+
     def __init__(self, model, optimizer=None, **kwargs):
-        super().__init__(model, optimizer=optimizer, backend=keras.backend, **kwargs)
+        super().__init__(model, optimizer=optimizer, backend=self._backend,
+                         **kwargs)
 
 
-class CommitStateCallback(keras.callbacks.Callback):
+class _CommitState:
     """Commits the state every batches_per_commit batches and at every
     epoch's end. Commits are collective: every rank commits at the same batch."""
 
@@ -62,7 +65,7 @@ class CommitStateCallback(keras.callbacks.Callback):
         self.state.commit()
 
 
-class UpdateBatchStateCallback(keras.callbacks.Callback):
+class _UpdateBatchState:
     """Tracks state.batch; after a reset the current epoch runs only the
     batches it has left."""
 
@@ -88,7 +91,7 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
         self.state.batch = 0
 
 
-class UpdateEpochStateCallback(keras.callbacks.Callback):
+class _UpdateEpochState:
     """Tracks state.epoch as epochs completed, counted across resets (Keras
     numbers each fit's epochs from 0)."""
 
@@ -103,3 +106,17 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         # +1: a reset right after this epoch must not repeat it.
         self.state.epoch = self.initial_epoch + epoch + 1
+
+
+# The callbacks above are framework-independent; these bind them to Keras 3
+# (tfring.keras.legacy binds the same to tf_keras).
+class CommitStateCallback(_CommitState, keras.callbacks.Callback):
+    __doc__ = _CommitState.__doc__
+
+
+class UpdateBatchStateCallback(_UpdateBatchState, keras.callbacks.Callback):
+    __doc__ = _UpdateBatchState.__doc__
+
+
+class UpdateEpochStateCallback(_UpdateEpochState, keras.callbacks.Callback):
+    __doc__ = _UpdateEpochState.__doc__

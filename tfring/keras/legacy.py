@@ -43,6 +43,7 @@ from tfring.keras.callbacks import (
     _MetricAverage,
     _RingAllreduce,
 )
+from tfring.keras import elastic as _elastic
 from tfring.keras.checkpoint import _ResumableCheckpoint
 from tfring.keras.horovod import load_model_with
 from tfring.keras.optimizer import (  # noqa: F401 - work for both
@@ -111,6 +112,50 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
     its saved state) becomes a tfring DistributedOptimizer."""
     return load_model_with(tf_keras, DistributedOptimizer, filepath,
                            custom_optimizers, custom_objects, compression)
+
+
+class _LegacyKerasState(_elastic.KerasState):
+    __doc__ = _elastic.KerasState.__doc__
+    _backend = tf_keras.backend
+
+
+class _CommitStateCallback(_elastic._CommitState, tf_keras.callbacks.Callback):
+    __doc__ = _elastic._CommitState.__doc__
+
+
+class _UpdateBatchStateCallback(_elastic._UpdateBatchState,
+                                tf_keras.callbacks.Callback):
+    __doc__ = _elastic._UpdateBatchState.__doc__
+
+
+class _UpdateEpochStateCallback(_elastic._UpdateEpochState,
+                                tf_keras.callbacks.Callback):
+    __doc__ = _elastic._UpdateEpochState.__doc__
+
+
+# horovod.tensorflow.keras.elastic on tf_keras.
+elastic = types.SimpleNamespace(
+    KerasState=_LegacyKerasState,
+    CommitStateCallback=_CommitStateCallback,
+    UpdateBatchStateCallback=_UpdateBatchStateCallback,
+    UpdateEpochStateCallback=_UpdateEpochStateCallback,
+    run=_elastic.run,
+    ObjectState=_elastic.ObjectState,
+    State=_elastic.State,
+    HorovodInternalError=_elastic.HorovodInternalError,
+    HostsUpdatedInterrupt=_elastic.HostsUpdatedInterrupt,
+)
+
+
+def __getattr__(name):
+    # The framework-independent names horovod.tensorflow.keras re-exports
+    # from horovod.tensorflow (process sets, timeline, build queries).
+    from tfring import keras as _k3
+
+    if name in _k3._FROM_TFRING:
+        return getattr(_k3, name)
+    raise AttributeError(
+        f"module 'tfring.keras.legacy' has no attribute {name!r}")
 
 
 callbacks = types.SimpleNamespace(
