@@ -23,6 +23,7 @@
 #include <cstring>
 
 #include "collectives/allreduce.h"
+#include "collectives/recursive_fold.h"
 #include "kernels/cpu/reduce.h"
 
 namespace tfring {
@@ -43,19 +44,13 @@ void rabenseifnerAllreduce(RingComm& c, const void* in, void* out, size_t count,
   st->hops = 2 * static_cast<uint64_t>(L.log2p) + (L.r > 0 ? 2 : 0);
   st->bytes_sent = 0;
 
-  if (L.vrank < 0) {  // an extra rank: hand the buffer over, get the result
-    transport::PeerLink& f = P.to(L.fold_peer);
-    transport::exchange(f, buf, bytes, nullptr, 0, deadline, what);
-    transport::exchange(f, nullptr, 0, buf, bytes, deadline, what);
-    st->bytes_sent = bytes;
-    return;
+  // Extra ranks need no scratch: they only send and receive whole buffers.
+  char* tmp = nullptr;
+  if (L.vrank >= 0) {
+    if (H.peer_scratch.size() < bytes) H.peer_scratch.resize(bytes);
+    tmp = H.peer_scratch.data();
   }
-  if (H.peer_scratch.size() < bytes) H.peer_scratch.resize(bytes);
-  char* tmp = H.peer_scratch.data();
-  if (L.fold_peer >= 0) {
-    transport::exchange(P.to(L.fold_peer), nullptr, 0, tmp, bytes, deadline, what);
-    combineOrdered(buf, tmp, count, dtype, op, false);
-  }
+  if (!recursiveFoldIn(P, L, buf, tmp, count, dtype, op, deadline, what, st)) return;
   const std::vector<size_t> blk = evenSplit(count, L.p);  // element offsets
   const int v = L.vrank;
   // Blocks [lo, hi) as a byte range of the buffer.
@@ -86,10 +81,7 @@ void rabenseifnerAllreduce(RingComm& c, const void* in, void* out, size_t count,
                         deadline, what);
     st->bytes_sent += send_bytes;
   }
-  if (L.fold_peer >= 0) {
-    transport::exchange(P.to(L.fold_peer), buf, bytes, nullptr, 0, deadline, what);
-    st->bytes_sent += bytes;
-  }
+  recursiveFoldOut(P, L, buf, bytes, deadline, what, st);
 }
 
 }  // namespace collectives

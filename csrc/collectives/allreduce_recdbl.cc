@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "collectives/allreduce.h"
+#include "collectives/recursive_fold.h"
 #include "kernels/cpu/reduce.h"
 
 namespace tfring {
@@ -54,17 +55,7 @@ void recdblAllreduce(RingComm& c, const void* in, void* out, size_t count, DataT
   st->hops = static_cast<uint64_t>(L.log2p) + (L.r > 0 ? 2 : 0);
   st->bytes_sent = 0;
 
-  if (L.vrank < 0) {  // an extra rank: hand the buffer over, get the result
-    transport::PeerLink& f = P.to(L.fold_peer);
-    transport::exchange(f, buf, bytes, nullptr, 0, deadline, what);
-    transport::exchange(f, nullptr, 0, buf, bytes, deadline, what);
-    st->bytes_sent = bytes;
-    return;
-  }
-  if (L.fold_peer >= 0) {  // fold: the extra rank is the lower one
-    transport::exchange(P.to(L.fold_peer), nullptr, 0, tmp, bytes, deadline, what);
-    combineOrdered(buf, tmp, count, dtype, op, false);
-  }
+  if (!recursiveFoldIn(P, L, buf, tmp, count, dtype, op, deadline, what, st)) return;
   for (int mask = 1; mask < L.p; mask <<= 1) {
     const int q = L.partner(mask);
     transport::exchange(P.to(q), buf, bytes, tmp, bytes, deadline, what);
@@ -72,10 +63,7 @@ void recdblAllreduce(RingComm& c, const void* in, void* out, size_t count, DataT
     combineOrdered(buf, tmp, count, dtype, op, rank < q);
   }
   if (postscale != 1.0) kernels::scale(buf, count, dtype, postscale);
-  if (L.fold_peer >= 0) {
-    transport::exchange(P.to(L.fold_peer), buf, bytes, nullptr, 0, deadline, what);
-    st->bytes_sent += bytes;
-  }
+  recursiveFoldOut(P, L, buf, bytes, deadline, what, st);
 }
 
 }  // namespace collectives
