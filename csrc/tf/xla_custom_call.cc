@@ -258,6 +258,26 @@ Attrs reduceAttrs(std::string_view name, int32_t op, double pre, double post) {
   return a;
 }
 
+// One allreduce request per buffer pair (a grouped op names them
+// "<name>.<i>"), for the host and the GPU targets alike.
+Status allreduceRequests(const Attrs& a, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                         int32_t grouped, std::vector<runtime::Request>* reqs) {
+  reqs->resize(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto in = args.get<ffi::AnyBuffer>(i);
+    auto out = rets.get<ffi::AnyBuffer>(i);
+    if (!in.has_value() || !out.has_value())
+      return Status(Code::kInternal, strCat("tfring: allreduce of tensor '", a.name,
+                                            "': XLA passed no buffer ", i));
+    std::string req_name = grouped ? strCat(a.name, ".", i) : a.name;
+    Status err;
+    if (!fill(CollectiveType::kAllreduce, a, req_name, *in, (*out)->untyped_data(),
+              &(*reqs)[i], &err))
+      return err;
+  }
+  return Status();
+}
+
 ffi::Future failed(const Status& s) {
   ffi::Promise p;
   ffi::Future f(p);
@@ -268,20 +288,9 @@ ffi::Future failed(const Status& s) {
 ffi::Future hostAllreduce(ffi::RemainingArgs args, ffi::RemainingRets rets,
                           std::string_view name, int32_t op, double pre, double post,
                           int32_t grouped) {
-  Attrs a = reduceAttrs(name, op, pre, post);
-  std::vector<runtime::Request> reqs(args.size());
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto in = args.get<ffi::AnyBuffer>(i);
-    auto out = rets.get<ffi::AnyBuffer>(i);
-    if (!in.has_value() || !out.has_value())
-      return failed(Status(Code::kInternal, strCat("tfring: allreduce of tensor '", a.name,
-                                                   "': XLA passed no buffer ", i)));
-    std::string req_name = grouped ? strCat(a.name, ".", i) : a.name;
-    Status err;
-    if (!fill(CollectiveType::kAllreduce, a, req_name, *in, (*out)->untyped_data(), &reqs[i],
-              &err))
-      return failed(err);
-  }
+  std::vector<runtime::Request> reqs;
+  Status err = allreduceRequests(reduceAttrs(name, op, pre, post), args, rets, grouped, &reqs);
+  if (!err.ok()) return failed(err);
   return submitAsync(std::move(reqs), false);
 }
 
@@ -402,20 +411,9 @@ void onGpu(std::vector<runtime::Request>* reqs, int32_t device, CUstream_st* str
 ffi::Error gpuAllreduce(CUstream_st* stream, int32_t device, ffi::RemainingArgs args,
                         ffi::RemainingRets rets, std::string_view name, int32_t op,
                         double pre, double post, int32_t grouped) {
-  Attrs a = reduceAttrs(name, op, pre, post);
-  std::vector<runtime::Request> reqs(args.size());
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto in = args.get<ffi::AnyBuffer>(i);
-    auto out = rets.get<ffi::AnyBuffer>(i);
-    if (!in.has_value() || !out.has_value())
-      return toFfiError(Status(Code::kInternal, strCat("tfring: allreduce of tensor '", a.name,
-                                                       "': XLA passed no buffer ", i)));
-    std::string req_name = grouped ? strCat(a.name, ".", i) : a.name;
-    Status err;
-    if (!fill(CollectiveType::kAllreduce, a, req_name, *in, (*out)->untyped_data(), &reqs[i],
-              &err))
-      return toFfiError(err);
-  }
+  std::vector<runtime::Request> reqs;
+  Status err = allreduceRequests(reduceAttrs(name, op, pre, post), args, rets, grouped, &reqs);
+  if (!err.ok()) return toFfiError(err);
   onGpu(&reqs, device, stream);
   return submitBlocking(std::move(reqs), false);
 }
