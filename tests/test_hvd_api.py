@@ -12,7 +12,6 @@
    two levels) and checks every result against numpy (see that file).
 """
 
-import inspect
 import os
 import sys
 
@@ -21,6 +20,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from hvd_util import assert_takes_horovod_call  # noqa: E402
 from tf_util import JOB_TIMEOUT, RANK_ENV, tf_available  # noqa: E402
 
 import tfring  # noqa: E402
@@ -154,20 +154,7 @@ def test_horovod_keywords_bind(name):
         pytest.skip("TensorFlow or tfring's op library missing")
     owner, params = HOROVOD_TF[name]
     _skip_unless_present(owner)
-    fn = getattr(tfring, name)
-    sig = inspect.signature(fn)
-    positional = [object() for p in params if p.startswith("*")]
-    keywords = {p: object() for p in params if not p.startswith("*")}
-    try:
-        sig.bind(*positional, **keywords)
-    except TypeError as e:
-        pytest.fail(f"tfring.{name}{sig} does not take Horovod's call "
-                    f"{name}({', '.join(p.lstrip('*') for p in params)}): {e}")
-    # Horovod's required arguments are required here too, and in the same
-    # positions.
-    names = list(sig.parameters)
-    for i, p in enumerate(q for q in params if q.startswith("*")):
-        assert names[i] == p[1:], (name, names, params)
+    assert_takes_horovod_call(f"tfring.{name}", getattr(tfring, name), params)
 
 
 def test_reduce_op_constants_distinct():

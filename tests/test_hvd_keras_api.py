@@ -10,7 +10,6 @@ is checked on ranks by tests/test_hvd_keras.py and tests/test_keras.py.
 """
 
 import importlib
-import inspect
 import os
 import sys
 
@@ -19,6 +18,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from hvd_util import assert_takes_horovod_call  # noqa: E402
 from tf_util import tf_available  # noqa: E402
 
 # name -> [parameters in Horovod's order], or None: not called here (a
@@ -134,21 +134,7 @@ def test_horovod_keywords_bind(case):
     flavour, sub, name = case
     mod = _module(flavour, sub)
     params = TABLES[sub][name]
-    fn = getattr(mod, name)
-    sig = inspect.signature(fn)
-    positional = [object() for p in params if p.startswith("*")]
-    keywords = {p: object() for p in params if not p.startswith("*")}
-    try:
-        sig.bind(*positional, **keywords)
-    except TypeError as e:
-        pytest.fail(f"{flavour}.{name}{sig} does not take Horovod's call "
-                    f"{name}({', '.join(p.lstrip('*') for p in params)}): {e}")
-    # Horovod's required arguments are positional here too, in Horovod's
-    # order.
-    names = [p for p in sig.parameters.values()
-             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    for i, p in enumerate(q for q in params if q.startswith("*")):
-        assert names[i].name == p[1:], (name, list(sig.parameters), params)
+    assert_takes_horovod_call(f"{flavour}.{name}", getattr(mod, name), params)
 
 
 def test_reduce_op_constants_are_tfrings():
