@@ -10,7 +10,6 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
-#include <atomic>
 #include <memory>
 
 #include "python/bindings.h"
@@ -37,7 +36,6 @@ bool dtypeOf(const py::dtype& d, DataType* dt) {
 }
 
 py::tuple alltoall(py::object a, py::object splits, py::object name, int process_set) {
-  static std::atomic<uint64_t> counter{0};
   py::array in = py::array::ensure(a, py::array::c_style);
   if (!in) throw py::type_error("expected an array-like input");
   DataType dt;
@@ -48,8 +46,7 @@ py::tuple alltoall(py::object a, py::object splits, py::object name, int process
   st->process_set = process_set;  // wait() drives that set's engine
   runtime::Request req;
   req.process_set = process_set;
-  req.name = name.is_none() ? strCat("alltoall.noname.", counter++ % 4096)
-                            : std::string(py::str(name));
+  req.name = autoName("alltoall", name);
   req.type = CollectiveType::kAlltoall;
   req.dtype = dt;
   for (py::ssize_t i = 0; i < in.ndim(); ++i) req.shape.push_back(in.shape(i));

@@ -3,6 +3,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include <string>
+
 namespace tfring {
 namespace python {
 
@@ -13,6 +15,10 @@ void bindGpu(pybind11::module_& m);      // gpu_binding.cc
 void bindAlgorithms(pybind11::module_& m);  // algorithms_binding.cc
 void bindSecurity(pybind11::module_& m); // security_binding.cc
 void bindAlltoallJoin(pybind11::module_& m);  // alltoall_binding.cc
+
+// A collective's cross-rank name: the caller's, else "<kind>.noname.<n>"
+// for the n-th unnamed call of the process (runtime_binding.cc).
+std::string autoName(const char* kind, const pybind11::object& name);
 
 }  // namespace python
 }  // namespace tfring

@@ -107,6 +107,8 @@ ReduceOp resolveOp(const std::string& s) {
   return op;
 }
 
+}  // namespace
+
 // Unnamed collectives are matched across ranks by call order: the n-th
 // unnamed call is named after n modulo kAutoNames. A name without a cache id
 // is agreed in the engine's round like a cached one (engine_fresh.cc), so
@@ -126,6 +128,8 @@ std::string autoName(const char* kind, const py::object& name) {
   if (!name.is_none()) return std::string(py::str(name));
   return strCat(kind, ".noname.", counter++ % kAutoNames);
 }
+
+namespace {
 
 std::unique_ptr<Handle> submit(CollectiveType type, py::array input, const std::string& name,
                                ReduceOp op, int root, double prescale, double postscale,
