@@ -160,6 +160,24 @@ def test_killed_rank_named_by_every_survivor(trial, n):
     assert bad == [], bad
 
 
+@pytest.mark.parametrize("n", [16] + ([64] if SLOW else []))
+def test_killed_coordinator_named_by_every_survivor(n):
+    # Rank 0 runs the coordinator: when it dies mid-stream, every survivor
+    # must name rank 0 (the root cause), whichever link it noticed first.
+    results = run_ranks(n, "scale.py", ["kill"], timeout=180,
+                        env={"TFRING_TIMEOUT": "60", "TEST_VICTIM": "0"},
+                        per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r // 4}"})
+    assert results[0].returncode != 0
+    bad = []
+    for r in results[1:]:
+        out = r.result
+        assert r.returncode == 0 and out is not None, r.stderr[-3000:]
+        if out["error"] != "PeerFailureError" or "rank 0" not in out["message"]:
+            bad.append((r.rank, out["error"], out["message"][:300]))
+        assert out["elapsed"] is not None and out["elapsed"] < 30, out
+    assert bad == [], bad
+
+
 def test_timeline_carries_hops_and_bytes(tmp_path):
     # Recursive doubling at 3 ranks: 1 exchange + the fold; ranks 0 (extra)
     # and 2 send the buffer once, rank 1 to rank 2 and the result to rank 0.

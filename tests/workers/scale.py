@@ -6,8 +6,8 @@ ranks). Modes:
           result (ranks must agree bitwise) and the stats of each call.
   stats   a few float32 sum allreduces of `count` elements; reports each
           call's _core.last_collective_stats().
-  kill    the last rank dies inside a stream of allreduces; reports what the
-          survivors raised. Survivors exit right after their error, as a
+  kill    a rank (TEST_VICTIM, default the last) dies inside a stream of
+          allreduces; reports what the survivors raised. Survivors exit right after their error, as a
           script does.
 """
 
@@ -29,7 +29,7 @@ basics.init()
 rank, n = basics.rank(), basics.size()
 
 if mode == "kill":
-    victim = n - 1
+    victim = int(os.environ.get("TEST_VICTIM", n - 1))
     seen = {"error": None, "message": "", "elapsed": None}
     x = np.ones(64, np.float32)
     _core.allreduce(x, name="warmup")

@@ -1,0 +1,269 @@
+"""Exposed communication of a training step, entry point by entry point, in
+one job: each rank alternates a data-parallel step with the same step
+training alone, so the VM's drift between jobs cancels out.
+
+    python benchmarks/entry_points.py                       # mlp, 2 ranks
+    python benchmarks/entry_points.py --model resnet50 --batch-size 8 \
+        --image-size 224 --steps 3 --reps 3
+    python benchmarks/entry_points.py --entries tape,fit --json out.json
+
+Entry points (each has its own model and optimizer, built alike):
+  tape      tf.function step with tfring.DistributedGradientTape
+  rewrite   tfring.rewrite(tf.function(step))
+  fit       model.fit with RingAllreduceCallback
+  opt       model.fit with tfring.keras.DistributedOptimizer (compile)
+
+For every entry point and repetition the script times `--steps` steps of
+the tfring version and of the same step without communication ("alone"),
+back to back. Exposed communication is 1 - alone / tfring, from the
+medians over repetitions; "exposed / floor" divides the exposed time per
+step by the time the core needs to allreduce the model's gradients once
+(the floor: 1 means no overlap at all, 0 that communication is hidden).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENTRIES = ("tape", "rewrite", "fit", "opt")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--model", default="mlp",
+                   choices=["mlp", "resnet50", "small", "many"])
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=5, help="timed per block")
+    p.add_argument("--reps", type=int, default=3, help="alternated blocks")
+    p.add_argument("--entries", default=",".join(ENTRIES))
+    p.add_argument("--timeout", type=int, default=1200)
+    p.add_argument("--json", default="")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def build_model(name, image_size, classes):
+    import keras
+
+    if name == "many":
+        # 100 small dense layers: what completion costs per tensor.
+        layers = [keras.Input((64,))]
+        layers += [keras.layers.Dense(64, activation="relu")
+                   for _ in range(50)]
+        layers += [keras.layers.Dense(classes)]
+        return keras.Sequential(layers)
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from synthetic_benchmark import build_model as build
+
+    return build(name, image_size, classes)
+
+
+def worker(args):
+    import numpy as np
+    import tensorflow as tf
+
+    import tfring
+
+    tfring.init()
+    rank, local_size = tfring.rank(), tfring.local_size()
+    threads = max(1, (os.cpu_count() or 1) // local_size)
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    import keras
+
+    import tfring.keras as tk
+
+    rng = np.random.default_rng(rank)
+    if args.model == "many":
+        shape = (args.batch_size, 64)
+    else:
+        shape = (args.batch_size, args.image_size, args.image_size, 3)
+    images = tf.constant(rng.uniform(size=shape).astype(np.float32))
+    labels = tf.constant(rng.integers(0, args.classes, args.batch_size))
+    from_logits = args.model != "resnet50"
+
+    def make():
+        keras.utils.set_random_seed(1)
+        model = build_model(args.model, args.image_size, args.classes)
+        opt = keras.optimizers.SGD(0.01, momentum=0.9)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(
+            from_logits=from_logits)
+        return model, opt, loss_fn
+
+    def custom_loop(kind, distributed):
+        model, opt, loss_fn = make()
+
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            if distributed and kind == "tape":
+                tape = tfring.DistributedGradientTape(tape)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        fn = tf.function(step)
+        if distributed and kind == "rewrite":
+            fn = tfring.rewrite(fn)
+        if distributed:
+            tfring.broadcast_variables(model.variables, root_rank=0)
+
+        def run(n):
+            loss = None
+            for _ in range(n):
+                loss = fn(images, labels)
+            float(loss)  # the step's result is used: it has finished
+        return run, model
+
+    def fit_loop(kind, distributed):
+        model, opt, loss_fn = make()
+        callbacks = []
+        if distributed and kind == "fit":
+            callbacks.append(tk.callbacks.RingAllreduceCallback())
+        if distributed and kind == "opt":
+            opt = tk.DistributedOptimizer(opt)
+            callbacks.append(tk.callbacks.BroadcastGlobalVariablesCallback(0))
+        model.compile(optimizer=opt, loss=loss_fn)
+        data = tf.data.Dataset.from_tensors((images, labels)).repeat()
+        ends = []
+
+        class Clock(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if logs and "loss" in logs:
+                    float(np.sum(logs["loss"]))
+                ends.append(time.perf_counter())
+
+        def run(n):
+            # Two untimed steps per fit call: its first traces (the
+            # callback retraces the train function at every fit).
+            ends.clear()
+            model.fit(data, steps_per_epoch=n + 2, epochs=1, verbose=0,
+                      callbacks=callbacks + [Clock()])
+            return (ends[-1] - ends[1]) / n
+        return run, model
+
+    entries = [e for e in args.entries.split(",") if e]
+    runs = {}
+    for e in entries:
+        maker = custom_loop if e in ("tape", "rewrite") else fit_loop
+        runs[e] = {"tfring": maker(e, True)[0], "alone": maker(e, False)[0]}
+        for fn in runs[e].values():
+            fn(2)  # trace and warm up
+    times = {e: {"tfring": [], "alone": []} for e in entries}
+    cpu = {e: {"tfring": [], "alone": []} for e in entries}
+    for _ in range(args.reps):
+        for e in entries:
+            for variant in ("tfring", "alone"):
+                tfring.barrier()
+                c0, t0 = time.process_time(), time.perf_counter()
+                per = runs[e][variant](args.steps)
+                if per is None:
+                    per = (time.perf_counter() - t0) / args.steps
+                times[e][variant].append(per)
+                # CPU seconds of the whole process per step (fit's two
+                # untimed steps included): on a loaded machine the
+                # difference shows what communication costs in work.
+                extra = 2 if e in ("fit", "opt") else 0
+                cpu[e][variant].append((time.process_time() - c0)
+                                       / (args.steps + extra))
+    params = int(sum(np.prod(v.shape) for v in
+                     build_model(args.model, args.image_size,
+                                 args.classes).trainable_variables))
+    floor = core_floor(4 * params)
+    result = {"rank": rank, "model": args.model, "params": params,
+              "gradient_bytes": 4 * params, "floor_s": floor,
+              "threads": threads, "times": times, "cpu": cpu}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def core_floor(nbytes):
+    import numpy as np
+
+    from tfring import _core
+
+    buf = np.ones(nbytes // 4, np.float32)
+    _core.allreduce(buf, op="sum", name="floor", out=buf)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        _core.allreduce(buf, op="sum", name="floor", out=buf)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def summarize(results, args):
+    """Per entry point: medians over repetitions of the slowest rank."""
+    nreps = len(results[0]["times"][next(iter(results[0]["times"]))]["tfring"])
+    floor = max(r["floor_s"] for r in results)
+    rows = {}
+    for e in results[0]["times"]:
+        med = {}
+        for variant in ("tfring", "alone"):
+            med[variant] = statistics.median(
+                max(r["times"][e][variant][i] for r in results)
+                for i in range(nreps))
+        exposed = med["tfring"] - med["alone"]
+        cpu = {v: statistics.median(statistics.mean(r["cpu"][e][v][i]
+                                                    for r in results)
+                                    for i in range(nreps))
+               for v in ("tfring", "alone")}
+        rows[e] = {"step_s": med["tfring"], "alone_s": med["alone"],
+                   "cpu_s": cpu["tfring"], "alone_cpu_s": cpu["alone"],
+                   "exposed_fraction": 1 - med["alone"] / med["tfring"],
+                   "exposed_over_floor": exposed / floor}
+    return {"model": args.model, "np": args.np,
+            "gradient_bytes": results[0]["gradient_bytes"],
+            "floor_s": floor, "entries": rows}
+
+
+def main():
+    args = parse_args()
+    if args.worker:
+        worker(args)
+        return
+    cmd = [sys.executable, "-m", "tfring.run", "-np", str(args.np),
+           "--timeout", str(args.timeout), sys.executable,
+           os.path.abspath(__file__), "--worker", *sys.argv[1:]]
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    with tempfile.TemporaryDirectory() as cwd:
+        proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True,
+                              text=True, timeout=args.timeout + 60,
+                              check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n"
+                         f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    results = []
+    for line in proc.stdout.splitlines():
+        i = line.find("RESULT ")
+        if i >= 0:
+            results.append(json.loads(line[i + len("RESULT "):]))
+    summary = summarize(results, args)
+    print(f"{args.model}, {args.np} ranks: gradients "
+          f"{summary['gradient_bytes'] / 1e6:.1f} MB, core allreduce floor "
+          f"{summary['floor_s'] * 1e3:.1f} ms; medians of {args.reps} "
+          f"alternated blocks of {args.steps} steps")
+    print("| entry point | tfring step (s) | alone (s) | exposed | "
+          "exposed / floor | CPU s/step tfring | alone |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for e, r in summary["entries"].items():
+        print(f"| {e} | {r['step_s']:.4f} | {r['alone_s']:.4f} | "
+              f"{r['exposed_fraction']:.1%} | {r['exposed_over_floor']:.2f} | "
+              f"{r['cpu_s']:.4f} | {r['alone_cpu_s']:.4f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
