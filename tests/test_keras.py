@@ -60,6 +60,13 @@ def test_fit_matches_one_process_and_ranks_agree(job):
     assert_equivalent(outcome(job, "fit"))
 
 
+def test_fit_once_per_epoch_traces_once(job):
+    outs = outcome(job, "fit_per_epoch")
+    assert_equivalent(outs)
+    assert all(o["retraced_after_alone"] for o in outs)
+    assert [o["functions"] for o in outs] == [1] * len(outs)
+
+
 def test_fit_metrics_are_averaged_over_ranks(job):
     outs = outcome(job, "fit")
     h0, h1 = outs[0]["history"], outs[1]["history"]

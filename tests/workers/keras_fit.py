@@ -112,6 +112,35 @@ def _():
     return out
 
 
+@check("fit_per_epoch")
+def _():
+    # An epoch alone first traces the train function without reduction;
+    # the callback's first fit must trace it again, later fits (once per
+    # epoch, as some loops call it) must keep that trace.
+    model = make_model(21 + RANK)
+    model.fit(halves(X), halves(Y), batch_size=BATCH // SIZE, epochs=1,
+              shuffle=False, verbose=0)
+    alone = id(model.train_function)
+    cb = tk.callbacks.RingAllreduceCallback()
+    fns = []
+    for _ in range(3):
+        model.fit(halves(X), halves(Y), batch_size=BATCH // SIZE, epochs=1,
+                  shuffle=False, verbose=0, callbacks=[cb])
+        fns.append(id(model.train_function))
+    out = {"digest": digest(weights(model)), "functions": len(set(fns)),
+           "retraced_after_alone": alone not in fns}
+    if RANK == 0:
+        # Rank 0's lone epoch is broadcast, then the job trains as one
+        # process on the full batch.
+        ref = make_model(21)
+        ref.fit(halves(X), halves(Y), batch_size=BATCH // SIZE, epochs=1,
+                shuffle=False, verbose=0)
+        for _ in range(3):
+            ref.fit(X, Y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        out["max_diff"] = max_diff(weights(model), weights(ref))
+    return out
+
+
 @check("restored")
 def _():
     # Rank 0 restores the checkpoint (weights, momentum, iteration count);

@@ -309,15 +309,26 @@ class _RingAllreduce:
 
     def on_train_begin(self, logs=None):
         model = self.model
+        retrace = False
         if getattr(model, "jit_compile", False) and not _ops._xla_build_state()[0]:
             model.jit_compile = False  # this build's ops have no XLA kernels
+            retrace = True
         if model.optimizer is None:
             raise ValueError("RingAllreduceCallback: compile the model with "
                              "an optimizer before fit")
         distribute_instance(model.optimizer, self.gradient_config)
         # The train function may have been traced before the optimizer
-        # reduced gradients (an earlier fit): trace it again.
-        model.make_train_function(force=True)
+        # reduced gradients (an earlier fit without this callback): trace it
+        # again, but only then. A function traced for this configuration
+        # is kept, so fit called once per epoch does not retrace each time.
+        fn = getattr(model, "train_function", None)
+        if retrace or fn is None or getattr(
+                fn, "_tfring_config", None) is not self.gradient_config:
+            model.make_train_function(force=True)
+            try:
+                model.train_function._tfring_config = self.gradient_config
+            except AttributeError:
+                pass
         if self._broadcast_for != id(model) and _built(model):
             broadcast_model(model, self.root_rank)
             self._broadcast_for = id(model)
