@@ -12,6 +12,9 @@ Entry points (each has its own model and optimizer, built alike):
   rewrite   tfring.rewrite(tf.function(step))
   fit       model.fit with RingAllreduceCallback
   opt       model.fit with tfring.keras.DistributedOptimizer (compile)
+  v1        a tf.compat.v1 graph and session with tfring.rewrite() (the
+            same dense layers as the Keras model, built from variables;
+            dense models only)
 
 For every entry point and repetition the script times `--steps` steps of
 the tfring version and of the same step without communication ("alone"),
@@ -31,7 +34,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENTRIES = ("tape", "rewrite", "fit", "opt")
+ENTRIES = ("tape", "rewrite", "fit", "opt", "v1")
 
 
 def parse_args(argv=None):
@@ -151,10 +154,50 @@ def worker(args):
             return (ends[-1] - ends[1]) / n
         return run, model
 
+    def v1_loop(kind, distributed):
+        # The Keras model's dense layers as plain variables in a v1 graph.
+        dims = [int(np.prod(shape[1:]))]
+        for layer in build_model(args.model, args.image_size,
+                                 args.classes).layers:
+            if isinstance(layer, keras.layers.Dense):
+                dims.append(layer.units)
+            elif not isinstance(layer, (keras.layers.Flatten,
+                                        keras.layers.InputLayer)):
+                raise SystemExit(f"--entries v1: dense models only "
+                                 f"({args.model} has {type(layer).__name__})")
+        graph = tf.Graph()
+        with graph.as_default():
+            v1 = tf.compat.v1
+            v1.set_random_seed(1)
+            x = tf.reshape(tf.constant(images.numpy()), [shape[0], dims[0]])
+            h = x
+            for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+                w = v1.get_variable(f"w{i}", [a, b], initializer=v1.glorot_uniform_initializer())
+                bias = v1.get_variable(f"b{i}", [b], initializer=v1.zeros_initializer())
+                h = tf.matmul(h, w) + bias
+                if i < len(dims) - 2:
+                    h = tf.nn.relu(h)
+            loss = tf.reduce_mean(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    labels=tf.constant(labels.numpy()), logits=h))
+            train_op = v1.train.MomentumOptimizer(0.01, 0.9).minimize(loss)
+            if distributed:
+                tfring.rewrite()
+            init = v1.global_variables_initializer()
+        sess = tf.compat.v1.Session(graph=graph)
+        sess.run(init)
+
+        def run(n):
+            for _ in range(n):
+                _, value = sess.run([train_op, loss])
+            float(value)
+        return run, None
+
     entries = [e for e in args.entries.split(",") if e]
     runs = {}
     for e in entries:
-        maker = custom_loop if e in ("tape", "rewrite") else fit_loop
+        maker = {"tape": custom_loop, "rewrite": custom_loop,
+                 "v1": v1_loop}.get(e, fit_loop)
         runs[e] = {"tfring": maker(e, True)[0], "alone": maker(e, False)[0]}
         for fn in runs[e].values():
             fn(2)  # trace and warm up
