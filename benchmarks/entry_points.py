@@ -45,6 +45,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--layers", type=int, default=50,
+                   help="hidden layers of the 'many' model")
     p.add_argument("--steps", type=int, default=5, help="timed per block")
     p.add_argument("--reps", type=int, default=3, help="alternated blocks")
     p.add_argument("--entries", default=",".join(ENTRIES))
@@ -54,14 +56,15 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def build_model(name, image_size, classes):
+def build_model(name, image_size, classes, hidden=50):
     import keras
 
     if name == "many":
-        # 100 small dense layers: what completion costs per tensor.
+        # Many small dense layers (50: 102 tensors, 16 KiB weights each):
+        # what a step costs per tensor.
         layers = [keras.Input((64,))]
         layers += [keras.layers.Dense(64, activation="relu")
-                   for _ in range(50)]
+                   for _ in range(hidden)]
         layers += [keras.layers.Dense(classes)]
         return keras.Sequential(layers)
     sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -96,7 +99,8 @@ def worker(args):
 
     def make():
         keras.utils.set_random_seed(1)
-        model = build_model(args.model, args.image_size, args.classes)
+        model = build_model(args.model, args.image_size, args.classes,
+                            args.layers)
         opt = keras.optimizers.SGD(0.01, momentum=0.9)
         loss_fn = keras.losses.SparseCategoricalCrossentropy(
             from_logits=from_logits)
@@ -125,7 +129,7 @@ def worker(args):
             for _ in range(n):
                 loss = fn(images, labels)
             float(loss)  # the step's result is used: it has finished
-        return run, model
+        return run, lambda: [v.numpy() for v in model.trainable_variables]
 
     def fit_loop(kind, distributed):
         model, opt, loss_fn = make()
@@ -152,13 +156,13 @@ def worker(args):
             model.fit(data, steps_per_epoch=n + 2, epochs=1, verbose=0,
                       callbacks=callbacks + [Clock()])
             return (ends[-1] - ends[1]) / n
-        return run, model
+        return run, lambda: [v.numpy() for v in model.trainable_variables]
 
     def v1_loop(kind, distributed):
         # The Keras model's dense layers as plain variables in a v1 graph.
         dims = [int(np.prod(shape[1:]))]
         for layer in build_model(args.model, args.image_size,
-                                 args.classes).layers:
+                                 args.classes, args.layers).layers:
             if isinstance(layer, keras.layers.Dense):
                 dims.append(layer.units)
             elif not isinstance(layer, (keras.layers.Flatten,
@@ -191,14 +195,18 @@ def worker(args):
             for _ in range(n):
                 _, value = sess.run([train_op, loss])
             float(value)
-        return run, None
+        def values():
+            with graph.as_default():
+                return sess.run(tf.compat.v1.trainable_variables())
+        return run, values
 
     entries = [e for e in args.entries.split(",") if e]
-    runs = {}
+    runs, weights = {}, {}
     for e in entries:
         maker = {"tape": custom_loop, "rewrite": custom_loop,
                  "v1": v1_loop}.get(e, fit_loop)
-        runs[e] = {"tfring": maker(e, True)[0], "alone": maker(e, False)[0]}
+        runs[e] = {"tfring": None, "alone": maker(e, False)[0]}
+        runs[e]["tfring"], weights[e] = maker(e, True)
         for fn in runs[e].values():
             fn(2)  # trace and warm up
     times = {e: {"tfring": [], "alone": []} for e in entries}
@@ -220,11 +228,22 @@ def worker(args):
                                        / (args.steps + extra))
     params = int(sum(np.prod(v.shape) for v in
                      build_model(args.model, args.image_size,
-                                 args.classes).trainable_variables))
+                                 args.classes, args.layers).trainable_variables))
     floor = core_floor(4 * params)
+    # Each data-parallel model must be the same on every rank.
+    from tfring import _core
+
+    agree = {}
+    for e in entries:
+        total = sum(float(np.sum(np.asarray(w, np.float64)))
+                    for w in weights[e]())
+        hi, lo = _core.allreduce(np.array([total, -total]), op="max",
+                                 name=f"agree.{e}")
+        agree[e] = bool(hi == -lo)
     result = {"rank": rank, "model": args.model, "params": params,
               "gradient_bytes": 4 * params, "floor_s": floor,
-              "threads": threads, "times": times, "cpu": cpu}
+              "threads": threads, "times": times, "cpu": cpu,
+              "ranks_agree": agree}
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -259,7 +278,8 @@ def summarize(results, args):
                                                     for r in results)
                                     for i in range(nreps))
                for v in ("tfring", "alone")}
-        rows[e] = {"step_s": med["tfring"], "alone_s": med["alone"],
+        rows[e] = {"ranks_agree": all(r["ranks_agree"][e] for r in results),
+                   "step_s": med["tfring"], "alone_s": med["alone"],
                    "cpu_s": cpu["tfring"], "alone_cpu_s": cpu["alone"],
                    "exposed_fraction": 1 - med["alone"] / med["tfring"],
                    "exposed_over_floor": exposed / floor}
@@ -303,6 +323,10 @@ def main():
         print(f"| {e} | {r['step_s']:.4f} | {r['alone_s']:.4f} | "
               f"{r['exposed_fraction']:.1%} | {r['exposed_over_floor']:.2f} | "
               f"{r['cpu_s']:.4f} | {r['alone_cpu_s']:.4f} |")
+    bad = [e for e, r in summary["entries"].items() if not r["ranks_agree"]]
+    if bad:
+        raise SystemExit(f"ranks ended with different weights: {bad}")
+    print("every entry point's ranks ended with the same weights")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)

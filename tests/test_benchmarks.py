@@ -417,3 +417,19 @@ def test_gpu_bench_dry_run_on_the_emulation(tmp_path):
     assert [b["procs"] for b in doc["batch"]] == [1, 2]
     assert all(b["ok"] and b["count"] == 8 for b in doc["batch"])
     assert "nccl" in doc
+
+
+@pytest.mark.skipif(not _have_tf_ops(), reason="TensorFlow or tfring's op library missing")
+def test_entry_points_bench(tmp_path):
+    # One step per entry point and variant: every entry point trains, its
+    # ranks agree, and the table and JSON carry each entry point's times.
+    entries = ["tape", "rewrite", "fit", "opt", "v1"]
+    out, res = _run(tmp_path, "entry_points.py", "--model", "many", "--layers", "3", "--classes", "10", "--batch-size", "8",
+                    "--steps", "1", "--reps", "1", "--entries", ",".join(entries))
+    assert "ranks ended with the same weights" in out
+    assert list(res["entries"]) == entries
+    for e, row in res["entries"].items():
+        assert row["ranks_agree"], e
+        assert row["step_s"] > 0 and row["alone_s"] > 0, row
+        assert f"| {e} |" in out
+    assert res["gradient_bytes"] > 0 and res["floor_s"] > 0
