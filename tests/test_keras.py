@@ -67,6 +67,12 @@ def test_fit_once_per_epoch_traces_once(job):
     assert [o["functions"] for o in outs] == [1] * len(outs)
 
 
+def test_model_built_by_its_first_batch_is_broadcast(job):
+    outs = outcome(job, "fit_unbuilt")
+    for name in ("ring", "ring_one_batch", "hvd", "hvd_one_batch"):
+        assert len({o[name] for o in outs}) == 1, f"{name}: ranks differ"
+
+
 def test_fit_metrics_are_averaged_over_ranks(job):
     outs = outcome(job, "fit")
     h0, h1 = outs[0]["history"], outs[1]["history"]

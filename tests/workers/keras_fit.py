@@ -141,6 +141,33 @@ def _():
     return out
 
 
+@check("fit_unbuilt")
+def _():
+    # Models without an Input are built by their first batch: the callbacks
+    # broadcast rank 0's weights then, so every rank ends equal, also when
+    # the fit has one batch.
+    out = {}
+    for name, steps, callback in (
+            ("ring", 3, lambda: tk.callbacks.RingAllreduceCallback()),
+            ("ring_one_batch", 1, lambda: tk.callbacks.RingAllreduceCallback()),
+            ("hvd", 3, lambda: tk.callbacks.BroadcastGlobalVariablesCallback(0)),
+            ("hvd_one_batch", 1,
+             lambda: tk.callbacks.BroadcastGlobalVariablesCallback(0))):
+        keras.utils.set_random_seed(31 + RANK)
+        model = keras.Sequential([keras.layers.Dense(8, activation="tanh"),
+                                  keras.layers.Dense(1)])
+        opt = keras.optimizers.SGD(0.05)
+        if name.startswith("hvd"):
+            opt = tk.DistributedOptimizer(opt)
+        model.compile(optimizer=opt, loss="mse")
+        cb = callback()
+        model.fit(halves(X), halves(Y), batch_size=BATCH // SIZE,
+                  steps_per_epoch=steps, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[cb])
+        out[name] = digest(weights(model))
+    return out
+
+
 @check("restored")
 def _():
     # Rank 0 restores the checkpoint (weights, momentum, iteration count);
