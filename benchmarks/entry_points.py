@@ -52,6 +52,10 @@ def parse_args(argv=None):
     p.add_argument("--entries", default=",".join(ENTRIES))
     p.add_argument("--timeout", type=int, default=1200)
     p.add_argument("--json", default="")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="then profile this many steps of each variant with "
+                   "TensorFlow's profiler on rank 0 and print where the "
+                   "step's time went on TF's op threads")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -124,11 +128,15 @@ def worker(args):
         if distributed:
             tfring.broadcast_variables(model.variables, root_rank=0)
 
-        def run(n):
+        def run(n, prof=None):
             loss = None
+            if prof:
+                prof[0]()
             for _ in range(n):
                 loss = fn(images, labels)
             float(loss)  # the step's result is used: it has finished
+            if prof:
+                prof[1]()
         return run, lambda: [v.numpy() for v in model.trainable_variables]
 
     def fit_loop(kind, distributed):
@@ -141,18 +149,23 @@ def worker(args):
             callbacks.append(tk.callbacks.BroadcastGlobalVariablesCallback(0))
         model.compile(optimizer=opt, loss=loss_fn)
         data = tf.data.Dataset.from_tensors((images, labels)).repeat()
-        ends = []
+        ends, hooks = [], {}
 
         class Clock(keras.callbacks.Callback):
             def on_train_batch_end(self, batch, logs=None):
                 if logs and "loss" in logs:
                     float(np.sum(logs["loss"]))
                 ends.append(time.perf_counter())
+                if batch in hooks:
+                    hooks[batch]()
 
-        def run(n):
-            # Two untimed steps per fit call: its first traces (the
-            # callback retraces the train function at every fit).
+        def run(n, prof=None):
+            # Two untimed steps per fit call: the first step of a fit pays
+            # for the iterator and the callbacks' train-begin work.
             ends.clear()
+            hooks.clear()
+            if prof:
+                hooks.update({1: prof[0], n + 1: prof[1]})
             model.fit(data, steps_per_epoch=n + 2, epochs=1, verbose=0,
                       callbacks=callbacks + [Clock()])
             return (ends[-1] - ends[1]) / n
@@ -191,10 +204,14 @@ def worker(args):
         sess = tf.compat.v1.Session(graph=graph)
         sess.run(init)
 
-        def run(n):
+        def run(n, prof=None):
+            if prof:
+                prof[0]()
             for _ in range(n):
                 _, value = sess.run([train_op, loss])
             float(value)
+            if prof:
+                prof[1]()
         def values():
             with graph.as_default():
                 return sess.run(tf.compat.v1.trainable_variables())
@@ -226,6 +243,24 @@ def worker(args):
                 extra = 2 if e in ("fit", "opt") else 0
                 cpu[e][variant].append((time.process_time() - c0)
                                        / (args.steps + extra))
+    profiles = {}
+    if args.profile_steps:
+        import tempfile
+
+        from _xplane import op_thread_breakdown
+
+        for e in entries:
+            profiles[e] = {}
+            for variant in ("tfring", "alone"):
+                logdir = tempfile.mkdtemp(prefix=f"tfring-profile-{e}-")
+                prof = ((lambda d=logdir: tf.profiler.experimental.start(d)),
+                        tf.profiler.experimental.stop)
+                tfring.barrier()
+                runs[e][variant](args.profile_steps,
+                                 prof if rank == 0 else None)
+                if rank == 0:
+                    profiles[e][variant] = op_thread_breakdown(
+                        logdir, args.profile_steps)
     params = int(sum(np.prod(v.shape) for v in
                      build_model(args.model, args.image_size,
                                  args.classes, args.layers).trainable_variables))
@@ -243,7 +278,7 @@ def worker(args):
     result = {"rank": rank, "model": args.model, "params": params,
               "gradient_bytes": 4 * params, "floor_s": floor,
               "threads": threads, "times": times, "cpu": cpu,
-              "ranks_agree": agree}
+              "ranks_agree": agree, "profiles": profiles}
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -284,6 +319,8 @@ def summarize(results, args):
                    "exposed_fraction": 1 - med["alone"] / med["tfring"],
                    "exposed_over_floor": exposed / floor}
     return {"model": args.model, "np": args.np,
+            "profiles": next((r["profiles"] for r in results
+                              if r["rank"] == 0), {}),
             "gradient_bytes": results[0]["gradient_bytes"],
             "floor_s": floor, "entries": rows}
 
@@ -323,6 +360,19 @@ def main():
         print(f"| {e} | {r['step_s']:.4f} | {r['alone_s']:.4f} | "
               f"{r['exposed_fraction']:.1%} | {r['exposed_over_floor']:.2f} | "
               f"{r['cpu_s']:.4f} | {r['alone_cpu_s']:.4f} |")
+    if summary["profiles"]:
+        print(f"\nTensorFlow's profiler, rank 0, {args.profile_steps} steps "
+              f"per variant, ms per step: the op threads' busy time (union), "
+              f"their idle time (no op running: waiting for an asynchronous "
+              f"op or for Python) and the ops' summed time")
+        print("| entry point | variant | profiled step | busy | idle | "
+              "op time | ops |")
+        print("|---|---|---:|---:|---:|---:|---:|")
+        for e, pv in summary["profiles"].items():
+            for variant, b in pv.items():
+                print(f"| {e} | {variant} | {b['window']:.2f} | "
+                      f"{b['busy']:.2f} | {b['idle']:.2f} | "
+                      f"{b['op_cpu']:.2f} | {b['ops']:.0f} |")
     bad = [e for e, r in summary["entries"].items() if not r["ranks_agree"]]
     if bad:
         raise SystemExit(f"ranks ended with different weights: {bad}")

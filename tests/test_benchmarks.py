@@ -425,7 +425,8 @@ def test_entry_points_bench(tmp_path):
     # ranks agree, and the table and JSON carry each entry point's times.
     entries = ["tape", "rewrite", "fit", "opt", "v1"]
     out, res = _run(tmp_path, "entry_points.py", "--model", "many", "--layers", "3", "--classes", "10", "--batch-size", "8",
-                    "--steps", "1", "--reps", "1", "--entries", ",".join(entries))
+                    "--steps", "1", "--reps", "1", "--entries", ",".join(entries),
+                    "--profile-steps", "2")
     assert "ranks ended with the same weights" in out
     assert list(res["entries"]) == entries
     for e, row in res["entries"].items():
@@ -433,3 +434,9 @@ def test_entry_points_bench(tmp_path):
         assert row["step_s"] > 0 and row["alone_s"] > 0, row
         assert f"| {e} |" in out
     assert res["gradient_bytes"] > 0 and res["floor_s"] > 0
+    # TensorFlow's profiler saw each variant's ops, busy and idle adding up.
+    for e in entries:
+        for variant in ("tfring", "alone"):
+            b = res["profiles"][e][variant]
+            assert b["ops"] > 0 and b["busy"] > 0 and b["idle"] >= 0, (e, variant, b)
+            assert b["busy"] + b["idle"] == pytest.approx(b["window"], rel=1e-6)
