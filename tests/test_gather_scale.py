@@ -177,6 +177,21 @@ def test_auto_keeps_ring_on_one_host():
         assert [s["algo"] for s in out["stats"]] == ["ring", "ring"]
 
 
+def test_timeline_carries_hops_and_bytes(tmp_path):
+    # 5 ranks: rank r gathers r+1 rows of two float32, rank 4 broadcasts 100 bytes.
+    path = str(tmp_path / "timeline.{rank}.json")
+    res = _run(5, "timeline", dict(NEW, TFRING_TIMELINE=path))
+    rb = [(r + 1) * 8 for r in range(5)]
+    for rank, out in enumerate(res):
+        events = {e["name"]: e["args"] for e in out["timeline"]
+                  if e.get("name") in ("ALLGATHER_STATS", "BROADCAST_STATS")}
+        ag, bc = events["ALLGATHER_STATS"], events["BROADCAST_STATS"]
+        assert (ag["algo"], ag["ranks"], ag["bytes"]) == ("recdbl", 5, sum(rb)), ag
+        assert (ag["hops"], ag["bytes_sent"]) == allgather_expected("recdbl", rank, 5, rb), ag
+        assert (bc["algo"], bc["bytes"]) == ("tree", 100), bc
+        assert (bc["hops"], bc["bytes_sent"]) == broadcast_expected("tree", rank, 5, 4, 100), bc
+
+
 @pytest.mark.parametrize("var,val", [("TFRING_ALLGATHER_ALGO", "bruck"),
                                      ("TFRING_BROADCAST_ALGO", "binomial")])
 def test_unknown_algorithm_is_named(var, val):

@@ -11,6 +11,8 @@ TFRING_BROADCAST_ALGO set by the test; core-only ranks). Modes:
           ';' between calls) of float32 pairs, then broadcasts of
           TEST_BCAST_BYTES from each root of TEST_ROOTS; reports each call's
           _core.last_collective_stats() and whether its output was right.
+  timeline  one allgather and one broadcast with TFRING_TIMELINE set;
+          reports the timeline's events.
 """
 
 import os
@@ -45,6 +47,16 @@ def roots():
     # in the middle take the other paths.
     return sorted({0, 1 % n, 2 % n, n // 2, n - 1})
 
+
+if mode == "timeline":  # one ragged allgather and one broadcast, then the timeline's events
+    import json
+
+    _core.allgather(np.ones((rank + 1, 2), np.float32), name="gathered")
+    _core.broadcast(np.ones(100, np.uint8), root=n - 1, name="sent")
+    basics.shutdown()
+    with open(os.environ["TFRING_TIMELINE"].replace("{rank}", str(rank))) as f:
+        report({"timeline": json.load(f)})
+    sys.exit(0)
 
 if mode == "stats":
     stats = []
