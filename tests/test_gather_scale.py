@@ -177,6 +177,24 @@ def test_auto_keeps_ring_on_one_host():
         assert [s["algo"] for s in out["stats"]] == ["ring", "ring"]
 
 
+@pytest.mark.parametrize("trial", range(2))
+def test_killed_rank_named_by_every_survivor(trial):
+    # The last of 8 ranks dies inside a stream of tree broadcasts and
+    # recursive-doubling allgathers: every survivor names it, quickly.
+    n = 8
+    results = run_ranks(n, "gather_scale.py", ["kill"], env=dict(NEW, TFRING_TIMEOUT="60"),
+                        timeout=180)
+    bad = []
+    for r in results[:-1]:
+        out = r.result
+        assert r.returncode == 0 and out is not None, r.stderr[-3000:]
+        if out["error"] != "PeerFailureError" or f"rank {n - 1}" not in out["message"]:
+            bad.append((r.rank, out["error"], out["message"][:300]))
+        assert out["elapsed"] is not None and out["elapsed"] < 30, out
+    assert results[-1].returncode != 0
+    assert bad == [], bad
+
+
 def test_timeline_carries_hops_and_bytes(tmp_path):
     # 5 ranks: rank r gathers r+1 rows of two float32, rank 4 broadcasts 100 bytes.
     path = str(tmp_path / "timeline.{rank}.json")

@@ -11,6 +11,8 @@ TFRING_BROADCAST_ALGO set by the test; core-only ranks). Modes:
           ';' between calls) of float32 pairs, then broadcasts of
           TEST_BCAST_BYTES from each root of TEST_ROOTS; reports each call's
           _core.last_collective_stats() and whether its output was right.
+  kill    the last rank dies inside a stream of allgathers and broadcasts;
+          reports what each survivor raised.
   timeline  one allgather and one broadcast with TFRING_TIMELINE set;
           reports the timeline's events.
 """
@@ -47,6 +49,26 @@ def roots():
     # in the middle take the other paths.
     return sorted({0, 1 % n, 2 % n, n // 2, n - 1})
 
+
+if mode == "kill":  # the last rank dies inside a stream of allgathers and broadcasts
+    import signal
+    import threading
+    import time
+
+    seen = {"error": None, "message": "", "elapsed": None}
+    x = np.ones((2, 2), np.float32)
+    _core.allgather(x, name="warmup")
+    t0 = time.time()
+    if rank == n - 1:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    try:
+        for i in range(10_000_000):
+            _core.allgather(x, name=f"ag.{i}")
+            _core.broadcast(x, root=i % n, name=f"bc.{i}")
+    except Exception as e:  # noqa: BLE001 - the test inspects what was raised
+        seen.update(error=type(e).__name__, message=str(e), elapsed=time.time() - t0)
+    report(seen)
+    os._exit(0)  # right after the error, as a script does
 
 if mode == "timeline":  # one ragged allgather and one broadcast, then the timeline's events
     import json
