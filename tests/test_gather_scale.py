@@ -171,6 +171,16 @@ def test_auto_picks_by_size_across_many_hosts():
     assert {out["stats"][0]["algo"] for out in res} == {"ring"}
 
 
+def test_auto_goes_further_with_one_rank_per_host():
+    # 8 simulated hosts of 1 rank: up to 256 KiB by the new algorithms.
+    res = _run(8, "stats", {"TEST_ROWS": "1024;8192", "TEST_ROOTS": "5",
+                            "TEST_BCAST_BYTES": str(200 << 10), "TFRING_SMALL_THRESHOLD": "4096"},
+               per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r}"})
+    for out in res:
+        assert [(s["algo"], s["ok"]) for s in out["stats"]] == [
+            ("recdbl", True), ("ring", True), ("tree", True)]
+
+
 def test_auto_keeps_ring_on_one_host():
     res = _run(8, "stats", {"TEST_ROWS": "8", "TEST_ROOTS": "0", "TEST_BCAST_BYTES": "64"})
     for out in res:

@@ -10,9 +10,10 @@
 //            +2 hops when N is not a power of two (p the largest power of
 //            two <= N).
 //
-// auto: recdbl for outputs up to the threshold where the job is "at scale"
-// (recursiveAtScale: the rule that gives small allreduces to recursive
-// doubling), the ring otherwise. Blocks may differ in size per rank (the
+// auto, where the job is "at scale" (recursiveAtScale: the rule that gives
+// small allreduces to recursive doubling): recdbl for outputs up to the
+// threshold, and up to kGatherRecursiveMaxBytes when every host holds one
+// rank (the ring has no shared-memory hops then); the ring otherwise. Blocks may differ in size per rank (the
 // ragged allgather); every algorithm only copies bytes, so all give the
 // same output.
 #pragma once
@@ -29,6 +30,11 @@ namespace collectives {
 
 enum class AllgatherAlgo { kRing, kRecDbl };
 constexpr int kNumAllgatherAlgos = 2;
+// With one rank per host, auto keeps recdbl (and the tree broadcast) up to
+// this many bytes: at 16 ranks over TCP both beat the ring at 256 KiB and
+// tie at 1 MiB (docs/benchmarks.md); where hosts hold several ranks the
+// ring's shared-memory hops tie or win from 64 KiB on.
+constexpr size_t kGatherRecursiveMaxBytes = 256 << 10;
 
 const char* allgatherAlgoName(AllgatherAlgo a);
 AllgatherAlgo chooseAllgather(const RingComm& c, size_t total_bytes);

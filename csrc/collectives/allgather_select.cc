@@ -29,9 +29,11 @@ AllgatherAlgo chooseAllgather(const RingComm& c, size_t total_bytes) {
   const bool p2p = H->peers != nullptr;
   if (H->allgather_algo == "recdbl") return p2p ? AllgatherAlgo::kRecDbl : AllgatherAlgo::kRing;
   if (H->allgather_algo == "ring") return AllgatherAlgo::kRing;
-  if (total_bytes <= static_cast<uint64_t>(H->small_threshold) && recursiveAtScale(c))
-    return AllgatherAlgo::kRecDbl;
-  return AllgatherAlgo::kRing;
+  if (!recursiveAtScale(c)) return AllgatherAlgo::kRing;
+  if (total_bytes <= static_cast<uint64_t>(H->small_threshold)) return AllgatherAlgo::kRecDbl;
+  const bool one_per_host = H->num_hosts == c.size;
+  return one_per_host && total_bytes <= kGatherRecursiveMaxBytes ? AllgatherAlgo::kRecDbl
+                                                                 : AllgatherAlgo::kRing;
 }
 
 void allgather(RingComm& c, void* out, const std::vector<size_t>& rank_bytes) {

@@ -10,8 +10,9 @@
 //            the non-power-of-two fold pairs off); the choice for small
 //            buffers at scale.
 //
-// auto: tree up to the threshold where the job is "at scale"
-// (recursiveAtScale), the ring otherwise.
+// auto, where the job is "at scale" (recursiveAtScale): tree up to the
+// threshold, and up to kGatherRecursiveMaxBytes (allgather.h) when every
+// host holds one rank; the ring otherwise.
 #pragma once
 
 #include <cstddef>

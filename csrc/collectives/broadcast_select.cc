@@ -1,6 +1,7 @@
 // Choosing the broadcast algorithm (see broadcast.h), and its counters.
 #include <atomic>
 
+#include "collectives/allgather.h"
 #include "collectives/allreduce.h"
 #include "collectives/broadcast.h"
 
@@ -27,9 +28,11 @@ BroadcastAlgo chooseBroadcast(const RingComm& c, size_t bytes) {
   const bool p2p = H->peers != nullptr;
   if (H->broadcast_algo == "tree") return p2p ? BroadcastAlgo::kTree : BroadcastAlgo::kRing;
   if (H->broadcast_algo == "ring") return BroadcastAlgo::kRing;
-  if (bytes <= static_cast<uint64_t>(H->small_threshold) && recursiveAtScale(c))
-    return BroadcastAlgo::kTree;
-  return BroadcastAlgo::kRing;
+  if (!recursiveAtScale(c)) return BroadcastAlgo::kRing;
+  if (bytes <= static_cast<uint64_t>(H->small_threshold)) return BroadcastAlgo::kTree;
+  const bool one_per_host = H->num_hosts == c.size;
+  return one_per_host && bytes <= kGatherRecursiveMaxBytes ? BroadcastAlgo::kTree
+                                                           : BroadcastAlgo::kRing;
 }
 
 void broadcast(RingComm& c, void* data, size_t bytes, int root_rank) {
