@@ -16,6 +16,16 @@ from multiproc import check_ok, run_ranks
 SLOW = bool(os.environ.get("TFRING_TEST_SLOW"))
 NEW = {"TFRING_ALLGATHER_ALGO": "recdbl", "TFRING_BROADCAST_ALGO": "tree"}
 RING = {"TFRING_ALLGATHER_ALGO": "ring", "TFRING_BROADCAST_ALGO": "ring"}
+SCATTER = {"TFRING_ALLGATHER_ALGO": "recdbl", "TFRING_BROADCAST_ALGO": "scatter_allgather"}
+ENVS = {("recdbl", "tree"): NEW, ("ring", "ring"): RING, ("recdbl", "scatter_allgather"): SCATTER}
+
+
+def even_split(count, parts):
+    base, extra = divmod(count, parts)
+    off = [0]
+    for i in range(parts):
+        off.append(off[-1] + base + (1 if i < extra else 0))
+    return off
 
 
 def layout(n):
@@ -65,16 +75,29 @@ def broadcast_expected(algo, rank, n, root, b):
     p, lg, r = layout(n)
     root_extra = root < 2 * r and root % 2 == 0
     other_extras = r > 1 or (r == 1 and root != 0)
-    hops = lg + root_extra + other_extras
+    steps = lg if algo == "tree" else 2 * lg  # scatter_allgather: scatter, then allgather
+    hops = steps + root_extra + other_extras
     if rank < 2 * r and rank % 2 == 0:
         return hops, b if rank == root else 0
     v = rank // 2 if rank < 2 * r else rank - r
     vr = root // 2 if root < 2 * r else root - r
     u = v ^ vr
-    children = lg if u == 0 else (u & -u).bit_length() - 1
-    if rank < 2 * r and rank - 1 != root:  # my extra rank, unless it is the root
-        children += 1
-    return hops, children * b
+    unfold = b if rank < 2 * r and rank - 1 != root else 0  # to my extra rank, unless the root
+    if algo == "tree":
+        children = lg if u == 0 else (u & -u).bit_length() - 1
+        return hops, children * b + unfold
+    off = even_split(b, p)  # block i belongs to u == i
+    top = p if u == 0 else u & -u
+    sent, m = 0, top // 2
+    while m >= 1:  # scatter: blocks [u+m, u+2m) to u+m
+        sent += off[u + 2 * m] - off[u + m]
+        m //= 2
+    m = 1
+    while m < p:  # allgather: my aligned range
+        lo = u & ~(m - 1)
+        sent += off[lo + m] - off[lo]
+        m *= 2
+    return hops, sent + unfold
 
 
 def _run(n, mode, env, timeout=300, per_rank_env=None):
@@ -87,18 +110,18 @@ def _run(n, mode, env, timeout=300, per_rank_env=None):
 @pytest.mark.parametrize("n", [2, 3, 5, 8])
 def test_correct_and_equal_to_ring(n):
     digests = {}
-    for name, env in (("new", NEW), ("ring", RING)):
+    for (ag, bc), env in ENVS.items():
+        name = bc
         res = _run(n, "full", env)
         for r, out in enumerate(res):
             assert out["failures"] == [], f"{name} rank {r}: " + "\n".join(out["failures"][:20])
-            ag, bc = ("recdbl", "tree") if name == "new" else ("ring", "ring")
             ran = {s["algo"] for s in out["stats"]}
             assert ran == {ag, bc}, ran
             assert out["totals"]["allgather"][ag]["calls"] == 35
             assert out["totals"]["broadcast"][bc]["calls"] > 0
         assert len({out["digest"] for out in res}) == 1, f"{name}: ranks differ"
         digests[name] = res[0]["digest"]
-    assert digests["new"] == digests["ring"]
+    assert len(set(digests.values())) == 1, digests
 
 
 def _check_counters(n, env, ag, bc, rows, roots, nbytes):
@@ -120,7 +143,8 @@ def _check_counters(n, env, ag, bc, rows, roots, nbytes):
             assert st["ok"] and st["collective"] == "broadcast" and st["algo"] == bc, st
             assert (st["hops"], st["bytes_sent"]) == broadcast_expected(bc, r, n, root,
                                                                         nbytes), (r, st)
-        assert sum(st["bytes_sent"] for st in call) == (n - 1) * nbytes
+        if bc != "scatter_allgather":  # every rank but the root receives it once
+            assert sum(st["bytes_sent"] for st in call) == (n - 1) * nbytes
     for out in res:
         assert out["totals"]["allgather"][ag]["calls"] == len(rows)
         assert out["totals"]["broadcast"][bc]["calls"] == len(roots)
@@ -128,9 +152,9 @@ def _check_counters(n, env, ag, bc, rows, roots, nbytes):
 
 
 @pytest.mark.parametrize("n", [8, 13, 16])
-@pytest.mark.parametrize("algos", [("recdbl", "tree"), ("ring", "ring")], ids=["new", "ring"])
+@pytest.mark.parametrize("algos", list(ENVS), ids=["new", "ring", "scatter"])
 def test_counters_match_formulas(n, algos):
-    env = NEW if algos[0] == "recdbl" else RING
+    env = ENVS[algos]
     # Uniform 4 KiB blocks, ragged blocks with empty ones, one rank only.
     rows = [[512], [r % 3 for r in range(n)], [0] * (n - 1) + [5]]
     roots = sorted({0, 1, 2, n // 2, n - 1})
@@ -139,6 +163,11 @@ def test_counters_match_formulas(n, algos):
     p, lg, r = layout(n)
     if algos[0] == "ring":
         assert set(hops) == {n - 1}
+    elif algos[1] == "scatter_allgather":
+        for call in per_call[3:]:
+            root = call[0]["root"]
+            assert call[0]["hops"] == 2 * lg + (root < 2 * r and root % 2 == 0) + (
+                r > 1 or (r == 1 and root != 0))
     else:
         assert hops[:3] == [ceil_log2(n) + (1 if r else 0)] * 3
         for call in per_call[3:]:  # ceil(log2 n), one more for an extra root
@@ -147,12 +176,11 @@ def test_counters_match_formulas(n, algos):
 
 
 @pytest.mark.skipif(not SLOW, reason="64 ranks on a small machine: TFRING_TEST_SLOW=1")
-@pytest.mark.parametrize("algos", [("recdbl", "tree"), ("ring", "ring")], ids=["new", "ring"])
+@pytest.mark.parametrize("algos", list(ENVS), ids=["new", "ring", "scatter"])
 def test_counters_at_64_ranks(algos):
-    env = NEW if algos[0] == "recdbl" else RING
-    per_call = _check_counters(64, env, *algos, [[64]], [0, 37], 4096)
-    assert [call[0]["hops"] for call in per_call] == ([6, 6, 6] if algos[0] == "recdbl"
-                                                      else [63, 63, 63])
+    per_call = _check_counters(64, ENVS[algos], *algos, [[64]], [0, 37], 4096)
+    assert [call[0]["hops"] for call in per_call] == {
+        "tree": [6, 6, 6], "ring": [63, 63, 63], "scatter_allgather": [6, 12, 12]}[algos[1]]
 
 
 def test_auto_picks_by_size_across_many_hosts():

@@ -9,6 +9,10 @@
 //            ceil(log2 N) hops (one more when the root is one of the ranks
 //            the non-power-of-two fold pairs off); the choice for small
 //            buffers at scale.
+//   scatter_allgather  a binomial scatter of p blocks, then a
+//            recursive-doubling allgather of them (broadcast_scatter.cc):
+//            2 log2(p) hops (+1 or 2 for the fold, as the tree), about
+//            twice the buffer per rank; for medium buffers at scale.
 //
 // auto, where the job is "at scale" (recursiveAtScale): tree up to the
 // threshold, and up to kGatherRecursiveMaxBytes (allgather.h) when every
@@ -24,8 +28,8 @@
 namespace tfring {
 namespace collectives {
 
-enum class BroadcastAlgo { kRing, kTree };
-constexpr int kNumBroadcastAlgos = 2;
+enum class BroadcastAlgo { kRing, kTree, kScatterAllgather };
+constexpr int kNumBroadcastAlgos = 3;
 
 const char* broadcastAlgoName(BroadcastAlgo a);
 BroadcastAlgo chooseBroadcast(const RingComm& c, size_t bytes);
@@ -40,6 +44,8 @@ void broadcast(RingComm& c, void* data, size_t bytes, int root_rank);
 
 // The algorithm itself; callers go through broadcast().
 void treeBroadcast(RingComm& c, void* data, size_t bytes, int root_rank, CollectiveStats* st);
+void scatterAllgatherBroadcast(RingComm& c, void* data, size_t bytes, int root_rank,
+                               CollectiveStats* st);
 
 }  // namespace collectives
 }  // namespace tfring

@@ -15,7 +15,12 @@ std::atomic<uint64_t> g_sent[kNumBroadcastAlgos];
 }  // namespace
 
 const char* broadcastAlgoName(BroadcastAlgo a) {
-  return a == BroadcastAlgo::kTree ? "tree" : "ring";
+  switch (a) {
+    case BroadcastAlgo::kRing: return "ring";
+    case BroadcastAlgo::kTree: return "tree";
+    case BroadcastAlgo::kScatterAllgather: return "scatter_allgather";
+  }
+  return "?";
 }
 
 uint64_t broadcastCalls(BroadcastAlgo a) { return g_calls[static_cast<int>(a)].load(); }
@@ -27,6 +32,8 @@ BroadcastAlgo chooseBroadcast(const RingComm& c, size_t bytes) {
   if (!H || c.size == 1) return BroadcastAlgo::kRing;
   const bool p2p = H->peers != nullptr;
   if (H->broadcast_algo == "tree") return p2p ? BroadcastAlgo::kTree : BroadcastAlgo::kRing;
+  if (H->broadcast_algo == "scatter_allgather")
+    return p2p ? BroadcastAlgo::kScatterAllgather : BroadcastAlgo::kRing;
   if (H->broadcast_algo == "ring") return BroadcastAlgo::kRing;
   if (!recursiveAtScale(c)) return BroadcastAlgo::kRing;
   if (bytes <= static_cast<uint64_t>(H->small_threshold)) return BroadcastAlgo::kTree;
@@ -44,6 +51,8 @@ void broadcast(RingComm& c, void* data, size_t bytes, int root_rank) {
   st.bytes = bytes;
   if (a == BroadcastAlgo::kTree) {
     if (bytes > 0) treeBroadcast(c, data, bytes, root_rank, &st);
+  } else if (a == BroadcastAlgo::kScatterAllgather) {
+    if (bytes > 0) scatterAllgatherBroadcast(c, data, bytes, root_rank, &st);
   } else {
     ringBroadcast(c, data, bytes, root_rank);
     if (c.size > 1 && bytes > 0) {

@@ -54,9 +54,9 @@ void checkGatherAlgos(const std::string& ag, const std::string& bc, const char* 
   if (ag != "auto" && ag != "ring" && ag != "recdbl")
     fail(Code::kInvalidArgument, "TFRING_ALLGATHER_ALGO=", ag, whose,
          " is not one of auto, ring, recdbl");
-  if (bc != "auto" && bc != "ring" && bc != "tree")
+  if (bc != "auto" && bc != "ring" && bc != "tree" && bc != "scatter_allgather")
     fail(Code::kInvalidArgument, "TFRING_BROADCAST_ALGO=", bc, whose,
-         " is not one of auto, ring, tree");
+         " is not one of auto, ring, tree, scatter_allgather");
 }
 
 }  // namespace
@@ -347,7 +347,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   const bool cross_ok = H.num_hosts > 1 && H.uniform && (T.local_size == 1 || host_shm);
   const bool want_peers =
       H.algo == "recdbl" || H.algo == "rabenseifner" || H.allgather_algo == "recdbl" ||
-      H.broadcast_algo == "tree" ||
+      H.broadcast_algo == "tree" || H.broadcast_algo == "scatter_allgather" ||
       (H.algo == "auto" && size >= 8 && H.num_hosts > 1 && (H.num_hosts >= 4 || !cross_ok));
   if (want_peers) {
     std::vector<std::string> addrs;
