@@ -16,7 +16,8 @@
 //
 // auto, where the job is "at scale" (recursiveAtScale): tree up to the
 // threshold, and up to kGatherRecursiveMaxBytes (allgather.h) when every
-// host holds one rank; the ring otherwise.
+// host holds one rank; the ring otherwise. scatter_allgather runs only when
+// forced: it measured no steady gain on one machine (docs/benchmarks.md).
 #pragma once
 
 #include <cstddef>
