@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
-"""Small-allreduce latency and critical-path hops by algorithm as ranks grow.
+"""Small-collective latency and critical-path hops by algorithm as ranks grow.
 
     python benchmarks/scale_bench.py --np 8,16,32 --size 4K
     python benchmarks/scale_bench.py --np 8,16,32 --size 4K --transport tcp
     python benchmarks/scale_bench.py --np 16 --hosts 4 --algos ring,recdbl,rabenseifner,oneshot
+    python benchmarks/scale_bench.py --np 8,16,32 --size 4K --collective allgather
+    python benchmarks/scale_bench.py --np 8,16,32 --size 4K --collective broadcast
 
 Starts N core-only ranks on this machine (no MPI, no TensorFlow; a file
 store in a temporary directory) and times ``_core.DirectAllreduce`` (the
-algorithm alone, no engine) for each algorithm in turn: float32 sum, in
-place, back to back, ``--iters`` calls after a warm-up, ``--reps`` times with
+algorithm alone, no engine) for each algorithm in turn: allreduce as a
+float32 sum in place; ``--collective allgather`` (algorithms ring, recdbl)
+with ``--size`` the whole output, each rank sending size/N bytes;
+``--collective broadcast`` (ring, tree) of ``--size`` bytes from rank 0, each
+call timed alone after a barrier (back-to-back broadcasts would overlap);
+back to back, ``--iters`` calls after a warm-up, ``--reps`` times with
 the algorithms taking turns; a repetition's time is the slowest rank's mean
 per call, and the table shows the median repetition. Beside it: the hops on
 the collective's critical path and the most bytes one rank sent
@@ -44,12 +50,23 @@ def worker(args):
     rank, n = args.rank, args.nranks
     direct = _core.DirectAllreduce(_core.FileStore(args.store), rank, n, args.secret)
     count = args.size // 4
+    what = args.collective
+    nbytes = args.size // n if what == "allgather" else args.size
     row = {}
     algos = args.algos.split(",")
     for algo in algos:
-        buf = np.full(count, rank + 1, np.float32)
-        direct.allreduce(buf, algo)
-        assert np.all(buf == n * (n + 1) / 2), (algo, buf[:4])
+        if what == "allgather":
+            out = direct.allgather(np.full(nbytes, rank % 251, np.uint8), algo)
+            want = np.repeat(np.arange(n) % 251, nbytes).astype(np.uint8)
+            assert np.array_equal(out, want), algo
+        elif what == "broadcast":
+            buf = np.full(nbytes, rank % 251, np.uint8)
+            direct.broadcast(buf, 0, algo)
+            assert np.all(buf == 0), (algo, buf[:4])
+        else:
+            buf = np.full(count, rank + 1, np.float32)
+            direct.allreduce(buf, algo)
+            assert np.all(buf == n * (n + 1) / 2), (algo, buf[:4])
         st = _core.last_collective_stats()
         row[algo] = {"times": [], "hops": st["hops"], "bytes_sent": st["bytes_sent"],
                      "ran": st["algo"]}
@@ -57,7 +74,7 @@ def worker(args):
     # falls on all of them.
     for _ in range(args.reps):
         for algo in algos:
-            row[algo]["times"].append(direct.time(args.size, algo, args.iters))
+            row[algo]["times"].append(direct.time(nbytes, algo, args.iters, what))
     direct.close()
     with open(args.out, "w") as f:
         json.dump(row, f)
@@ -83,6 +100,7 @@ def run(n, args):
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(r),
                    "--nranks", str(n), "--store", store, "--secret", secret,
                    "--size", str(args.size), "--algos", args.algos, "--iters", str(args.iters),
+                   "--collective", args.collective,
                    "--reps", str(args.reps),
                    "--out", os.path.join(tmp, f"{r}.json")]
             procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL))
@@ -113,10 +131,12 @@ def run(n, args):
     return out
 
 
-def table(results, algos, size):
+def table(results, algos, size, what="allreduce"):
     head = (["np"] + [f"{a} (us)" for a in algos] + [f"{a} hops" for a in algos]
             + [f"{a}/ring" for a in algos if a != "ring"])
-    lines = [f"{human_size(size)} allreduce, float32 sum (median over repetitions of the "
+    kind = {"allreduce": "allreduce, float32 sum", "allgather": "allgather (whole output)",
+            "broadcast": "broadcast from rank 0"}[what]
+    lines = [f"{human_size(size)} {kind} (median over repetitions of the "
              "slowest rank's mean per call)",
              "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for res in results:
@@ -134,7 +154,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--np", type=parse_ints, default=[8, 16, 32])
     p.add_argument("--size", type=parse_size, default=4096)
-    p.add_argument("--algos", default="ring,recdbl,rabenseifner")
+    p.add_argument("--collective", default="allreduce",
+                   choices=["allreduce", "allgather", "broadcast"])
+    p.add_argument("--algos", default=None, help="default: ring,recdbl,rabenseifner "
+                   "(allreduce), ring,recdbl (allgather), ring,tree (broadcast)")
     p.add_argument("--hosts", type=int, default=1)
     p.add_argument("--transport", default="", help="TFRING_TRANSPORT for the ranks (tcp: "
                    "every link over TCP, as with one rank per host)")
@@ -149,11 +172,14 @@ def main():
     p.add_argument("--secret")
     p.add_argument("--out")
     args = p.parse_args()
+    if args.algos is None:
+        args.algos = {"allreduce": "ring,recdbl,rabenseifner", "allgather": "ring,recdbl",
+                      "broadcast": "ring,tree"}[args.collective]
     if args.worker:
         return worker(args)
     algos = args.algos.split(",")
     results = [run(n, args) for n in args.np]
-    print(table(results, algos, args.size))
+    print(table(results, algos, args.size, args.collective))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -51,6 +51,12 @@ constexpr int kNumAllreduceAlgos = 6;
 constexpr size_t kRabenseifnerMaxBytes = 1 << 20;
 
 const char* allreduceAlgoName(AllreduceAlgo a);
+// Whether the job is large and spread enough that log2(N)-step algorithms
+// over point-to-point links beat the ring and the host-aware schemes for
+// small buffers: the links exist, 8+ ranks, and 4+ hosts or hosts the
+// cross-host schemes cannot serve. allgather() and broadcast() use the
+// same rule.
+bool recursiveAtScale(const RingComm& c);
 AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes);
 // How many allreduce() calls ran each algorithm in this process.
 uint64_t allreduceCalls(AllreduceAlgo a);

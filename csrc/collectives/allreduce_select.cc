@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "collectives/allreduce.h"
+#include "collectives/collective_stats.h"
 #include "kernels/cpu/reduce.h"
 
 namespace tfring {
@@ -70,6 +71,14 @@ void formulaStats(const RingComm& c, AllreduceAlgo a, size_t count, size_t es,
 }
 
 void record(const AllreduceStats& st) {
+  CollectiveStats cs;
+  cs.collective = "allreduce";
+  cs.algo = allreduceAlgoName(st.algo);
+  cs.size = st.size;
+  cs.bytes = st.bytes;
+  cs.hops = st.hops;
+  cs.bytes_sent = st.bytes_sent;
+  recordCollective(cs);
   const int i = static_cast<int>(st.algo);
   g_calls[i].fetch_add(1, std::memory_order_relaxed);
   g_hops[i].fetch_add(st.hops, std::memory_order_relaxed);
@@ -106,6 +115,15 @@ const char* allreduceAlgoName(AllreduceAlgo a) {
   return "?";
 }
 
+bool recursiveAtScale(const RingComm& c) {
+  const transport::HostLinks* H = c.host;
+  if (!H || c.size < 8 || !H->peers || H->num_hosts < 2) return false;
+  // At scale the cross-host schemes' H-1 (or 2(H-1)) sequential steps, or
+  // the ring's 2(N-1) where hosts are uneven, lose to log2(N) steps.
+  const bool cross = H->uniform && (H->local_size == 1 || H->segment);
+  return H->num_hosts >= 4 || !cross;
+}
+
 AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes) {
   const transport::HostLinks* H = c.host;
   if (!H || c.size == 1) return AllreduceAlgo::kRing;
@@ -128,9 +146,7 @@ AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes) {
     if (!spans) return H->segment ? AllreduceAlgo::kHier : AllreduceAlgo::kRing;
     return cross ? AllreduceAlgo::kHier : AllreduceAlgo::kRing;
   }
-  // At scale the cross-host schemes' H-1 (or 2(H-1)) sequential steps, or
-  // the ring's 2(N-1) where hosts are uneven, lose to log2(N) steps.
-  const bool at_scale = spans && p2p && c.size >= 8 && (H->num_hosts >= 4 || !cross);
+  const bool at_scale = recursiveAtScale(c);
   if (bytes <= static_cast<uint64_t>(H->small_threshold))
     return at_scale ? AllreduceAlgo::kRecDbl : small();
   // Medium buffers: the hierarchical scheme where hosts hold several ranks

@@ -69,6 +69,8 @@ Config Config::fromEnv() {
   c.log_level = static_cast<int>(env::getInt("TFRING_LOG_LEVEL", c.log_level));
   c.cache_enabled = env::getInt("TFRING_CACHE", 1) != 0;
   c.allreduce_algo = env::getString("TFRING_ALLREDUCE_ALGO", c.allreduce_algo);
+  c.allgather_algo = env::getString("TFRING_ALLGATHER_ALGO", c.allgather_algo);
+  c.broadcast_algo = env::getString("TFRING_BROADCAST_ALGO", c.broadcast_algo);
   c.small_threshold = env::parseBytes(env::getString("TFRING_SMALL_THRESHOLD", ""), c.small_threshold);
   if (c.small_threshold < 0) c.small_threshold = 0;
   if (c.small_threshold > (256ll << 20)) c.small_threshold = 256ll << 20;

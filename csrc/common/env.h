@@ -36,6 +36,10 @@ struct Config {
   // Allreduce algorithm: auto|ring|oneshot|hier (collectives/allreduce.h).
   // Rank 0's value, and rank 0's threshold, are used by every rank.
   std::string allreduce_algo = "auto";    // TFRING_ALLREDUCE_ALGO
+  // Allgather auto|ring|recdbl, broadcast auto|ring|tree|scatter_allgather
+  // (collectives/allgather.h, broadcast.h); rank 0's values hold.
+  std::string allgather_algo = "auto";    // TFRING_ALLGATHER_ALGO
+  std::string broadcast_algo = "auto";    // TFRING_BROADCAST_ALGO
   // auto: buffers of at most this many bytes take the one-shot (one host) or
   // the small cross-host scheme; also sizes the host's shared segment. The
   // default is where the one-shot stops beating the ring at 2 ranks in

@@ -8,16 +8,24 @@
 //                                          included
 //   allreduce_algorithm_stats() -> dict    per algorithm: calls, hops and
 //                                          bytes_sent summed over them
-//   last_collective_stats() -> dict        the last allreduce of this
-//                                          process: algo, ranks, bytes, hops
-//                                          (sequential message steps on its
-//                                          critical path), bytes_sent (by
-//                                          this rank); see AllreduceStats
+//   last_collective_stats() -> dict        the last allreduce, allgather or
+//                                          broadcast of this process:
+//                                          collective, algo, ranks, bytes,
+//                                          hops (sequential message steps on
+//                                          its critical path), bytes_sent (by
+//                                          this rank); see CollectiveStats
+//   collective_algorithm_stats() -> dict   {"allgather": {algo: {calls, hops,
+//                                          bytes_sent}}, "broadcast": ...}
 //   DirectAllreduce(store, rank, size, secret)
 //       connects this rank's own ring links and host segment through `store`
 //       (TFRING_* tunables read as at init), with no engine or coordinator.
 //     .allreduce(arr, algo="auto")   in-place float32 sum allreduce
-//     .time(nbytes, algo, iters)     seconds per call, back to back, float32
+//     .allgather(arr, algo="auto")   uint8 blocks of every rank, in rank
+//                                    order (ragged: sizes exchanged first)
+//     .broadcast(arr, root, algo="auto") in place, from rank `root`
+//     .time(nbytes, algo, iters, collective="allreduce")
+//                                    seconds per call, back to back; nbytes
+//                                    is the buffer (allgather: per rank)
 //     .algorithm(nbytes, algo="auto") the algorithm that size would take
 //     .close()
 // Every rank must make the same calls in the same order.
@@ -27,12 +35,15 @@
 
 #include <sched.h>
 
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "collectives/allgather.h"
 #include "collectives/allreduce.h"
+#include "collectives/broadcast.h"
 #include "common/env.h"
 #include "python/bindings.h"
 #include "python/errors.h"
@@ -54,6 +65,8 @@ class DirectAllreduce {
     waiter_.reset(new transport::Waiter(links_->bell(), links_->right(), links_->left()));
     comm_ = collectives::makeRingComm(*links_, waiter_.get(), cfg_);
     default_algo_ = comm_.host->algo;
+    default_allgather_ = comm_.host->allgather_algo;
+    default_broadcast_ = comm_.host->broadcast_algo;
     // Waits spin only where every local rank has a core, as in the engine.
     cpu_set_t cpus;
     int ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
@@ -67,6 +80,38 @@ class DirectAllreduce {
     comm_.host->algo = default_algo_;
   }
 
+  // The allgather of this rank's `mine` bytes; every rank's size travels
+  // first in a fixed-size allgather, as the engine's negotiation would.
+  std::vector<char> allgather(const char* mine, size_t n, const std::string& algo) {
+    live();
+    std::vector<size_t> sizes(comm_.size, 0);
+    const int me = comm_.ring[comm_.pos];
+    sizes[me] = n;
+    collectives::ringAllgather(comm_, sizes.data(),
+                               std::vector<size_t>(comm_.size, sizeof(size_t)));
+    std::vector<size_t> rank_bytes(sizes.begin(), sizes.end());
+    size_t off = 0, total = 0;
+    for (int r = 0; r < comm_.size; ++r) {
+      if (r < me) off += rank_bytes[r];
+      total += rank_bytes[r];
+    }
+    std::vector<char> out(total);
+    if (n) std::memcpy(out.data() + off, mine, n);
+    comm_.host->allgather_algo = algo == "auto" ? default_allgather_ : algo;
+    collectives::allgather(comm_, out.data(), rank_bytes);
+    comm_.host->allgather_algo = default_allgather_;
+    return out;
+  }
+
+  void broadcast(char* data, size_t n, int root, const std::string& algo) {
+    live();
+    if (root < 0 || root >= comm_.size)
+      fail(Code::kInvalidArgument, "broadcast root ", root, " is not a rank of ", comm_.size);
+    comm_.host->broadcast_algo = algo == "auto" ? default_broadcast_ : algo;
+    collectives::broadcast(comm_, data, n, root);
+    comm_.host->broadcast_algo = default_broadcast_;
+  }
+
   std::string algorithm(size_t nbytes, const std::string& algo) {
     live();
     comm_.host->algo = algo == "auto" ? default_algo_ : algo;
@@ -75,12 +120,51 @@ class DirectAllreduce {
     return collectives::allreduceAlgoName(a);
   }
 
-  double time(size_t nbytes, const std::string& algo, int iters) {
+  double time(size_t nbytes, const std::string& algo, int iters, const std::string& what) {
     std::vector<float> buf(nbytes / 4, 1.0f);
-    run(buf.data(), buf.size(), algo);  // warm up
+    std::vector<char> out(nbytes * comm_.size);
+    std::vector<size_t> rank_bytes(comm_.size, nbytes);
+    auto once = [&]() {
+      if (what == "allreduce") {
+        run(buf.data(), buf.size(), algo);
+      } else if (what == "allgather") {
+        live();
+        comm_.host->allgather_algo = algo == "auto" ? default_allgather_ : algo;
+        collectives::allgather(comm_, out.data(), rank_bytes);
+        comm_.host->allgather_algo = default_allgather_;
+      } else if (what == "broadcast") {
+        broadcast(reinterpret_cast<char*>(buf.data()), nbytes, 0, algo);
+      } else {
+        fail(Code::kInvalidArgument, "unknown collective '", what, "'");
+      }
+    };
+    once();  // warm up
+    if (what == "broadcast") {
+      // Back-to-back broadcasts overlap (the root never waits for anyone),
+      // so each one starts after a barrier and only its own time counts,
+      // as in osu_bcast: the slowest rank's mean is the latency to the last
+      // receiver.
+      double sum = 0;
+      for (int i = 0; i < iters; ++i) {
+        barrier();
+        double t0 = nowSeconds();
+        once();
+        sum += nowSeconds() - t0;
+      }
+      return sum / iters;
+    }
     double t0 = nowSeconds();
-    for (int i = 0; i < iters; ++i) run(buf.data(), buf.size(), algo);
+    for (int i = 0; i < iters; ++i) once();
     return (nowSeconds() - t0) / iters;
+  }
+
+  // Every rank leaves within about one hop of the others: a one-float
+  // allreduce by recursive doubling where the links exist.
+  void barrier() {
+    float x = 0;
+    comm_.host->algo = comm_.host->peers ? "recdbl" : default_algo_;
+    collectives::allreduce(comm_, &x, &x, 1, DataType::kFloat32, ReduceOp::kSum, 1.0);
+    comm_.host->algo = default_algo_;
   }
 
   void close() { links_.reset(); }
@@ -94,7 +178,7 @@ class DirectAllreduce {
   std::unique_ptr<transport::RingLinks> links_;
   std::unique_ptr<transport::Waiter> waiter_;
   collectives::RingComm comm_;
-  std::string default_algo_;
+  std::string default_algo_, default_allgather_, default_broadcast_;
 };
 
 }  // namespace
@@ -120,11 +204,34 @@ void bindAlgorithms(py::module_& m) {
     }
     return out;
   });
+  m.def("collective_algorithm_stats", [] {
+    py::dict ag, bc;
+    for (int i = 0; i < collectives::kNumAllgatherAlgos; ++i) {
+      auto a = static_cast<collectives::AllgatherAlgo>(i);
+      py::dict d;
+      d["calls"] = collectives::allgatherCalls(a);
+      d["hops"] = collectives::allgatherHops(a);
+      d["bytes_sent"] = collectives::allgatherBytesSent(a);
+      ag[collectives::allgatherAlgoName(a)] = d;
+    }
+    for (int i = 0; i < collectives::kNumBroadcastAlgos; ++i) {
+      auto a = static_cast<collectives::BroadcastAlgo>(i);
+      py::dict d;
+      d["calls"] = collectives::broadcastCalls(a);
+      d["hops"] = collectives::broadcastHops(a);
+      d["bytes_sent"] = collectives::broadcastBytesSent(a);
+      bc[collectives::broadcastAlgoName(a)] = d;
+    }
+    py::dict out;
+    out["allgather"] = ag;
+    out["broadcast"] = bc;
+    return out;
+  });
   m.def("last_collective_stats", [] {
-    const collectives::AllreduceStats st = collectives::lastAllreduceStats();
+    const collectives::CollectiveStats st = collectives::lastCollectiveStats();
     py::dict d;
-    d["collective"] = "allreduce";
-    d["algo"] = collectives::allreduceAlgoName(st.algo);
+    d["collective"] = st.collective;
+    d["algo"] = st.algo;
     d["ranks"] = st.size;
     d["bytes"] = st.bytes;
     d["hops"] = st.hops;
@@ -144,8 +251,32 @@ void bindAlgorithms(py::module_& m) {
              d.run(p, n, algo);
            },
            py::arg("arr"), py::arg("algo") = "auto")
+      .def("allgather",
+           [](DirectAllreduce& d, py::array_t<uint8_t, py::array::c_style> arr,
+              const std::string& algo) {
+             const char* p = reinterpret_cast<const char*>(arr.data());
+             size_t n = static_cast<size_t>(arr.size());
+             std::vector<char> out;
+             {
+               py::gil_scoped_release nogil;
+               out = d.allgather(p, n, algo);
+             }
+             py::array_t<uint8_t> res(static_cast<py::ssize_t>(out.size()));
+             if (!out.empty()) std::memcpy(res.mutable_data(), out.data(), out.size());
+             return res;
+           },
+           py::arg("arr"), py::arg("algo") = "auto")
+      .def("broadcast",
+           [](DirectAllreduce& d, py::array_t<uint8_t, py::array::c_style> arr, int root,
+              const std::string& algo) {
+             char* p = reinterpret_cast<char*>(arr.mutable_data());
+             size_t n = static_cast<size_t>(arr.size());
+             py::gil_scoped_release nogil;
+             d.broadcast(p, n, root, algo);
+           },
+           py::arg("arr").noconvert(), py::arg("root"), py::arg("algo") = "auto")
       .def("time", &DirectAllreduce::time, py::arg("nbytes"), py::arg("algo"),
-           py::arg("iters"), Release())
+           py::arg("iters"), py::arg("collective") = "allreduce", Release())
       .def("algorithm", &DirectAllreduce::algorithm, py::arg("nbytes"),
            py::arg("algo") = "auto")
       .def("close", &DirectAllreduce::close, Release());

@@ -3,7 +3,9 @@
 // reducescatter, and the calls into the ring collectives.
 #include <cstring>
 
+#include "collectives/allgather.h"
 #include "collectives/allreduce.h"
+#include "collectives/broadcast.h"
 #include "common/logging.h"
 #include "kernels/cpu/reduce.h"
 #include "runtime/engine.h"
@@ -34,6 +36,15 @@ void traceAllreduce(Timeline& t, const std::vector<std::shared_ptr<Entry>>& es) 
              ",\"bytes\":", st.bytes, ",\"hops\":", st.hops, ",\"bytes_sent\":", st.bytes_sent,
              "}");
   for (auto& e : es) t.instant(e->meta.name, "ALLREDUCE_STATS", args);
+}
+
+// The same for an allgather or a broadcast (collectives::CollectiveStats).
+void traceCollective(Timeline& t, const Entry& e, const char* event) {
+  if (!t.enabled()) return;
+  const collectives::CollectiveStats st = collectives::lastCollectiveStats();
+  t.instant(e.meta.name, event,
+            strCat("{\"algo\":\"", st.algo, "\",\"ranks\":", st.size, ",\"bytes\":", st.bytes,
+                   ",\"hops\":", st.hops, ",\"bytes_sent\":", st.bytes_sent, "}"));
 }
 
 }  // namespace
@@ -143,7 +154,8 @@ void Engine::execAllgather(Entry& e, const std::vector<int64_t>& dim0s) {
   for (int r = 0; r < me; ++r) my_off += rank_bytes[r];
   if (rank_bytes[me])
     std::memmove(static_cast<char*>(e.req.output) + my_off, e.req.input, rank_bytes[me]);
-  collectives::ringAllgather(comm_, e.req.output, rank_bytes);
+  collectives::allgather(comm_, e.req.output, rank_bytes);
+  traceCollective(timeline_, e, "ALLGATHER_STATS");
 }
 
 void Engine::execBroadcast(Entry& e) {
@@ -151,7 +163,8 @@ void Engine::execBroadcast(Entry& e) {
   size_t b = bytesOf(m);
   if (links_->topology().rank == m.root && e.req.output != e.req.input && b)
     std::memcpy(e.req.output, e.req.input, b);
-  collectives::ringBroadcast(comm_, e.req.output, b, m.root);
+  collectives::broadcast(comm_, e.req.output, b, m.root);
+  traceCollective(timeline_, e, "BROADCAST_STATS");
 }
 
 void Engine::execReducescatter(Entry& e) {

@@ -21,6 +21,8 @@ namespace transport {
 struct HostLinks {
   // Job-wide settings, rank 0's values (agreed through the store at init).
   std::string algo = "auto";          // TFRING_ALLREDUCE_ALGO
+  std::string allgather_algo = "auto";  // TFRING_ALLGATHER_ALGO: auto|ring|recdbl
+  std::string broadcast_algo = "auto";  // TFRING_BROADCAST_ALGO
   int64_t small_threshold = 0;        // TFRING_SMALL_THRESHOLD, bytes
   // Every rank must fuse the same tensors into the same groups, and hold
   // them for fusion alike (runtime/engine_round.cc).

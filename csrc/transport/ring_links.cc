@@ -48,6 +48,17 @@ std::vector<std::string> splitBar(const std::string& s) {
   return out;
 }
 
+// TFRING_ALLGATHER_ALGO and TFRING_BROADCAST_ALGO (collectives/allgather.h,
+// broadcast.h): throws naming the variable when either is unknown.
+void checkGatherAlgos(const std::string& ag, const std::string& bc, const char* whose) {
+  if (ag != "auto" && ag != "ring" && ag != "recdbl")
+    fail(Code::kInvalidArgument, "TFRING_ALLGATHER_ALGO=", ag, whose,
+         " is not one of auto, ring, recdbl");
+  if (bc != "auto" && bc != "ring" && bc != "tree" && bc != "scatter_allgather")
+    fail(Code::kInvalidArgument, "TFRING_BROADCAST_ALGO=", bc, whose,
+         " is not one of auto, ring, tree, scatter_allgather");
+}
+
 }  // namespace
 
 void storeBarrier(rendezvous::Store& store, const std::string& name, int rank,
@@ -68,6 +79,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   L->host_.reset(new HostLinks());
   HostLinks& H = *L->host_;
   H.algo = cfg.allreduce_algo;
+  H.allgather_algo = cfg.allgather_algo;
+  H.broadcast_algo = cfg.broadcast_algo;
   H.small_threshold = cfg.small_threshold;
   H.fusion_threshold = cfg.fusion_threshold;
   H.cycle_time_ms = cfg.cycle_time_ms;
@@ -77,6 +90,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     if (!knownAlgo(H.algo))
       fail(Code::kInvalidArgument, "TFRING_ALLREDUCE_ALGO=", H.algo,
            " is not one of auto, ring, oneshot, hier, recdbl, rabenseifner");
+    checkGatherAlgos(H.allgather_algo, H.broadcast_algo, "");
     T.ring = {0};
     T.peers = {PeerInfo{net::hostIdentity(), static_cast<int>(::getpid()), "127.0.0.1", 0}};
     return L;
@@ -103,7 +117,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     // environment cannot make ranks run different algorithms.
     store.setString("job/allreduce", strCat(cfg.allreduce_algo, "|", cfg.small_threshold, "|",
                                             cfg.transport, "|", cfg.fusion_threshold, "|",
-                                            cfg.cycle_time_ms));
+                                            cfg.cycle_time_ms, "|", cfg.allgather_algo, "|",
+                                            cfg.broadcast_algo));
     store.setString("job/id", job);
   } else {
     job = store.getString("job/id", timeout);
@@ -111,12 +126,19 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   bool host_shm = true;  // TFRING_TRANSPORT=tcp (rank 0's) keeps off shared memory
   {
     auto f = splitBar(store.getString("job/allreduce", timeout));
-    if (f.size() != 5) fail(Code::kInternal, "malformed allreduce settings from rank 0");
+    if (f.size() != 7) fail(Code::kInternal, "malformed allreduce settings from rank 0");
     H.algo = f[0];
     H.small_threshold = std::stoll(f[1]);
     host_shm = f[2] != "tcp";
     H.fusion_threshold = std::stoll(f[3]);
     H.cycle_time_ms = std::stod(f[4]);
+    H.allgather_algo = f[5];
+    H.broadcast_algo = f[6];
+    checkGatherAlgos(H.allgather_algo, H.broadcast_algo, " (rank 0's value)");
+    if (H.allgather_algo != cfg.allgather_algo || H.broadcast_algo != cfg.broadcast_algo)
+      TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_ALLGATHER_ALGO=",
+                 H.allgather_algo, " and TFRING_BROADCAST_ALGO=", H.broadcast_algo,
+                 " instead of this rank's ", cfg.allgather_algo, " and ", cfg.broadcast_algo);
     if (H.fusion_threshold != cfg.fusion_threshold || H.cycle_time_ms != cfg.cycle_time_ms)
       TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_FUSION_THRESHOLD=",
                  H.fusion_threshold, " and TFRING_CYCLE_TIME=", H.cycle_time_ms,
@@ -316,14 +338,16 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     H.cross_waiter.reset(new Waiter(nullptr, H.cross_send.get(), H.cross_recv.get()));
   }
 
-  // 4c. Point-to-point links for the recursive allreduces: at most
+  // 4c. Point-to-point links for the recursive allreduces, the
+  // recursive-doubling allgather and the tree broadcast: at most
   // log2(size) + 1 per rank (transport/peer_links.h), opened only where
-  // the algorithm is forced or auto may pick one (the rule of
-  // collectives::chooseAllreduce: 8+ ranks on 4+ hosts, or on hosts the
+  // one of them is forced or auto may pick one (the rule of
+  // collectives::recursiveAtScale: 8+ ranks on 4+ hosts, or on hosts the
   // host-aware schemes cannot serve). Every rank decides alike.
   const bool cross_ok = H.num_hosts > 1 && H.uniform && (T.local_size == 1 || host_shm);
   const bool want_peers =
-      H.algo == "recdbl" || H.algo == "rabenseifner" ||
+      H.algo == "recdbl" || H.algo == "rabenseifner" || H.allgather_algo == "recdbl" ||
+      H.broadcast_algo == "tree" || H.broadcast_algo == "scatter_allgather" ||
       (H.algo == "auto" && size >= 8 && H.num_hosts > 1 && (H.num_hosts >= 4 || !cross_ok));
   if (want_peers) {
     std::vector<std::string> addrs;
