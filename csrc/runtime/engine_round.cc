@@ -10,9 +10,11 @@
 //   [2 + i]   1 when cache id i is ready here with the Meta it last ran
 //             with, else 0; the minimum is 1 when it is ready everywhere.
 //   [2 + K..] this rank's first new names as hashes (engine_fresh.cc),
-//             read per rank, not reduced.
-// Votes travel as a ring allgather, and every ring step carries bytes (an
-// idle rank joins a round when bytes reach it).
+//             merged into those on every rank's list (runtime/vote.h).
+// Votes travel round the ring (an allgather: N-1 hops) or by recursive
+// doubling over point-to-point links (log2 N hops), see runtime/vote.h;
+// either way every step carries bytes, and an idle rank joins a round when
+// bytes reach it.
 //
 // After the vote every rank does the same: executes the received
 // responses, then the ids ready everywhere (fused by fuseReady), and, if
@@ -43,7 +45,6 @@ namespace runtime {
 
 namespace {
 
-constexpr int kVoteHeader = 2;
 constexpr int kSpinChecks = 2000;    // idle checks before yielding
 constexpr int kYieldChecks = 50;     // then yields before blocking
 constexpr double kMaxBlock = 0.1;    // seconds per block (stop/abort/aging checks)
@@ -65,6 +66,13 @@ bool Engine::peerStartedRound() {
   if (!links_->left()) return false;  // a job of one
   const void* p = nullptr;
   try {
+    if (vote_recdbl_) {
+      // A round's first bytes may come from any of the vote's partners.
+      transport::PeerLinks& P = *links_->host()->peers;
+      for (int i = 0; i < P.count(); ++i)
+        if (P.at(i).recv->peek(&p, 1) > 0) return true;
+      return false;
+    }
     return links_->left()->peek(&p, 1) > 0;
   } catch (const Error&) {
     // The left link failed: start a round, which reports it properly
@@ -111,16 +119,20 @@ void Engine::idleWait() {
     }
   };
   const int lfd = links_->left()->pollFd();
-  if (lfd >= 0 || !bell) {
+  if (vote_recdbl_ || lfd >= 0 || !bell) {
     idle_blocked_.store(true, std::memory_order_seq_cst);
     if (!hasNews() && !peerStartedRound()) {
       Reseat reseat{release ? engine_lock_ : nullptr};
       if (release) engine_lock_->unlock();
-      struct pollfd fds[2];
-      int n = 0;
-      if (lfd >= 0) fds[n++] = {lfd, POLLIN, 0};
-      if (wake_fd_ >= 0) fds[n++] = {wake_fd_, POLLIN, 0};
-      ::poll(fds, n, static_cast<int>(timeout * 1000) + 1);
+      std::vector<struct pollfd> fds;
+      fds.reserve(vote_fds_.size() + 2);
+      if (vote_recdbl_) {
+        for (int fd : vote_fds_) fds.push_back({fd, POLLIN, 0});
+      } else if (lfd >= 0) {
+        fds.push_back({lfd, POLLIN, 0});
+      }
+      if (wake_fd_ >= 0) fds.push_back({wake_fd_, POLLIN, 0});
+      ::poll(fds.data(), fds.size(), static_cast<int>(timeout * 1000) + 1);
       uint64_t v;
       if (wake_fd_ >= 0) {
         ssize_t rc = ::read(wake_fd_, &v, sizeof(v));
@@ -208,28 +220,23 @@ void Engine::round() {
   classify(fresh);
 
   // The vote.
-  const int N = comm_.size;
   const size_t K = ids_.size();
   const size_t fresh_at = kVoteHeader + K;  // engine_fresh.cc's part of the vote
-  const size_t len = fresh_at + kFreshWords;
-  vote_.assign(len, 1);
+  vote_.assign(fresh_at + kFreshTallyWords, 1);
   const uint64_t held = recv_seq_.load(std::memory_order_acquire);
   vote_[0] = static_cast<int32_t>(std::min<uint64_t>(held, INT32_MAX));
   for (size_t i = 0; i < K; ++i) vote_[kVoteHeader + i] = fast_[i] ? 1 : 0;
-  writeFreshVote(vote_.data() + fresh_at);
+  const int offered = writeFreshVote(vote_.data() + fresh_at);
   bool aged = waitingCount() > 0 && nowSeconds() - fast_oldest_ > agingLimit();
   aged_ = aged;
   vote_[1] = (slow_outstanding_ > 0 || aged) ? 0 : 1;
-  // Every rank's vote goes round the ring (an allgather: N-1 steps, each
-  // carrying bytes, so idle ranks see the round start), then each rank takes
-  // the minimum itself.
-  votes_.resize(len * N);
-  std::memcpy(votes_.data() + static_cast<size_t>(links_->topology().rank) * len, vote_.data(),
-              len * sizeof(int32_t));
-  collectives::ringAllgather(comm_, votes_.data(),
-                             std::vector<size_t>(N, len * sizeof(int32_t)));
-  for (int q = 0; q < N; ++q)
-    for (size_t i = 0; i < fresh_at; ++i) vote_[i] = std::min(vote_[i], votes_[q * len + i]);
+  // Every rank ends with the same tally (runtime/vote.h).
+  if (vote_recdbl_) {
+    freshListToTally(vote_.data() + fresh_at);
+    recdblVote(comm_, vote_.data(), fresh_at, &vote_scratch_);
+  } else {
+    ringVote(comm_, vote_.data(), fresh_at, &vote_scratch_);
+  }
 
   // 1. Coordinator responses every rank holds, in order.
   const uint64_t upto = static_cast<uint64_t>(vote_[0]);
@@ -268,7 +275,7 @@ void Engine::round() {
   }
 
   // 2b. New names every rank offered alike (engine_fresh.cc).
-  runFresh(len, fresh_at);
+  runFresh(vote_.data() + fresh_at, offered);
 
   // 3. Someone needs the coordinator: it must see every waiting tensor.
   if (vote_[1] == 0) {

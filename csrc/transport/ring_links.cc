@@ -16,6 +16,8 @@ namespace transport {
 
 namespace {
 
+bool knownVoteAlgo(const std::string& a) { return a == "auto" || a == "ring" || a == "recdbl"; }
+
 bool knownAlgo(const std::string& a) {
   return a == "auto" || a == "ring" || a == "oneshot" || a == "hier" || a == "recdbl" ||
          a == "rabenseifner";
@@ -71,12 +73,16 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   H.small_threshold = cfg.small_threshold;
   H.fusion_threshold = cfg.fusion_threshold;
   H.cycle_time_ms = cfg.cycle_time_ms;
+  H.vote_algo = cfg.vote_algo;
   H.local_ranks = {rank};
   H.cross_ranks = {rank};
   if (size == 1) {  // a job of one: no store, no links
     if (!knownAlgo(H.algo))
       fail(Code::kInvalidArgument, "TFRING_ALLREDUCE_ALGO=", H.algo,
            " is not one of auto, ring, oneshot, hier, recdbl, rabenseifner");
+    if (!knownVoteAlgo(H.vote_algo))
+      fail(Code::kInvalidArgument, "TFRING_VOTE_ALGO=", H.vote_algo,
+           " is not one of auto, ring, recdbl");
     T.ring = {0};
     T.peers = {PeerInfo{net::hostIdentity(), static_cast<int>(::getpid()), "127.0.0.1", 0}};
     return L;
@@ -103,7 +109,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     // environment cannot make ranks run different algorithms.
     store.setString("job/allreduce", strCat(cfg.allreduce_algo, "|", cfg.small_threshold, "|",
                                             cfg.transport, "|", cfg.fusion_threshold, "|",
-                                            cfg.cycle_time_ms));
+                                            cfg.cycle_time_ms, "|", cfg.vote_algo));
     store.setString("job/id", job);
   } else {
     job = store.getString("job/id", timeout);
@@ -111,12 +117,19 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   bool host_shm = true;  // TFRING_TRANSPORT=tcp (rank 0's) keeps off shared memory
   {
     auto f = splitBar(store.getString("job/allreduce", timeout));
-    if (f.size() != 5) fail(Code::kInternal, "malformed allreduce settings from rank 0");
+    if (f.size() != 6) fail(Code::kInternal, "malformed allreduce settings from rank 0");
     H.algo = f[0];
     H.small_threshold = std::stoll(f[1]);
     host_shm = f[2] != "tcp";
     H.fusion_threshold = std::stoll(f[3]);
     H.cycle_time_ms = std::stod(f[4]);
+    H.vote_algo = f[5];
+    if (!knownVoteAlgo(H.vote_algo))
+      fail(Code::kInvalidArgument, "TFRING_VOTE_ALGO=", H.vote_algo,
+           " (rank 0's value) is not one of auto, ring, recdbl");
+    if (H.vote_algo != cfg.vote_algo)
+      TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_VOTE_ALGO=", H.vote_algo,
+                 " instead of this rank's ", cfg.vote_algo);
     if (H.fusion_threshold != cfg.fusion_threshold || H.cycle_time_ms != cfg.cycle_time_ms)
       TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_FUSION_THRESHOLD=",
                  H.fusion_threshold, " and TFRING_CYCLE_TIME=", H.cycle_time_ms,
@@ -322,8 +335,11 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   // collectives::chooseAllreduce: 8+ ranks on 4+ hosts, or on hosts the
   // host-aware schemes cannot serve). Every rank decides alike.
   const bool cross_ok = H.num_hosts > 1 && H.uniform && (T.local_size == 1 || host_shm);
+  // The agreement round's vote uses the same links (runtime/vote.h).
+  H.vote_recdbl = H.vote_algo == "recdbl" ||
+                  (H.vote_algo == "auto" && size >= kVoteRecdblMinRanks);
   const bool want_peers =
-      H.algo == "recdbl" || H.algo == "rabenseifner" ||
+      H.vote_recdbl || H.algo == "recdbl" || H.algo == "rabenseifner" ||
       (H.algo == "auto" && size >= 8 && H.num_hosts > 1 && (H.num_hosts >= 4 || !cross_ok));
   if (want_peers) {
     std::vector<std::string> addrs;
