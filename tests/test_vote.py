@@ -1,0 +1,140 @@
+"""The agreement round's vote: round the ring (N-1 hops) or by recursive
+doubling over the point-to-point links (log2 p hops, +2 when N is not a
+power of two), chosen by TFRING_VOTE_ALGO. Results against float64
+references with every rank submitting in its own order, the hop and byte
+counters of _core.last_vote_stats() against the formulas, an idle rank
+woken by the others' rounds, and mismatches, stalls and dead ranks still
+reported on every rank with the recursive vote. TFRING_TEST_SLOW=1 adds
+64 ranks."""
+
+import os
+
+import pytest
+
+from multiproc import check_ok, check_peer_failure, run_ranks
+
+SLOW = bool(os.environ.get("TFRING_TEST_SLOW"))
+HEADER, FRESH_LIST, FRESH_TALLY = 2, 25, 34  # runtime/vote.h, in int32 words
+
+
+def vote_formula(algo, rank, n, vote_bytes):
+    """(hops, bytes_sent) of one round's vote on `rank`."""
+    if algo == "ring":
+        return n - 1, (n - 1) * vote_bytes
+    p, lg = 1, 0
+    while p * 2 <= n:
+        p, lg = p * 2, lg + 1
+    r = n - p
+    hops = lg + (2 if r else 0)
+    if rank < 2 * r and rank % 2 == 0:  # extra rank: its vote out, the tally back
+        return hops, vote_bytes
+    fold = rank < 2 * r
+    return hops, lg * vote_bytes + (4 + vote_bytes if fold else 0)
+
+
+def _steady(n, algo, env=None, timeout=300):
+    e = {"TFRING_TIMEOUT": "120", "TFRING_VOTE_ALGO": algo}
+    e.update(env or {})
+    return check_ok(run_ranks(n, "vote.py", ["steady"], env=e, timeout=timeout))
+
+
+def _check(res, n, algo):
+    words = FRESH_LIST if algo == "ring" else FRESH_TALLY
+    for r, out in enumerate(res):
+        assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"][:10])
+        for st in (out["vote"], out["after"]):
+            assert st["algo"] == algo and st["ranks"] == n, st
+            ids = st["bytes"] // 4 - HEADER - words  # cache ids in the vote
+            assert st["bytes"] % 4 == 0 and 0 <= ids <= 12, st
+            assert (st["hops"], st["bytes_sent"]) == vote_formula(algo, r, n, st["bytes"]), (r, st)
+            assert st["rounds"] >= 6  # at least a round per step
+        assert out["after"]["bytes"] == res[0]["after"]["bytes"]  # one vote size everywhere
+
+
+@pytest.mark.parametrize("n", [8, 13, 16])
+@pytest.mark.parametrize("algo", ["ring", "recdbl"])
+def test_vote_counters_match_formulas(n, algo):
+    _check(_steady(n, algo), n, algo)
+
+
+def test_recdbl_vote_hops_are_logarithmic():
+    # 13 = 8 + 5: three exchanges plus the fold and unfold, against 12.
+    assert vote_formula("recdbl", 1, 13, 100)[0] == 5
+    assert vote_formula("ring", 1, 13, 100)[0] == 12
+
+
+@pytest.mark.skipif(not SLOW, reason="64 ranks on a small machine: TFRING_TEST_SLOW=1")
+@pytest.mark.parametrize("algo", ["ring", "recdbl"])
+def test_vote_counters_at_64_ranks(algo):
+    res = _steady(64, algo, {"STEPS": "3"}, timeout=600)
+    _check(res, 64, algo)
+    # The target at 64 ranks on 16 hosts: at most 2 * log2(16) + 2 = 10.
+    assert res[0]["vote"]["hops"] == {"ring": 63, "recdbl": 6}[algo]
+
+
+@pytest.mark.parametrize("n,expect", [(2, "ring"), (4, "ring"), (8, "recdbl")])
+def test_auto_picks_by_rank_count(n, expect):
+    res = _steady(n, "auto", {"STEPS": "2"})
+    for out in res:
+        assert out["failures"] == []
+        assert out["after"]["algo"] == expect, out["after"]
+
+
+@pytest.mark.parametrize("n,late", [(5, 0), (5, 3), (13, 10)])
+def test_idle_rank_is_woken_by_the_recursive_vote(n, late):
+    # Rank 0 of 5 and rank 10 of 13 are extra ranks of the fold (woken by
+    # their partner's token); rank 3 of 5 is woken by a doubling partner.
+    res = _steady(n, "recdbl", {"LATE": str(late), "STEPS": "3"})
+    for r, out in enumerate(res):
+        assert out["failures"] == [], (r, out["failures"][:5])
+
+
+def _faults(n, scenario, env=None, timeout=90):
+    e = {"TFRING_VOTE_ALGO": "recdbl"}
+    e.update(env or {})
+    return run_ranks(n, "faults.py", [scenario], env=e, timeout=timeout)
+
+
+@pytest.mark.parametrize("scenario,needle", [
+    ("shape", "shape [4] on rank 0 vs [5] on rank 1"),
+    ("cached_shape", "shape [4] on rank 0 vs [5] on rank 1"),
+])
+@pytest.mark.parametrize("n", [3, 5])
+def test_mismatch_raises_on_every_rank_with_the_recursive_vote(scenario, needle, n):
+    for r, out in enumerate(check_ok(_faults(n, scenario))):
+        assert out["error"] == "MismatchError", (r, out)
+        assert needle in out["message"], (r, out["message"])
+        assert "'grad/" in out["message"], out["message"]  # names the tensor
+        if scenario == "cached_shape":
+            assert out["after"] == [float(n)] * 8  # and the cached path works again
+
+
+def test_unnamed_order_mismatch_with_the_recursive_vote():
+    res = check_ok(run_ranks(5, "unnamed.py", ["order"], timeout=90,
+                             env={"TFRING_VOTE_ALGO": "recdbl"}))
+    for r, out in enumerate(res):
+        assert out["error"] == "MismatchError", (r, out)
+        assert "shape [4] on rank 0 vs [6] on rank 1" in out["message"], out["message"]
+
+
+def test_stall_names_the_missing_rank_with_the_recursive_vote():
+    res = _faults(5, "missing", {"TFRING_STALL_CHECK_TIME": "1", "TFRING_TIMEOUT": "4",
+                                 "SLEEP": "9"})
+    outs = check_ok(res)
+    for r in (0, 2, 3, 4):
+        assert outs[r]["error"] == "MismatchError", outs[r]
+        assert "'lonely'" in outs[r]["message"] and "not by ranks [1]" in outs[r]["message"]
+    assert any("missing ranks [1]" in x.stderr for x in res), "no stall warning"
+
+
+@pytest.mark.parametrize("victim", [0, 4])
+def test_dead_rank_named_with_the_recursive_vote(victim):
+    res = _faults(5, "die_busy", {"VICTIM": victim, "TFRING_TIMEOUT": "60"})
+    check_peer_failure(res, victim, within=10)
+
+
+def test_unknown_vote_algorithm_is_refused():
+    res = run_ranks(2, "vote.py", ["steady"], env={"TFRING_VOTE_ALGO": "tree"}, timeout=60)
+    for r in res:
+        assert r.returncode != 0
+        assert "TFRING_VOTE_ALGO=tree" in r.stderr, r.stderr[-2000:]
