@@ -35,7 +35,13 @@ def vote_formula(algo, rank, n, vote_bytes):
 def _steady(n, algo, env=None, timeout=300):
     e = {"TFRING_TIMEOUT": "120", "TFRING_VOTE_ALGO": algo}
     e.update(env or {})
-    return check_ok(run_ranks(n, "vote.py", ["steady"], env=e, timeout=timeout))
+    res = run_ranks(n, "vote.py", ["steady"], env=e, timeout=timeout)
+    outs = check_ok(res)
+    # Ranks shut down one by one, some while others still run: a partner's
+    # closed link is no error.
+    for r in res:
+        assert "[tfring ERROR" not in r.stderr, (r.rank, r.stderr[-2000:])
+    return outs
 
 
 def _check(res, n, algo):
@@ -72,9 +78,16 @@ def test_vote_counters_at_64_ranks(algo):
     assert res[0]["vote"]["hops"] == {"ring": 63, "recdbl": 6}[algo]
 
 
-@pytest.mark.parametrize("n,expect", [(2, "ring"), (4, "ring"), (8, "recdbl")])
-def test_auto_picks_by_rank_count(n, expect):
-    res = _steady(n, "auto", {"STEPS": "2"})
+@pytest.mark.parametrize("n,per_host,expect", [
+    (4, 1, "ring"),       # few ranks: N-1 hops are few
+    (8, 8, "ring"),       # one host: the ring goes through shared memory
+    (16, 4, "recdbl"),    # 16 ranks on 4 hosts
+])
+def test_auto_picks_by_rank_count_and_hosts(n, per_host, expect):
+    res = check_ok(run_ranks(n, "vote.py", ["steady"], timeout=300,
+                             env={"TFRING_TIMEOUT": "120", "TFRING_VOTE_ALGO": "auto",
+                                  "STEPS": "2"},
+                             per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r // per_host}"}))
     for out in res:
         assert out["failures"] == []
         assert out["after"]["algo"] == expect, out["after"]

@@ -39,6 +39,7 @@ Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordin
   vote_recdbl_ = T.size > 1 && H && H->vote_recdbl && H->peers;
   if (vote_recdbl_)
     for (int i = 0; i < H->peers->count(); ++i) vote_fds_.push_back(H->peers->at(i).recv->pollFd());
+  vote_closed_at_.assign(vote_fds_.size(), 0);
   // Without a doorbell to ring (the left link is TCP, or there is no link,
   // or idle ranks watch the point-to-point links), local wake-ups go
   // through an eventfd the idle wait polls.

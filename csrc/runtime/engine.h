@@ -133,6 +133,7 @@ class Engine {
   // engine_round.cc
   bool hasNews();
   bool peerStartedRound();
+  bool peerStartedVote();  // the recursive vote's links (runtime/vote.h)
   void idleWait();
   void round();
   void classify(std::vector<std::shared_ptr<Entry>>& fresh);
@@ -177,6 +178,9 @@ class Engine {
   // (runtime/vote.h); idle ranks then watch those links, not the ring.
   bool vote_recdbl_ = false;
   std::vector<int> vote_fds_;  // the links' sockets, for the idle wait
+  // When each of those links was found closed while idle (0: open); see
+  // peerStartedRound().
+  std::vector<double> vote_closed_at_;
 
   // Shared between submitters, the reader and the driver (mu_).
   std::mutex mu_;

@@ -48,6 +48,7 @@ namespace {
 constexpr int kSpinChecks = 2000;    // idle checks before yielding
 constexpr int kYieldChecks = 50;     // then yields before blocking
 constexpr double kMaxBlock = 0.1;    // seconds per block (stop/abort/aging checks)
+constexpr double kLeftGrace = 2.0;   // a closed vote link waits for the coordinator's word
 
 }  // namespace
 
@@ -66,13 +67,7 @@ bool Engine::peerStartedRound() {
   if (!links_->left()) return false;  // a job of one
   const void* p = nullptr;
   try {
-    if (vote_recdbl_) {
-      // A round's first bytes may come from any of the vote's partners.
-      transport::PeerLinks& P = *links_->host()->peers;
-      for (int i = 0; i < P.count(); ++i)
-        if (P.at(i).recv->peek(&p, 1) > 0) return true;
-      return false;
-    }
+    if (vote_recdbl_) return peerStartedVote();
     return links_->left()->peek(&p, 1) > 0;
   } catch (const Error&) {
     // The left link failed: start a round, which reports it properly
@@ -80,6 +75,34 @@ bool Engine::peerStartedRound() {
     std::lock_guard<std::mutex> lk(mu_);
     return !stopping_;
   }
+}
+
+bool Engine::peerStartedVote() {
+  // A round's first bytes may come from any of the vote's partners. A
+  // partner that closes its link while this rank is idle has usually shut
+  // down (its goodbye reaches this rank through the coordinator as
+  // kMsgLeft, after which rounds fail naming it without voting): the link
+  // is left alone for kLeftGrace, and only then, or when this rank has
+  // work of its own, does a round report it (its exchange fails naming the
+  // partner). A killed partner is named sooner by the coordinator.
+  transport::PeerLinks& P = *links_->host()->peers;
+  const void* p = nullptr;
+  for (int i = 0; i < P.count(); ++i) {
+    if (vote_closed_at_[i] > 0) {
+      if (left_rank_.load() < 0 && nowSeconds() - vote_closed_at_[i] > kLeftGrace) return true;
+      continue;
+    }
+    try {
+      if (P.at(i).recv->peek(&p, 1) > 0) return true;
+    } catch (const Error&) {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (stopping_) return false;
+      }
+      vote_closed_at_[i] = nowSeconds();
+    }
+  }
+  return false;
 }
 
 void Engine::idleWait() {
@@ -127,7 +150,8 @@ void Engine::idleWait() {
       std::vector<struct pollfd> fds;
       fds.reserve(vote_fds_.size() + 2);
       if (vote_recdbl_) {
-        for (int fd : vote_fds_) fds.push_back({fd, POLLIN, 0});
+        for (size_t i = 0; i < vote_fds_.size(); ++i)
+          if (vote_closed_at_[i] == 0) fds.push_back({vote_fds_[i], POLLIN, 0});
       } else if (lfd >= 0) {
         fds.push_back({lfd, POLLIN, 0});
       }

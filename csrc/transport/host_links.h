@@ -19,8 +19,9 @@ namespace tfring {
 namespace transport {
 
 // TFRING_VOTE_ALGO=auto votes by recursive doubling from this many ranks
-// on (runtime/vote.h; measured in docs/scale.md).
-constexpr int kVoteRecdblMinRanks = 8;
+// on, where the ring crosses TCP (runtime/vote.h; measured in
+// docs/architecture.md#agreement-at-scale).
+constexpr int kVoteRecdblMinRanks = 16;
 
 struct HostLinks {
   // Job-wide settings, rank 0's values (agreed through the store at init).

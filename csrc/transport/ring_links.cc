@@ -336,8 +336,11 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   // host-aware schemes cannot serve). Every rank decides alike.
   const bool cross_ok = H.num_hosts > 1 && H.uniform && (T.local_size == 1 || host_shm);
   // The agreement round's vote uses the same links (runtime/vote.h).
+  // auto: where the ring crosses TCP (several hosts, or TFRING_TRANSPORT=
+  // tcp); a ring through shared memory on one host stays faster.
   H.vote_recdbl = H.vote_algo == "recdbl" ||
-                  (H.vote_algo == "auto" && size >= kVoteRecdblMinRanks);
+                  (H.vote_algo == "auto" && size >= kVoteRecdblMinRanks &&
+                   (H.num_hosts > 1 || !host_shm));
   const bool want_peers =
       H.vote_recdbl || H.algo == "recdbl" || H.algo == "rabenseifner" ||
       (H.algo == "auto" && size >= 8 && H.num_hosts > 1 && (H.num_hosts >= 4 || !cross_ok));
