@@ -151,3 +151,20 @@ def test_unknown_vote_algorithm_is_refused():
     for r in res:
         assert r.returncode != 0
         assert "TFRING_VOTE_ALGO=tree" in r.stderr, r.stderr[-2000:]
+
+
+def test_scale_bench_vote_mode(tmp_path):
+    # Smoke: both vote algorithms run end to end and report their hops.
+    import json
+    import subprocess
+    import sys
+
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         "benchmarks", "scale_bench.py")
+    out = tmp_path / "vote.json"
+    subprocess.run([sys.executable, bench, "--vote", "--np", "3", "--iters", "3", "--reps", "1",
+                    "--timeout", "120", "--json", str(out)], check=True, timeout=300)
+    row = json.loads(out.read_text())[0]
+    assert row["np"] == 3
+    assert (row["ring"]["ran"], row["ring"]["hops"]) == ("ring", 2)
+    assert (row["recdbl"]["ran"], row["recdbl"]["hops"]) == ("recdbl", 3)
