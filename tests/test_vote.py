@@ -168,3 +168,20 @@ def test_scale_bench_vote_mode(tmp_path):
     assert row["np"] == 3
     assert (row["ring"]["ran"], row["ring"]["hops"]) == ("ring", 2)
     assert (row["recdbl"]["ran"], row["recdbl"]["hops"]) == ("recdbl", 3)
+
+
+@pytest.mark.parametrize("algo", ["ring", "recdbl"])
+def test_timeline_carries_the_vote(tmp_path, algo):
+    # Every collective's row carries the vote of the round that ran it.
+    path = str(tmp_path / "timeline.{rank}.json")
+    res = check_ok(run_ranks(3, "misc.py", env={"TFRING_TIMELINE": path,
+                                                "TFRING_VOTE_ALGO": algo}))
+    words = FRESH_LIST if algo == "ring" else FRESH_TALLY
+    for rank, out in enumerate(res):
+        stats = [e for e in out["timeline"] if e.get("name") == "VOTE_STATS"]
+        assert len(stats) >= 13, "a VOTE_STATS event per collective"  # 12 allreduces + allgather
+        for e in stats:
+            a = e["args"]
+            assert a["algo"] == algo and a["ranks"] == 3, a
+            assert a["bytes"] // 4 - HEADER - words >= 0, a
+            assert (a["hops"], a["bytes_sent"]) == vote_formula(algo, rank, 3, a["bytes"]), a

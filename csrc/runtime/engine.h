@@ -181,6 +181,7 @@ class Engine {
   // When each of those links was found closed while idle (0: open); see
   // peerStartedRound().
   std::vector<double> vote_closed_at_;
+  VoteStats last_vote_;        // this engine's last round, for the timeline
 
   // Shared between submitters, the reader and the driver (mu_).
   std::mutex mu_;

@@ -257,9 +257,9 @@ void Engine::round() {
   // Every rank ends with the same tally (runtime/vote.h).
   if (vote_recdbl_) {
     freshListToTally(vote_.data() + fresh_at);
-    recdblVote(comm_, vote_.data(), fresh_at, &vote_scratch_);
+    last_vote_ = recdblVote(comm_, vote_.data(), fresh_at, &vote_scratch_);
   } else {
-    ringVote(comm_, vote_.data(), fresh_at, &vote_scratch_);
+    last_vote_ = ringVote(comm_, vote_.data(), fresh_at, &vote_scratch_);
   }
 
   // 1. Coordinator responses every rank holds, in order.
@@ -378,11 +378,18 @@ void Engine::runSlowGroup(const Group& g) {
 }
 
 void Engine::runGroup(const Group& g, const std::vector<std::shared_ptr<Entry>>& es) {
-  if (timeline_.enabled())
+  if (timeline_.enabled()) {
+    // The vote of the round that runs the group (runtime/vote.h).
+    const VoteStats& v = last_vote_;
+    const std::string args =
+        strCat("{\"algo\":\"", voteAlgoName(v.algo), "\",\"ranks\":", v.size,
+               ",\"bytes\":", v.bytes, ",\"hops\":", v.hops, ",\"bytes_sent\":", v.bytes_sent, "}");
     for (auto& e : es) {
       timeline_.end(e->meta.name);
+      if (v.size > 0) timeline_.instant(e->meta.name, "VOTE_STATS", args);
       timeline_.begin(e->meta.name, collectiveName(g.type));
     }
+  }
   Status st;
   if (!es.empty() && es[0]->req.device >= 0) {
     st = execGpu(g, es);

@@ -86,7 +86,8 @@ void mergeTally(const int32_t* lo, const int32_t* hi, int32_t* out, size_t head)
   std::memcpy(out + head, f, sizeof(f));
 }
 
-void ringVote(collectives::RingComm& c, int32_t* tally, size_t head, std::vector<int32_t>* all) {
+VoteStats ringVote(collectives::RingComm& c, int32_t* tally, size_t head,
+                   std::vector<int32_t>* all) {
   const int N = c.size;
   const size_t len = head + kFreshWords;  // one rank's vote on the wire
   const size_t tlen = head + kFreshTallyWords;
@@ -110,9 +111,11 @@ void ringVote(collectives::RingComm& c, int32_t* tally, size_t head, std::vector
   st.hops = static_cast<uint64_t>(N - 1);
   st.bytes_sent = static_cast<uint64_t>(N - 1) * st.bytes;
   record(st);
+  return st;
 }
 
-void recdblVote(collectives::RingComm& c, int32_t* tally, size_t head, std::vector<int32_t>* tmp) {
+VoteStats recdblVote(collectives::RingComm& c, int32_t* tally, size_t head,
+                     std::vector<int32_t>* tmp) {
   transport::PeerLinks& P = *c.host->peers;
   const int N = c.size;
   const int rank = c.ring[c.pos];
@@ -138,7 +141,7 @@ void recdblVote(collectives::RingComm& c, int32_t* tally, size_t head, std::vect
     std::memcpy(tally, in + 1, bytes);
     st.bytes_sent = bytes;
     record(st);
-    return;
+    return st;
   }
   if (L.fold_peer >= 0) {
     // Wake the extra rank (it may be idle) and take its vote: it is the
@@ -162,6 +165,7 @@ void recdblVote(collectives::RingComm& c, int32_t* tally, size_t head, std::vect
     st.bytes_sent += bytes;
   }
   record(st);
+  return st;
 }
 
 }  // namespace runtime

@@ -69,12 +69,15 @@ void mergeTally(const int32_t* lo, const int32_t* hi, int32_t* out, size_t head)
 
 // The ring vote. `tally` holds this rank's vote (head + kFreshWords words,
 // the list not yet in tally form; room for head + kFreshTallyWords) and
-// ends with the tally. `all` is scratch.
-void ringVote(collectives::RingComm& c, int32_t* tally, size_t head, std::vector<int32_t>* all);
+// ends with the tally. `all` is scratch. Both return (and record) the
+// round's stats.
+VoteStats ringVote(collectives::RingComm& c, int32_t* tally, size_t head,
+                   std::vector<int32_t>* all);
 
 // The recursive-doubling vote over c.host->peers. `tally` holds this rank's
 // vote in tally form and ends with the merged tally. `tmp` is scratch.
-void recdblVote(collectives::RingComm& c, int32_t* tally, size_t head, std::vector<int32_t>* tmp);
+VoteStats recdblVote(collectives::RingComm& c, int32_t* tally, size_t head,
+                     std::vector<int32_t>* tmp);
 
 }  // namespace runtime
 }  // namespace tfring
