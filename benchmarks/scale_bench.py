@@ -6,6 +6,7 @@
     python benchmarks/scale_bench.py --np 16 --hosts 4 --algos ring,recdbl,rabenseifner,oneshot
     python benchmarks/scale_bench.py --np 8,16,32 --size 4K --collective allgather
     python benchmarks/scale_bench.py --np 8,16,32 --size 4K --collective broadcast
+    python benchmarks/scale_bench.py --vote --np 8,16,32 --size 4K
 
 Starts N core-only ranks on this machine (no MPI, no TensorFlow; a file
 store in a temporary directory) and times ``_core.DirectAllreduce`` (the
@@ -28,6 +29,14 @@ hosts (TFRING_HOSTNAME), which ``oneshot`` needs to run the small
 cross-host scheme; ``--transport tcp`` puts every link on TCP, as when each
 rank sits on a host of its own (the recursive algorithms always use TCP;
 the ring uses shared memory between ranks of one host).
+
+``--vote`` measures the agreement round instead: each vote algorithm
+(TFRING_VOTE_ALGO, ``--algos ring,recdbl``) runs as a job of its own,
+engine and coordinator included, and times the steady state of one named
+``_core.allreduce`` of ``--size`` called back to back (its allreduce
+algorithm is the same in every job: TFRING_ALLREDUCE_ALGO=auto). The jobs
+take turns ``--reps`` times; the table shows the median job's slowest rank,
+with the vote's hops (``_core.last_vote_stats()``).
 """
 
 import argparse
@@ -79,6 +88,85 @@ def worker(args):
     with open(args.out, "w") as f:
         json.dump(row, f)
     return 0
+
+
+def vote_worker(args):
+    import time
+
+    import numpy as np
+
+    import tfring.basics as basics
+    from tfring import _core
+
+    basics.init()
+    n = basics.size()
+    x = np.ones(args.size // 4, np.float32)
+    for _ in range(20):  # negotiated once, then the cached fast path
+        y = _core.allreduce(x, op="sum", name="bench")
+    assert np.all(y == n), y[:4]
+    _core.allreduce(x, op="sum", name="bench", out=x)  # a barrier before the clock
+    x[:] = 1
+    t0 = time.perf_counter()
+    for _ in range(args.iters):
+        _core.allreduce(x, op="sum", name="bench", out=y)
+    dt = (time.perf_counter() - t0) / args.iters
+    st = _core.last_vote_stats()
+    basics.shutdown()
+    with open(args.out, "w") as f:
+        json.dump({"time_s": dt, "hops": st["hops"], "bytes_sent": st["bytes_sent"],
+                   "ran": st["algo"]}, f)
+    return 0
+
+
+def run_vote(n, args):
+    """One job per vote algorithm and repetition; the slowest rank's mean."""
+    from tfring import _core
+
+    algos = args.algos.split(",")
+    times = {a: [] for a in algos}
+    info = {}
+    for _ in range(args.reps):
+        for algo in algos:
+            with tempfile.TemporaryDirectory(prefix="tfring-vote-") as tmp:
+                secret = secrets.token_hex(16)
+                server = _core.TcpStoreServer("127.0.0.1", 0, secret)
+                procs = []
+                for r in range(n):
+                    env = child_env()
+                    env.update({"OMP_NUM_THREADS": "1", "TFRING_RANK": str(r),
+                                "TFRING_SIZE": str(n), "TFRING_SECRET": secret,
+                                "TFRING_STORE_ADDR": f"127.0.0.1:{server.port}",
+                                "TFRING_VOTE_ALGO": algo, "TFRING_TIMEOUT": "300"})
+                    if args.transport:
+                        env["TFRING_TRANSPORT"] = args.transport
+                    if args.hosts > 1:
+                        env["TFRING_HOSTNAME"] = f"host{r * args.hosts // n}"
+                    cmd = [sys.executable, os.path.abspath(__file__), "--vote-worker",
+                           "--size", str(args.size), "--iters", str(args.iters),
+                           "--out", os.path.join(tmp, f"{r}.json")]
+                    procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL))
+                try:
+                    for p in procs:
+                        p.wait(timeout=args.timeout)
+                except subprocess.TimeoutExpired:
+                    for p in procs:
+                        p.kill()
+                    raise SystemExit(f"scale_bench: {n} ranks ran past --timeout")
+                if any(p.returncode for p in procs):
+                    raise SystemExit(f"scale_bench: a rank of {n} failed (vote {algo})")
+                rows = []
+                for r in range(n):
+                    with open(os.path.join(tmp, f"{r}.json")) as f:
+                        rows.append(json.load(f))
+                del server
+            times[algo].append(max(row["time_s"] for row in rows))
+            info[algo] = rows[0]
+    out = {"np": n}
+    for algo in algos:
+        t = sorted(times[algo])
+        out[algo] = {"time_s": t[len(t) // 2], "min_s": t[0], "hops": info[algo]["hops"],
+                     "bytes_sent": info[algo]["bytes_sent"], "ran": info[algo]["ran"]}
+    return out
 
 
 def run(n, args):
@@ -135,7 +223,8 @@ def table(results, algos, size, what="allreduce"):
     head = (["np"] + [f"{a} (us)" for a in algos] + [f"{a} hops" for a in algos]
             + [f"{a}/ring" for a in algos if a != "ring"])
     kind = {"allreduce": "allreduce, float32 sum", "allgather": "allgather (whole output)",
-            "broadcast": "broadcast from rank 0"}[what]
+            "broadcast": "broadcast from rank 0",
+            "vote": "steady-state engine allreduce by vote algorithm, float32 sum"}[what]
     lines = [f"{human_size(size)} {kind} (median over repetitions of the "
              "slowest rank's mean per call)",
              "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
@@ -165,21 +254,28 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--json")
+    p.add_argument("--vote", action="store_true", help="time the engine's steady state by "
+                   "vote algorithm (--algos ring,recdbl) instead of the allreduce algorithms")
     p.add_argument("--worker", action="store_true")
+    p.add_argument("--vote-worker", action="store_true")
     p.add_argument("--rank", type=int)
     p.add_argument("--nranks", type=int)
     p.add_argument("--store")
     p.add_argument("--secret")
     p.add_argument("--out")
     args = p.parse_args()
+    if args.vote and args.algos is None:
+        args.algos = "ring,recdbl"
     if args.algos is None:
         args.algos = {"allreduce": "ring,recdbl,rabenseifner", "allgather": "ring,recdbl",
                       "broadcast": "ring,tree"}[args.collective]
     if args.worker:
         return worker(args)
+    if args.vote_worker:
+        return vote_worker(args)
     algos = args.algos.split(",")
-    results = [run(n, args) for n in args.np]
-    print(table(results, algos, args.size, args.collective))
+    results = [(run_vote if args.vote else run)(n, args) for n in args.np]
+    print(table(results, algos, args.size, "vote" if args.vote else args.collective))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -74,6 +74,7 @@ Config Config::fromEnv() {
   c.small_threshold = env::parseBytes(env::getString("TFRING_SMALL_THRESHOLD", ""), c.small_threshold);
   if (c.small_threshold < 0) c.small_threshold = 0;
   if (c.small_threshold > (256ll << 20)) c.small_threshold = 256ll << 20;
+  c.vote_algo = env::getString("TFRING_VOTE_ALGO", c.vote_algo);
   return c;
 }
 

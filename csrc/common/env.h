@@ -46,6 +46,9 @@ struct Config {
   // benchmarks/algo_bench.py (between 16 and 64 KiB; at 4 ranks it wins up
   // to 256 KiB).
   int64_t small_threshold = 32ll << 10;   // TFRING_SMALL_THRESHOLD
+  // The agreement round's vote: auto|ring|recdbl (runtime/vote.h). Rank
+  // 0's value is used by every rank.
+  std::string vote_algo = "auto";         // TFRING_VOTE_ALGO
   // Processes of this job on this host, for the spin decisions of an
   // engine whose ring spans only some of them (a process set); 0: the
   // ring's own local size. Not read from the environment.

@@ -16,6 +16,12 @@
 //                                          this rank); see CollectiveStats
 //   collective_algorithm_stats() -> dict   {"allgather": {algo: {calls, hops,
 //                                          bytes_sent}}, "broadcast": ...}
+//   last_vote_stats() -> dict              the last agreement round's vote
+//                                          of this process (runtime/vote.h):
+//                                          algo (ring or recdbl), ranks,
+//                                          bytes (one rank's vote), hops,
+//                                          bytes_sent, and rounds (this
+//                                          process's rounds with that algo)
 //   DirectAllreduce(store, rank, size, secret)
 //       connects this rank's own ring links and host segment through `store`
 //       (TFRING_* tunables read as at init), with no engine or coordinator.
@@ -48,6 +54,7 @@
 #include "python/bindings.h"
 #include "python/errors.h"
 #include "rendezvous/store.h"
+#include "runtime/vote.h"
 #include "transport/ring_links.h"
 
 namespace py = pybind11;
@@ -236,6 +243,18 @@ void bindAlgorithms(py::module_& m) {
     d["bytes"] = st.bytes;
     d["hops"] = st.hops;
     d["bytes_sent"] = st.bytes_sent;
+    return d;
+  });
+  m.def("last_vote_stats", [] {
+    const runtime::VoteStats st = runtime::lastVoteStats();
+    py::dict d;
+    d["collective"] = "vote";
+    d["algo"] = runtime::voteAlgoName(st.algo);
+    d["ranks"] = st.size;
+    d["bytes"] = st.bytes;
+    d["hops"] = st.hops;
+    d["bytes_sent"] = st.bytes_sent;
+    d["rounds"] = runtime::voteRounds(st.algo);
     return d;
   });
   using Release = py::call_guard<py::gil_scoped_release>;

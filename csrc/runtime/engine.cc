@@ -35,9 +35,15 @@ Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordin
   const int procs = cfg.host_procs > 0 ? cfg.host_procs : T.local_size;
   transport::setSpinning(procs <= ncpu);
   engine_spins_ = 2 * procs <= ncpu;
-  // Without a doorbell to ring (the left link is TCP, or there is no link),
-  // local wake-ups go through an eventfd the idle wait polls.
-  if (T.size > 1 && (links_->left()->pollFd() >= 0 || !links_->bell()))
+  const transport::HostLinks* H = links_->host();
+  vote_recdbl_ = T.size > 1 && H && H->vote_recdbl && H->peers;
+  if (vote_recdbl_)
+    for (int i = 0; i < H->peers->count(); ++i) vote_fds_.push_back(H->peers->at(i).recv->pollFd());
+  vote_closed_at_.assign(vote_fds_.size(), 0);
+  // Without a doorbell to ring (the left link is TCP, or there is no link,
+  // or idle ranks watch the point-to-point links), local wake-ups go
+  // through an eventfd the idle wait polls.
+  if (T.size > 1 && (vote_recdbl_ || links_->left()->pollFd() >= 0 || !links_->bell()))
     wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 }
 

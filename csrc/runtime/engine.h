@@ -40,6 +40,7 @@
 #include "runtime/messages.h"
 #include "runtime/runtime.h"
 #include "runtime/timeline.h"
+#include "runtime/vote.h"
 #include "transport/ring_links.h"
 
 namespace tfring {
@@ -132,6 +133,7 @@ class Engine {
   // engine_round.cc
   bool hasNews();
   bool peerStartedRound();
+  bool peerStartedVote();  // the recursive vote's links (runtime/vote.h)
   void idleWait();
   void round();
   void classify(std::vector<std::shared_ptr<Entry>>& fresh);
@@ -143,11 +145,12 @@ class Engine {
   double agingLimit() const;
 
   // engine_fresh.cc: first appearances agreed in the round's vote
-  static constexpr int kFreshSlots = 8;
-  static constexpr int kFreshWords = 1 + 3 * kFreshSlots;
+  // (kFreshSlots per rank, runtime/vote.h)
   bool freshEligible(Entry& e) const;  // and sets its hashes
-  void writeFreshVote(int32_t* out);
-  void runFresh(size_t len, size_t offset);
+  int writeFreshVote(int32_t* out);    // returns how many it offered
+  // `tally`: the fresh part of the round's tally; `mine`: how many this
+  // rank offered.
+  void runFresh(const int32_t* tally, int mine);
   size_t waitingCount() const { return fast_count_ + fresh_.size(); }
 
   // executor.cc
@@ -171,6 +174,14 @@ class Engine {
   Timeline timeline_;
   int wake_fd_ = -1;  // eventfd for local wake-ups when the left link is TCP
   bool engine_spins_ = true;  // the engine thread's idle wait may spin (a core per rank to spare)
+  // The vote goes by recursive doubling over the point-to-point links
+  // (runtime/vote.h); idle ranks then watch those links, not the ring.
+  bool vote_recdbl_ = false;
+  std::vector<int> vote_fds_;  // the links' sockets, for the idle wait
+  // When each of those links was found closed while idle (0: open); see
+  // peerStartedRound().
+  std::vector<double> vote_closed_at_;
+  VoteStats last_vote_;        // this engine's last round, for the timeline
 
   // Shared between submitters, the reader and the driver (mu_).
   std::mutex mu_;
@@ -204,7 +215,7 @@ class Engine {
   std::vector<std::shared_ptr<Entry>> fresh_;                // new names, in order (engine_fresh.cc)
   double fast_oldest_ = 1e300;                               // oldest submitted
   std::unordered_map<std::string, Meta> sent_;               // last Meta sent per name
-  std::vector<int32_t> vote_, votes_;
+  std::vector<int32_t> vote_, vote_scratch_;
   std::vector<char> fusion_;
   std::vector<char> scratch_;
   std::unique_ptr<gpu::Executor> gpu_;  // created at the first GPU group

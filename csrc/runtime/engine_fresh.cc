@@ -7,8 +7,10 @@
 // Instead, the round's vote carries the first kFreshSlots such tensors of
 // each rank as hashes: a 32-bit hash of the name and a 64-bit hash of the
 // name with everything ranks must agree on (type, dtype, shape, op, root,
-// scales, host or GPU). Every rank sees every rank's list (the vote is an
-// allgather), so every rank computes the same answer:
+// scales, host or GPU). The vote's tally (runtime/vote.h) holds, alike on
+// every rank, the full hashes on every rank's list in the order of rank 0's
+// list and the name hashes on every rank's list, so every rank computes the
+// same answer:
 //   - a full hash on every rank's list: that tensor runs in this round, in
 //     the order of rank 0's list, fused like cached tensors (fuseReady);
 //   - a name hash on every rank's list whose full hash is not: the ranks
@@ -43,26 +45,6 @@ uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h = 1469598103934665603ull) 
   return h;
 }
 
-struct FreshList {
-  int count = 0;
-  const int32_t* slots = nullptr;  // count x {name hash, full lo, full hi}
-  uint32_t nameHash(int i) const { return static_cast<uint32_t>(slots[3 * i]); }
-  uint64_t full(int i) const {
-    return static_cast<uint64_t>(static_cast<uint32_t>(slots[3 * i + 1])) |
-           (static_cast<uint64_t>(static_cast<uint32_t>(slots[3 * i + 2])) << 32);
-  }
-  bool hasFull(uint64_t h) const {
-    for (int i = 0; i < count; ++i)
-      if (full(i) == h) return true;
-    return false;
-  }
-  bool hasName(uint32_t h) const {
-    for (int i = 0; i < count; ++i)
-      if (nameHash(i) == h) return true;
-    return false;
-  }
-};
-
 }  // namespace
 
 bool Engine::freshEligible(Entry& e) const {
@@ -80,7 +62,7 @@ bool Engine::freshEligible(Entry& e) const {
   return true;
 }
 
-void Engine::writeFreshVote(int32_t* out) {
+int Engine::writeFreshVote(int32_t* out) {
   std::fill(out, out + kFreshWords, 0);
   const int n = static_cast<int>(std::min<size_t>(fresh_.size(), kFreshSlots));
   out[0] = n;
@@ -90,34 +72,26 @@ void Engine::writeFreshVote(int32_t* out) {
     out[2 + 3 * i] = static_cast<int32_t>(static_cast<uint32_t>(e.fresh_full));
     out[3 + 3 * i] = static_cast<int32_t>(static_cast<uint32_t>(e.fresh_full >> 32));
   }
+  return n;
 }
 
-void Engine::runFresh(size_t len, size_t offset) {
-  const int N = comm_.size;
-  std::vector<FreshList> lists(N);
-  for (int q = 0; q < N; ++q) {
-    const int32_t* v = votes_.data() + static_cast<size_t>(q) * len + offset;
-    lists[q].count = std::max(0, std::min<int>(v[0], kFreshSlots));
-    lists[q].slots = v + 1;
-  }
-  auto everywhereFull = [&](uint64_t h) {
-    for (auto& l : lists)
-      if (!l.hasFull(h)) return false;
-    return true;
-  };
+void Engine::runFresh(const int32_t* tally, int mine) {
+  // Full hashes on every list, in rank 0's order; names on every list.
+  const int n = std::max(0, std::min<int>(tally[0], kFreshSlots));
+  const int m = std::max(0, std::min<int>(tally[kFreshWords], kFreshSlots));
+  const int32_t* names = tally + kFreshWords + 1;
   auto everywhereName = [&](uint32_t h) {
-    for (auto& l : lists)
-      if (!l.hasName(h)) return false;
-    return true;
+    for (int i = 0; i < m; ++i)
+      if (static_cast<uint32_t>(names[i]) == h) return true;
+    return false;
   };
   // This rank's offered entries (the first slots of fresh_, as voted).
-  const int mine = lists[links_->topology().rank].count;
   std::vector<std::shared_ptr<Entry>> run, conflict;
   std::vector<bool> taken(mine, false);
   // Execution order: rank 0's list, so every rank runs the same sequence.
-  for (int i = 0; i < lists[0].count; ++i) {
-    const uint64_t h = lists[0].full(i);
-    if (!everywhereFull(h)) continue;
+  for (int i = 0; i < n; ++i) {
+    const uint64_t h = static_cast<uint64_t>(static_cast<uint32_t>(tally[2 + 3 * i])) |
+                       (static_cast<uint64_t>(static_cast<uint32_t>(tally[3 + 3 * i])) << 32);
     for (int j = 0; j < mine; ++j)
       if (!taken[j] && fresh_[j]->fresh_full == h) {
         taken[j] = true;

@@ -10,9 +10,11 @@
 //   [2 + i]   1 when cache id i is ready here with the Meta it last ran
 //             with, else 0; the minimum is 1 when it is ready everywhere.
 //   [2 + K..] this rank's first new names as hashes (engine_fresh.cc),
-//             read per rank, not reduced.
-// Votes travel as a ring allgather, and every ring step carries bytes (an
-// idle rank joins a round when bytes reach it).
+//             merged into those on every rank's list (runtime/vote.h).
+// Votes travel round the ring (an allgather: N-1 hops) or by recursive
+// doubling over point-to-point links (log2 N hops), see runtime/vote.h;
+// either way every step carries bytes, and an idle rank joins a round when
+// bytes reach it.
 //
 // After the vote every rank does the same: executes the received
 // responses, then the ids ready everywhere (fused by fuseReady), and, if
@@ -43,10 +45,10 @@ namespace runtime {
 
 namespace {
 
-constexpr int kVoteHeader = 2;
 constexpr int kSpinChecks = 2000;    // idle checks before yielding
 constexpr int kYieldChecks = 50;     // then yields before blocking
 constexpr double kMaxBlock = 0.1;    // seconds per block (stop/abort/aging checks)
+constexpr double kLeftGrace = 2.0;   // a closed vote link waits for the coordinator's word
 
 }  // namespace
 
@@ -65,6 +67,7 @@ bool Engine::peerStartedRound() {
   if (!links_->left()) return false;  // a job of one
   const void* p = nullptr;
   try {
+    if (vote_recdbl_) return peerStartedVote();
     return links_->left()->peek(&p, 1) > 0;
   } catch (const Error&) {
     // The left link failed: start a round, which reports it properly
@@ -72,6 +75,34 @@ bool Engine::peerStartedRound() {
     std::lock_guard<std::mutex> lk(mu_);
     return !stopping_;
   }
+}
+
+bool Engine::peerStartedVote() {
+  // A round's first bytes may come from any of the vote's partners. A
+  // partner that closes its link while this rank is idle has usually shut
+  // down (its goodbye reaches this rank through the coordinator as
+  // kMsgLeft, after which rounds fail naming it without voting): the link
+  // is left alone for kLeftGrace, and only then, or when this rank has
+  // work of its own, does a round report it (its exchange fails naming the
+  // partner). A killed partner is named sooner by the coordinator.
+  transport::PeerLinks& P = *links_->host()->peers;
+  const void* p = nullptr;
+  for (int i = 0; i < P.count(); ++i) {
+    if (vote_closed_at_[i] > 0) {
+      if (left_rank_.load() < 0 && nowSeconds() - vote_closed_at_[i] > kLeftGrace) return true;
+      continue;
+    }
+    try {
+      if (P.at(i).recv->peek(&p, 1) > 0) return true;
+    } catch (const Error&) {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (stopping_) return false;
+      }
+      vote_closed_at_[i] = nowSeconds();
+    }
+  }
+  return false;
 }
 
 void Engine::idleWait() {
@@ -111,16 +142,21 @@ void Engine::idleWait() {
     }
   };
   const int lfd = links_->left()->pollFd();
-  if (lfd >= 0 || !bell) {
+  if (vote_recdbl_ || lfd >= 0 || !bell) {
     idle_blocked_.store(true, std::memory_order_seq_cst);
     if (!hasNews() && !peerStartedRound()) {
       Reseat reseat{release ? engine_lock_ : nullptr};
       if (release) engine_lock_->unlock();
-      struct pollfd fds[2];
-      int n = 0;
-      if (lfd >= 0) fds[n++] = {lfd, POLLIN, 0};
-      if (wake_fd_ >= 0) fds[n++] = {wake_fd_, POLLIN, 0};
-      ::poll(fds, n, static_cast<int>(timeout * 1000) + 1);
+      std::vector<struct pollfd> fds;
+      fds.reserve(vote_fds_.size() + 2);
+      if (vote_recdbl_) {
+        for (size_t i = 0; i < vote_fds_.size(); ++i)
+          if (vote_closed_at_[i] == 0) fds.push_back({vote_fds_[i], POLLIN, 0});
+      } else if (lfd >= 0) {
+        fds.push_back({lfd, POLLIN, 0});
+      }
+      if (wake_fd_ >= 0) fds.push_back({wake_fd_, POLLIN, 0});
+      ::poll(fds.data(), fds.size(), static_cast<int>(timeout * 1000) + 1);
       uint64_t v;
       if (wake_fd_ >= 0) {
         ssize_t rc = ::read(wake_fd_, &v, sizeof(v));
@@ -208,28 +244,23 @@ void Engine::round() {
   classify(fresh);
 
   // The vote.
-  const int N = comm_.size;
   const size_t K = ids_.size();
   const size_t fresh_at = kVoteHeader + K;  // engine_fresh.cc's part of the vote
-  const size_t len = fresh_at + kFreshWords;
-  vote_.assign(len, 1);
+  vote_.assign(fresh_at + kFreshTallyWords, 1);
   const uint64_t held = recv_seq_.load(std::memory_order_acquire);
   vote_[0] = static_cast<int32_t>(std::min<uint64_t>(held, INT32_MAX));
   for (size_t i = 0; i < K; ++i) vote_[kVoteHeader + i] = fast_[i] ? 1 : 0;
-  writeFreshVote(vote_.data() + fresh_at);
+  const int offered = writeFreshVote(vote_.data() + fresh_at);
   bool aged = waitingCount() > 0 && nowSeconds() - fast_oldest_ > agingLimit();
   aged_ = aged;
   vote_[1] = (slow_outstanding_ > 0 || aged) ? 0 : 1;
-  // Every rank's vote goes round the ring (an allgather: N-1 steps, each
-  // carrying bytes, so idle ranks see the round start), then each rank takes
-  // the minimum itself.
-  votes_.resize(len * N);
-  std::memcpy(votes_.data() + static_cast<size_t>(links_->topology().rank) * len, vote_.data(),
-              len * sizeof(int32_t));
-  collectives::ringAllgather(comm_, votes_.data(),
-                             std::vector<size_t>(N, len * sizeof(int32_t)));
-  for (int q = 0; q < N; ++q)
-    for (size_t i = 0; i < fresh_at; ++i) vote_[i] = std::min(vote_[i], votes_[q * len + i]);
+  // Every rank ends with the same tally (runtime/vote.h).
+  if (vote_recdbl_) {
+    freshListToTally(vote_.data() + fresh_at);
+    last_vote_ = recdblVote(comm_, vote_.data(), fresh_at, &vote_scratch_);
+  } else {
+    last_vote_ = ringVote(comm_, vote_.data(), fresh_at, &vote_scratch_);
+  }
 
   // 1. Coordinator responses every rank holds, in order.
   const uint64_t upto = static_cast<uint64_t>(vote_[0]);
@@ -268,7 +299,7 @@ void Engine::round() {
   }
 
   // 2b. New names every rank offered alike (engine_fresh.cc).
-  runFresh(len, fresh_at);
+  runFresh(vote_.data() + fresh_at, offered);
 
   // 3. Someone needs the coordinator: it must see every waiting tensor.
   if (vote_[1] == 0) {
@@ -347,11 +378,18 @@ void Engine::runSlowGroup(const Group& g) {
 }
 
 void Engine::runGroup(const Group& g, const std::vector<std::shared_ptr<Entry>>& es) {
-  if (timeline_.enabled())
+  if (timeline_.enabled()) {
+    // The vote of the round that runs the group (runtime/vote.h).
+    const VoteStats& v = last_vote_;
+    const std::string args =
+        strCat("{\"algo\":\"", voteAlgoName(v.algo), "\",\"ranks\":", v.size,
+               ",\"bytes\":", v.bytes, ",\"hops\":", v.hops, ",\"bytes_sent\":", v.bytes_sent, "}");
     for (auto& e : es) {
       timeline_.end(e->meta.name);
+      if (v.size > 0) timeline_.instant(e->meta.name, "VOTE_STATS", args);
       timeline_.begin(e->meta.name, collectiveName(g.type));
     }
+  }
   Status st;
   if (!es.empty() && es[0]->req.device >= 0) {
     st = execGpu(g, es);

@@ -18,6 +18,11 @@
 namespace tfring {
 namespace transport {
 
+// TFRING_VOTE_ALGO=auto votes by recursive doubling from this many ranks
+// on, where the ring crosses TCP (runtime/vote.h; measured in
+// docs/architecture.md#agreement-at-scale).
+constexpr int kVoteRecdblMinRanks = 16;
+
 struct HostLinks {
   // Job-wide settings, rank 0's values (agreed through the store at init).
   std::string algo = "auto";          // TFRING_ALLREDUCE_ALGO
@@ -28,6 +33,10 @@ struct HostLinks {
   // them for fusion alike (runtime/engine_round.cc).
   int64_t fusion_threshold = 0;       // TFRING_FUSION_THRESHOLD, bytes
   double cycle_time_ms = 0;           // TFRING_CYCLE_TIME
+  std::string vote_algo = "auto";     // TFRING_VOTE_ALGO
+  // The agreement round votes by recursive doubling over `peers`
+  // (runtime/vote.h) rather than round the ring; the same on every rank.
+  bool vote_recdbl = false;
   // Topology: hosts in order of their first rank; uniform when every host
   // has the same number of ranks (the host-aware algorithms need that).
   int num_hosts = 1;

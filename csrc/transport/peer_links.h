@@ -63,6 +63,7 @@ class PeerLinks {
   // The link to `peer`; throws kInternal if there is none.
   PeerLink& to(int peer);
   int count() const { return static_cast<int>(links_.size()); }
+  PeerLink& at(int i) { return *links_[i]; }
 
  private:
   std::vector<std::unique_ptr<PeerLink>> links_;

@@ -16,6 +16,8 @@ namespace transport {
 
 namespace {
 
+bool knownVoteAlgo(const std::string& a) { return a == "auto" || a == "ring" || a == "recdbl"; }
+
 bool knownAlgo(const std::string& a) {
   return a == "auto" || a == "ring" || a == "oneshot" || a == "hier" || a == "recdbl" ||
          a == "rabenseifner";
@@ -84,6 +86,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   H.small_threshold = cfg.small_threshold;
   H.fusion_threshold = cfg.fusion_threshold;
   H.cycle_time_ms = cfg.cycle_time_ms;
+  H.vote_algo = cfg.vote_algo;
   H.local_ranks = {rank};
   H.cross_ranks = {rank};
   if (size == 1) {  // a job of one: no store, no links
@@ -91,6 +94,9 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
       fail(Code::kInvalidArgument, "TFRING_ALLREDUCE_ALGO=", H.algo,
            " is not one of auto, ring, oneshot, hier, recdbl, rabenseifner");
     checkGatherAlgos(H.allgather_algo, H.broadcast_algo, "");
+    if (!knownVoteAlgo(H.vote_algo))
+      fail(Code::kInvalidArgument, "TFRING_VOTE_ALGO=", H.vote_algo,
+           " is not one of auto, ring, recdbl");
     T.ring = {0};
     T.peers = {PeerInfo{net::hostIdentity(), static_cast<int>(::getpid()), "127.0.0.1", 0}};
     return L;
@@ -118,7 +124,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     store.setString("job/allreduce", strCat(cfg.allreduce_algo, "|", cfg.small_threshold, "|",
                                             cfg.transport, "|", cfg.fusion_threshold, "|",
                                             cfg.cycle_time_ms, "|", cfg.allgather_algo, "|",
-                                            cfg.broadcast_algo));
+                                            cfg.broadcast_algo, "|", cfg.vote_algo));
     store.setString("job/id", job);
   } else {
     job = store.getString("job/id", timeout);
@@ -126,7 +132,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   bool host_shm = true;  // TFRING_TRANSPORT=tcp (rank 0's) keeps off shared memory
   {
     auto f = splitBar(store.getString("job/allreduce", timeout));
-    if (f.size() != 7) fail(Code::kInternal, "malformed allreduce settings from rank 0");
+    if (f.size() != 8) fail(Code::kInternal, "malformed allreduce settings from rank 0");
     H.algo = f[0];
     H.small_threshold = std::stoll(f[1]);
     host_shm = f[2] != "tcp";
@@ -139,6 +145,13 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
       TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_ALLGATHER_ALGO=",
                  H.allgather_algo, " and TFRING_BROADCAST_ALGO=", H.broadcast_algo,
                  " instead of this rank's ", cfg.allgather_algo, " and ", cfg.broadcast_algo);
+    H.vote_algo = f[7];
+    if (!knownVoteAlgo(H.vote_algo))
+      fail(Code::kInvalidArgument, "TFRING_VOTE_ALGO=", H.vote_algo,
+           " (rank 0's value) is not one of auto, ring, recdbl");
+    if (H.vote_algo != cfg.vote_algo)
+      TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_VOTE_ALGO=", H.vote_algo,
+                 " instead of this rank's ", cfg.vote_algo);
     if (H.fusion_threshold != cfg.fusion_threshold || H.cycle_time_ms != cfg.cycle_time_ms)
       TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_FUSION_THRESHOLD=",
                  H.fusion_threshold, " and TFRING_CYCLE_TIME=", H.cycle_time_ms,
@@ -345,9 +358,16 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   // collectives::recursiveAtScale: 8+ ranks on 4+ hosts, or on hosts the
   // host-aware schemes cannot serve). Every rank decides alike.
   const bool cross_ok = H.num_hosts > 1 && H.uniform && (T.local_size == 1 || host_shm);
+  // The agreement round's vote uses the same links (runtime/vote.h).
+  // auto: where the ring crosses TCP (several hosts, or TFRING_TRANSPORT=
+  // tcp); a ring through shared memory on one host stays faster.
+  H.vote_recdbl = H.vote_algo == "recdbl" ||
+                  (H.vote_algo == "auto" && size >= kVoteRecdblMinRanks &&
+                   (H.num_hosts > 1 || !host_shm));
   const bool want_peers =
-      H.algo == "recdbl" || H.algo == "rabenseifner" || H.allgather_algo == "recdbl" ||
-      H.broadcast_algo == "tree" || H.broadcast_algo == "scatter_allgather" ||
+      H.vote_recdbl || H.algo == "recdbl" || H.algo == "rabenseifner" ||
+      H.allgather_algo == "recdbl" || H.broadcast_algo == "tree" ||
+      H.broadcast_algo == "scatter_allgather" ||
       (H.algo == "auto" && size >= 8 && H.num_hosts > 1 && (H.num_hosts >= 4 || !cross_ok));
   if (want_peers) {
     std::vector<std::string> addrs;

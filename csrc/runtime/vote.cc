@@ -1,0 +1,172 @@
+// The agreement round's vote: the tally's merge and its two algorithms
+// (see vote.h).
+#include "runtime/vote.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "transport/peer_links.h"
+
+namespace tfring {
+namespace runtime {
+
+namespace {
+
+// Opens every recursive-doubling round on the fold link ("vote").
+constexpr int32_t kWakeToken = 0x766f7465;
+
+std::atomic<uint64_t> g_rounds[kNumVoteAlgos];
+std::atomic<uint64_t> g_hops[kNumVoteAlgos];
+std::atomic<uint64_t> g_sent[kNumVoteAlgos];
+std::mutex g_last_mu;
+VoteStats g_last;
+
+void record(const VoteStats& st) {
+  const int i = static_cast<int>(st.algo);
+  g_rounds[i].fetch_add(1, std::memory_order_relaxed);
+  g_hops[i].fetch_add(st.hops, std::memory_order_relaxed);
+  g_sent[i].fetch_add(st.bytes_sent, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lk(g_last_mu);
+  g_last = st;
+}
+
+int clampCount(int32_t v) { return std::max(0, std::min<int>(v, kFreshSlots)); }
+
+}  // namespace
+
+const char* voteAlgoName(VoteAlgo a) { return a == VoteAlgo::kRecDbl ? "recdbl" : "ring"; }
+
+VoteStats lastVoteStats() {
+  std::lock_guard<std::mutex> lk(g_last_mu);
+  return g_last;
+}
+uint64_t voteRounds(VoteAlgo a) { return g_rounds[static_cast<int>(a)].load(); }
+uint64_t voteHops(VoteAlgo a) { return g_hops[static_cast<int>(a)].load(); }
+uint64_t voteBytesSent(VoteAlgo a) { return g_sent[static_cast<int>(a)].load(); }
+
+void freshListToTally(int32_t* f) {
+  const int n = clampCount(f[0]);
+  f[0] = n;
+  f[kFreshWords] = n;
+  for (int i = 0; i < kFreshSlots; ++i) f[kFreshWords + 1 + i] = i < n ? f[1 + 3 * i] : 0;
+}
+
+void mergeTally(const int32_t* lo, const int32_t* hi, int32_t* out, size_t head) {
+  const int32_t* a = lo + head;
+  const int32_t* b = hi + head;
+  int32_t f[kFreshTallyWords] = {0};
+  // Full hashes on both sides, in the lower side's order.
+  const int na = clampCount(a[0]), nb = clampCount(b[0]);
+  int n = 0;
+  for (int i = 0; i < na; ++i)
+    for (int j = 0; j < nb; ++j)
+      if (a[2 + 3 * i] == b[2 + 3 * j] && a[3 + 3 * i] == b[3 + 3 * j]) {
+        std::memcpy(f + 1 + 3 * n, a + 1 + 3 * i, 3 * sizeof(int32_t));
+        ++n;
+        break;
+      }
+  f[0] = n;
+  // Name hashes on both sides.
+  const int ma = clampCount(a[kFreshWords]), mb = clampCount(b[kFreshWords]);
+  int m = 0;
+  for (int i = 0; i < ma; ++i) {
+    const int32_t h = a[kFreshWords + 1 + i];
+    for (int j = 0; j < mb; ++j)
+      if (b[kFreshWords + 1 + j] == h) {
+        f[kFreshWords + 1 + m++] = h;
+        break;
+      }
+  }
+  f[kFreshWords] = m;
+  for (size_t i = 0; i < head; ++i) out[i] = std::min(lo[i], hi[i]);
+  std::memcpy(out + head, f, sizeof(f));
+}
+
+VoteStats ringVote(collectives::RingComm& c, int32_t* tally, size_t head,
+                   std::vector<int32_t>* all) {
+  const int N = c.size;
+  const size_t len = head + kFreshWords;  // one rank's vote on the wire
+  const size_t tlen = head + kFreshTallyWords;
+  all->resize(len * N + 2 * tlen);
+  int32_t* votes = all->data();
+  std::memcpy(votes + static_cast<size_t>(c.ring[c.pos]) * len, tally, len * sizeof(int32_t));
+  collectives::ringAllgather(c, votes, std::vector<size_t>(N, len * sizeof(int32_t)));
+  // Merge in rank order: rank 0's list gives the order.
+  int32_t* next = votes + len * N + tlen;
+  std::memcpy(tally, votes, len * sizeof(int32_t));
+  freshListToTally(tally + head);
+  for (int q = 1; q < N; ++q) {
+    std::memcpy(next, votes + static_cast<size_t>(q) * len, len * sizeof(int32_t));
+    freshListToTally(next + head);
+    mergeTally(tally, next, tally, head);
+  }
+  VoteStats st;
+  st.algo = VoteAlgo::kRing;
+  st.size = N;
+  st.bytes = len * sizeof(int32_t);
+  st.hops = static_cast<uint64_t>(N - 1);
+  st.bytes_sent = static_cast<uint64_t>(N - 1) * st.bytes;
+  record(st);
+  return st;
+}
+
+VoteStats recdblVote(collectives::RingComm& c, int32_t* tally, size_t head,
+                     std::vector<int32_t>* tmp) {
+  transport::PeerLinks& P = *c.host->peers;
+  const int N = c.size;
+  const int rank = c.ring[c.pos];
+  const transport::RecursiveLayout L = transport::recursiveLayout(rank, N);
+  const size_t words = head + kFreshTallyWords;
+  const size_t bytes = words * sizeof(int32_t);
+  tmp->resize(words + 1);
+  int32_t* in = tmp->data();
+  const Deadline deadline = Deadline::in(c.timeout_s);
+  const char* what = "the agreement round's vote (recursive doubling)";
+  VoteStats st;
+  st.algo = VoteAlgo::kRecDbl;
+  st.size = N;
+  st.bytes = bytes;
+  st.hops = static_cast<uint64_t>(L.log2p) + (L.r > 0 ? 2 : 0);
+
+  if (L.vrank < 0) {
+    // Extra rank: my vote out; the wake token and the tally back.
+    transport::exchange(P.to(L.fold_peer), tally, bytes, in, bytes + sizeof(int32_t), deadline,
+                        what);
+    if (in[0] != kWakeToken)
+      fail(Code::kInternal, "the vote on the link to rank ", L.fold_peer, " is out of step");
+    std::memcpy(tally, in + 1, bytes);
+    st.bytes_sent = bytes;
+    record(st);
+    return st;
+  }
+  if (L.fold_peer >= 0) {
+    // Wake the extra rank (it may be idle) and take its vote: it is the
+    // lower rank of the pair.
+    const int32_t token = kWakeToken;
+    transport::exchange(P.to(L.fold_peer), &token, sizeof(token), in, bytes, deadline, what);
+    mergeTally(in, tally, tally, head);
+    st.bytes_sent += sizeof(token);
+  }
+  for (int mask = 1; mask < L.p; mask <<= 1) {
+    const int q = L.partner(mask);
+    transport::exchange(P.to(q), tally, bytes, in, bytes, deadline, what);
+    st.bytes_sent += bytes;
+    if (rank < q)
+      mergeTally(tally, in, tally, head);
+    else
+      mergeTally(in, tally, tally, head);
+  }
+  if (L.fold_peer >= 0) {
+    transport::exchange(P.to(L.fold_peer), tally, bytes, nullptr, 0, deadline, what);
+    st.bytes_sent += bytes;
+  }
+  record(st);
+  return st;
+}
+
+}  // namespace runtime
+}  // namespace tfring

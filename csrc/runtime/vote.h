@@ -1,0 +1,83 @@
+// The agreement round's vote as a collective (what a vote holds: see
+// engine_round.cc; its fresh-name part: engine_fresh.cc).
+//
+// Every rank contributes a vote and every rank ends with the same tally:
+//   [0, head)            the element-wise minimum of every rank's header and
+//                        cache-id bits (head = kVoteHeader + cache ids);
+//   [head, +kFreshTallyWords) the fresh names every rank offered:
+//       [0]              n, then n slots {name hash, full hash lo, hi}: the
+//                        full hashes found on every rank's list, in the
+//                        order of rank 0's list;
+//       [kFreshWords]    m, then m name hashes found on every rank's list.
+// mergeTally(lower ranks' tally, higher ranks' tally) is associative, and
+// the fresh part keeps the lower side's order, so any grouping of the
+// ranks into contiguous blocks merged lower-first gives the same tally.
+//
+// Two algorithms (TFRING_VOTE_ALGO, rank 0's value; auto picks):
+//   ring    every vote goes round the data ring (an allgather, N-1 hops;
+//           each step carries bytes, so an idle rank joins when bytes
+//           reach it from its left neighbour), then each rank merges the N
+//           votes in rank order.
+//   recdbl  recursive doubling over the point-to-point links
+//           (transport/peer_links.h), with the fold of the recursive
+//           allreduces for N not a power of two: log2(p) hops, plus 2 when
+//           N is not a power of two. An idle rank joins when bytes reach it
+//           on any of its links. An extra rank cannot know that a round
+//           started elsewhere, so its partner opens every round on the fold
+//           link with a 4-byte wake token before it waits for the extra
+//           rank's vote (off the critical path when both start together).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "collectives/ring.h"
+
+namespace tfring {
+namespace runtime {
+
+constexpr int kVoteHeader = 2;
+constexpr int kFreshSlots = 8;
+constexpr int kFreshWords = 1 + 3 * kFreshSlots;                   // one rank's list
+constexpr int kFreshTallyWords = kFreshWords + 1 + kFreshSlots;    // the merged form
+
+enum class VoteAlgo { kRing = 0, kRecDbl = 1 };
+constexpr int kNumVoteAlgos = 2;
+const char* voteAlgoName(VoteAlgo a);
+
+struct VoteStats {
+  VoteAlgo algo = VoteAlgo::kRing;
+  int size = 0;             // ranks
+  uint64_t bytes = 0;       // the vote's size: what one rank contributes
+  uint64_t hops = 0;        // sequential message steps on the critical path
+  uint64_t bytes_sent = 0;  // what this rank sent
+};
+// The last round's stats in this process, and running totals per algorithm.
+VoteStats lastVoteStats();
+uint64_t voteRounds(VoteAlgo a);
+uint64_t voteHops(VoteAlgo a);
+uint64_t voteBytesSent(VoteAlgo a);
+
+// Turns the fresh list a rank wrote (kFreshWords at `fresh`) into its tally
+// form, in place (`fresh` has room for kFreshTallyWords).
+void freshListToTally(int32_t* fresh);
+
+// out = merge(lo, hi) for tallies of `head + kFreshTallyWords` words; `out`
+// may be `lo` or `hi`.
+void mergeTally(const int32_t* lo, const int32_t* hi, int32_t* out, size_t head);
+
+// The ring vote. `tally` holds this rank's vote (head + kFreshWords words,
+// the list not yet in tally form; room for head + kFreshTallyWords) and
+// ends with the tally. `all` is scratch. Both return (and record) the
+// round's stats.
+VoteStats ringVote(collectives::RingComm& c, int32_t* tally, size_t head,
+                   std::vector<int32_t>* all);
+
+// The recursive-doubling vote over c.host->peers. `tally` holds this rank's
+// vote in tally form and ends with the merged tally. `tmp` is scratch.
+VoteStats recdblVote(collectives::RingComm& c, int32_t* tally, size_t head,
+                     std::vector<int32_t>* tmp);
+
+}  // namespace runtime
+}  // namespace tfring

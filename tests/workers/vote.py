@@ -1,0 +1,72 @@
+"""The agreement round's vote (TFRING_VOTE_ALGO set by the test), core-only
+ranks. Modes:
+
+  steady  named allreduces submitted in a different order on every rank,
+          step after step (the first pass negotiated, then the cached
+          fast path), plus names used once (agreed in the vote); every
+          result against a float64 reference; reports the last round's
+          _core.last_vote_stats().
+  late    rank LATE submits its tensors a second after every other rank:
+          the others' rounds must wake it while it is idle.
+"""
+
+import os
+import sys
+import time
+
+import numpy as np
+
+from common import report
+
+import tfring.basics as basics
+from tfring import _core
+
+mode = sys.argv[1]
+basics.init()
+rank, n = basics.rank(), basics.size()
+failures = []
+
+
+def check(what, got, want):
+    if not np.array_equal(np.asarray(got, np.float64), want):
+        failures.append(f"{what}: got {np.asarray(got)[:4]} want {want[:4]}")
+
+
+def value(r, i, step, count):
+    return np.arange(count, dtype=np.float64) + (r + 1) * (i + 1) + step
+
+
+def want(i, step, count):
+    return sum(value(r, i, step, count) for r in range(n))
+
+
+names = [f"grad/{i}" for i in range(12)]
+counts = [1 + 7 * i for i in range(len(names))]
+steps = int(os.environ.get("STEPS", "6"))
+late = int(os.environ.get("LATE", "-1"))
+
+for step in range(steps):
+    if rank == late and step == steps - 1:
+        time.sleep(1.0)
+    # Another order on every rank and every step.
+    order = list(range(len(names)))
+    k = (rank * 5 + step) % len(order)
+    order = order[k:] + order[:k]
+    if (rank + step) % 2:
+        order.reverse()
+    handles = {}
+    for i in order:
+        x = value(rank, i, step, counts[i]).astype(np.float32)
+        handles[i] = _core.allreduce_async(x, op="sum", name=names[i])
+    for i in range(len(names)):
+        check(f"step {step} {names[i]}", handles[i].wait(60), want(i, step, counts[i]))
+vote = _core.last_vote_stats()
+
+# Names used once: agreed in the round's vote itself.
+for j in range(3):
+    x = np.full(5, rank + j, np.float32)
+    check(f"once.{j}", _core.allreduce(x, op="sum", name=f"once.{j}"),
+          np.full(5, sum(r + j for r in range(n)), np.float64))
+
+report({"failures": failures, "vote": vote, "after": _core.last_vote_stats()})
+basics.shutdown()
