@@ -14,8 +14,9 @@ from ``_core.last_collective_stats()``. Then it fits, by least squares,
     t = c0 + alpha * hops + beta * bytes_sent
 
 over the points with N <= --fit-max-np (by default this machine's cores:
-more ranks than cores add context switches to every hop), and, to show that
-trend, alpha and beta over the points of each N by itself. The ring,
+more ranks than cores add context switches to every hop): c0 and alpha from
+the smallest size, beta from the largest (see fit()); and, to show the
+oversubscription trend, the same fit over the points of each N by itself. The ring,
 recursive doubling and Rabenseifner take turns at each size, so hops and
 bytes vary independently of each other: the ring has many hops and few
 bytes per rank, recursive doubling few hops and many bytes.
@@ -52,12 +53,27 @@ def lstsq(rows, ys):
 
 
 def fit(points):
-    """points: [{"hops", "bytes_sent", "time_s"}] -> {"c0_s", "alpha_hop_s",
-    "beta_s_per_byte", "points", "rms_rel_err"}."""
-    rows = [[1.0, p["hops"], p["bytes_sent"]] for p in points]
-    ys = [p["time_s"] for p in points]
-    c0, alpha, beta = lstsq(rows, ys)
+    """points: [{"size", "hops", "bytes_sent", "time_s"}] -> {"c0_s",
+    "alpha_hop_s", "beta_s_per_byte", "points", "rms_rel_err"}, in two
+    stages as latency and bandwidth are usually calibrated: c0 and alpha
+    from the smallest size (t - beta bytes ~ c0 + alpha hops; least squares
+    over the algorithms' different hop counts), then beta from the largest
+    size (the mean of (t - c0 - alpha hops) / bytes_sent); iterated so each
+    stage sees the other's term. A joint fit lets one noisy mid-size point
+    move every coefficient; the error over all points is reported."""
+    small = min(p["size"] for p in points)
+    large = max(p["size"] for p in points)
+    lo = [p for p in points if p["size"] == small]
+    hi = [p for p in points if p["size"] == large and p["bytes_sent"] > 0]
+    beta = 0.0
+    for _ in range(50):
+        c0, alpha = lstsq([[1.0, p["hops"]] for p in lo],
+                          [p["time_s"] - beta * p["bytes_sent"] for p in lo])
+        if large > small and hi:
+            beta = sum((p["time_s"] - c0 - alpha * p["hops"]) / p["bytes_sent"]
+                       for p in hi) / len(hi)
     pred = [c0 + alpha * p["hops"] + beta * p["bytes_sent"] for p in points]
+    ys = [p["time_s"] for p in points]
     err = (sum(((q - y) / y) ** 2 for q, y in zip(pred, ys)) / len(ys)) ** 0.5
     return {"c0_s": c0, "alpha_hop_s": alpha, "beta_s_per_byte": beta, "points": len(points),
             "rms_rel_err": err}

@@ -347,22 +347,29 @@ def test_hop_cost_fit_recovers_alpha_and_beta():
     import hop_cost
 
     c0, alpha, beta = 5e-6, 2e-6, 1e-9
-    pts = [{"np": n, "hops": h, "bytes_sent": b, "time_s": c0 + alpha * h + beta * b}
-           for n, h, b in ((2, 2, 4096), (2, 1, 4096), (2, 2, 1 << 20), (4, 6, 6144),
-                           (4, 2, 8192), (4, 4, 1 << 21))]
+    rows = ((2, 4096, 2, 4096), (2, 4096, 1, 4096), (2, 1 << 20, 2, 1 << 20),
+            (2, 1 << 20, 1, 1 << 20), (4, 4096, 6, 6144), (4, 4096, 2, 8192),
+            (4, 1 << 20, 6, 1572864), (4, 1 << 20, 2, 1 << 21))
+    pts = [{"np": n, "size": s, "hops": h, "bytes_sent": b,
+            "time_s": c0 + alpha * h + beta * b} for n, s, h, b in rows]
     f = hop_cost.fit(pts)
     assert (f["c0_s"], f["alpha_hop_s"], f["beta_s_per_byte"]) == pytest.approx(
         (c0, alpha, beta), rel=1e-6)
     assert f["rms_rel_err"] < 1e-6
     doc = hop_cost.report(pts, fit_max_np=2)
-    assert doc["fit"]["points"] == 3 and set(doc["per_np"]) == {"2", "4"}
+    assert doc["fit"]["points"] == 4 and set(doc["per_np"]) == {"2", "4"}
+    assert doc["per_np"]["4"]["alpha_hop_s"] == pytest.approx(alpha, rel=1e-6)
+    # A wild mid-size point does not move alpha (it comes from the smallest size).
+    wild = pts + [{"np": 2, "size": 65536, "hops": 2, "bytes_sent": 65536, "time_s": 1e-3}]
+    assert hop_cost.fit(wild)["alpha_hop_s"] == pytest.approx(alpha, rel=1e-6)
 
 
 def test_scaling_model_reads_hop_cost_json(tmp_path):
     import hop_cost
 
-    pts = [{"np": 2, "hops": h, "bytes_sent": b, "time_s": 4e-6 + 3e-6 * h + 2e-9 * b}
-           for h, b in ((1, 4096), (2, 4096), (2, 65536), (1, 1 << 20))]
+    pts = [{"np": 2, "size": s, "hops": h, "bytes_sent": b,
+            "time_s": 4e-6 + 3e-6 * h + 2e-9 * b}
+           for s, h, b in ((4096, 1, 4096), (4096, 2, 4096), (1 << 20, 2, 1 << 20))]
     (tmp_path / "hops.json").write_text(json.dumps(hop_cost.report(pts, 2)))
     p, sources = sm.parameters(sm.build_parser().parse_args(
         ["--hops-json", str(tmp_path / "hops.json"), "--net-latency-us", "1.5"]))
