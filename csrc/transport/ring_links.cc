@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 
 #include "common/logging.h"
@@ -84,6 +85,12 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   rendezvous::Store& store = *store_ptr;
   const double timeout = cfg.timeout_s;
   Deadline deadline = Deadline::in(timeout);
+  auto mark = [&L](const char* phase) {
+    L->phases.emplace_back(phase, std::chrono::duration<double>(
+                                      std::chrono::system_clock::now().time_since_epoch())
+                                      .count());
+  };
+  mark("start");
 
   // 1. Publish who and where I am.
   int port = 0;
@@ -132,11 +139,18 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   store.setString(strCat("peer/", rank),
                   strCat(net::hostIdentity(), "|", ::getpid(), "|", my_addr, "|", port));
   T.peers.resize(size);
+  // Every record in one request: after the last rank arrives, each rank is
+  // one store round trip from the full table, not N.
+  std::vector<std::string> peer_keys;
+  for (int r = 0; r < size; ++r) peer_keys.push_back(strCat("peer/", r));
+  const std::vector<rendezvous::Bytes> records = store.getMany(peer_keys, timeout);
   for (int r = 0; r < size; ++r) {
-    auto f = splitBar(store.getString(strCat("peer/", r), timeout));
+    auto f = splitBar(std::string(records[r].begin(), records[r].end()));
     if (f.size() != 4) fail(Code::kInternal, "malformed peer record for rank ", r);
     T.peers[r] = PeerInfo{f[0], std::stoi(f[1]), f[2], std::stoi(f[3])};
   }
+
+  mark("peer records");
 
   // 2. Group by host, in order of each host's first rank.
   std::vector<std::string> hosts;
@@ -199,6 +213,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
       H.segment->words(T.local_rank).pid = static_cast<int32_t>(::getpid());
     }
   }
+
+  mark("host segment");
 
   // 3c. The cross ring: with every host holding the same number of ranks,
   // the ranks with my local rank form a TCP ring in host order.
@@ -265,6 +281,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   }
   if (listen_fd >= 0) net::closeFd(listen_fd);
 
+  mark("ring links");
+
   // 4b. Cross ring links, the same way: connect right, accept left.
   if (want_cross) {
     const int nh = H.num_hosts;
@@ -316,6 +334,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     H.cross_waiter.reset(new Waiter(nullptr, H.cross_send.get(), H.cross_recv.get()));
   }
 
+  mark("cross ring");
+
   // 4c. Point-to-point links for the recursive allreduces: at most
   // log2(size) + 1 per rank (transport/peer_links.h), opened only where
   // the algorithm is forced or auto may pick one (the rule of
@@ -331,6 +351,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     H.peers = PeerLinks::connect(store, rank, size, addrs, secret, deadline);
   }
 
+  mark("peer links");
+
   // 5. Map the neighbours' segments, then unlink ours once both have it.
   if (L->right_shm_) {
     store.wait({strCat("shm/", T.right)}, deadline.remaining());
@@ -345,6 +367,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     }
   }
   storeBarrier(store, "shm-mapped", rank, size, deadline.remaining());
+  mark("barrier");
   if (L->self_seg_) L->self_seg_->unlink();
   if (H.segment) H.segment->unlink();
 
