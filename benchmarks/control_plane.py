@@ -112,7 +112,7 @@ class Sampler(threading.Thread):
 def rank_env(r, n, addr, secret, out, args):
     env = child_env()
     env = {k: v for k, v in env.items() if not k.startswith(("TFRING_", "OMPI_", "PMI"))}
-    env.update(PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
+    env.update(PYTHONPATH=args.tree + os.pathsep + env.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
                TFRING_RANK=str(r), TFRING_SIZE=str(n), TFRING_SECRET=secret,
                TFRING_STORE_ADDR=addr, TFRING_TIMEOUT=str(args.rank_timeout))
     if args.algo:
@@ -244,6 +244,8 @@ def main():
     p.add_argument("--algo", default="", help="TFRING_ALLREDUCE_ALGO for the ranks (auto)")
     p.add_argument("--env", action="append", default=[],
                    help="KEY=VALUE for every rank (repeatable), e.g. TFRING_LOG_LEVEL=debug")
+    p.add_argument("--tree", default=REPO, help="the tfring checkout the ranks import "
+                   "(default this one): compare two builds")
     p.add_argument("--nice", type=int, default=5)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--rank-timeout", type=float, default=120)
