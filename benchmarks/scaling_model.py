@@ -1,11 +1,23 @@
 #!/usr/bin/env python3
-"""Scale on paper: an alpha-beta model of tfring's allreduce, calibrated from
-the benchmarks' JSON, predicting data-parallel step time and scaling
-efficiency of ResNet-50 and BERT-large from 8 to 512 GPUs.
+"""Scale on paper: an alpha-beta model of tfring's allreduce and agreement
+round, calibrated from the benchmarks' JSON, predicting one collective's
+time for every algorithm (beside NCCL's own tuning model) and the
+data-parallel step time and scaling efficiency of ResNet-50 and BERT-large
+from 8 to 1024 GPUs.
 
-    python benchmarks/allreduce_bench.py --json cpu.json     # measure first
+    python benchmarks/hop_cost.py --json hops.json           # alpha per hop, measured
+    python benchmarks/scaling_model.py --hops-json hops.json --net-latency-us 2
+    python benchmarks/allreduce_bench.py --json cpu.json     # or from the CPU sweep
     python benchmarks/scaling_model.py --cpu-json cpu.json [--gpu-json gpu_bench.json]
     python benchmarks/scaling_model.py --json model.json     # published figures only
+
+Every collective is a list of phases, (link, sequential hops, bytes through
+the slowest link of that kind), with the hop counts the core reports in
+_core.last_collective_stats() (see phases()); the formulas below are its
+ring and hierarchical cases. A step carries one agreement round (the vote:
+today a ring allgather, N-1 hops; or recursive doubling, ceil(log2 N) + 1
+hops for N not a power of two) per fused buffer. docs/scale.md has the
+tables.
 
 The model (Hockney's alpha-beta, per link type):
 

@@ -124,13 +124,27 @@ std::unique_ptr<Comm> connectComm(rendezvous::Store* store, int rank, int size,
   } else if (size > 1) {
     // On a thread too, beside this rank's links, so a link that fails (a
     // wrong secret, a dead neighbour) reports itself first, as it did
-    // when the coordinator connection came after the links.
-    coord_thread = std::thread([&] {
+    // when the coordinator connection came after the links. The address
+    // is read here: the thread does not share the store with the links (a
+    // store client opens a connection per concurrent caller and keeps it).
+    auto where = store->getMany({"coord/addr", "coord/port"}, c->cfg.timeout_s);
+    const std::string addr(where[0].begin(), where[0].end());
+    const int port = std::stoi(std::string(where[1].begin(), where[1].end()));
+    coord_thread = std::thread([&, addr, port] {
       try {
-        auto where = store->getMany({"coord/addr", "coord/port"}, c->cfg.timeout_s);
-        const std::string addr(where[0].begin(), where[0].end());
-        int fd = net::connectTo(addr, std::stoi(std::string(where[1].begin(), where[1].end())),
-                                deadline);
+        // In slices, so a failure of the links (which stops this thread)
+        // is not held up by a coordinator that will never answer.
+        int fd = -1;
+        while (fd < 0) {
+          try {
+            fd = net::connectTo(addr, port,
+                                Deadline::in(std::min(1.0, std::max(0.0, deadline.remaining()))));
+          } catch (const Error& e) {
+            if (e.status().code() != Code::kTimeout || stop_accepting.load() ||
+                deadline.expired())
+              throw;
+          }
+        }
         ctrl = fd;
         net::setNoDelay(fd);
         setKeepAlive(fd, c->cfg.heartbeat_timeout_s);
