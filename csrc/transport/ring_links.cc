@@ -366,7 +366,18 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
       L->left_seg_ = ShmSegment::open(job, T.left);
     }
   }
-  storeBarrier(store, "shm-mapped", rank, size, deadline.remaining());
+  // Unlink my segment and the host segment only once everyone who maps
+  // them has: my shared-memory ring neighbours and my host's ranks. Only
+  // they wait for each other; a job-wide barrier here woke all N ranks at
+  // once when the slowest arrived, the costliest step of start-up at 128
+  // ranks on a small machine.
+  store.setString(strCat("mapped/", rank), "1");
+  std::vector<std::string> mapped;
+  if (L->left_shm_) mapped.push_back(strCat("mapped/", T.left));
+  if (L->right_shm_) mapped.push_back(strCat("mapped/", T.right));
+  if (H.segment)
+    for (int r : mine) mapped.push_back(strCat("mapped/", r));
+  if (!mapped.empty()) store.wait(mapped, deadline.remaining());
   mark("barrier");
   if (L->self_seg_) L->self_seg_->unlink();
   if (H.segment) H.segment->unlink();
