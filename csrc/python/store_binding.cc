@@ -79,7 +79,8 @@ hold decimal text (get() on a counter returns e.g. b"3").)doc")
               vs = s.getMany(keys, timeout);
             }
             py::list out;
-            for (auto& v : vs) out.append(py::bytes(reinterpret_cast<const char*>(v.data()), v.size()));
+            for (auto& v : vs)
+              out.append(py::bytes(reinterpret_cast<const char*>(v.data()), v.size()));
             return out;
           },
           py::arg("keys"), py::arg("timeout") = 30.0,

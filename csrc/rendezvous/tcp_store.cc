@@ -191,7 +191,8 @@ Request parseRequest(const Bytes& frame, const std::string& peer) {
   }
   if (!r.done()) fail(Code::kInternal, "malformed store frame from ", peer, " (trailing bytes)");
   // A hostile timeout must not overflow the clock arithmetic below.
-  if ((q.op == kGet || q.op == kWait || q.op == kGetMany) && (q.num < 0 || q.num > toMicros(kForever)))
+  if ((q.op == kGet || q.op == kWait || q.op == kGetMany) &&
+      (q.num < 0 || q.num > toMicros(kForever)))
     q.num = q.num < 0 ? 0 : toMicros(kForever);
   return q;
 }
