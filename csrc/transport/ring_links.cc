@@ -333,7 +333,6 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     H.cross_recv.reset(new TcpRecvChannel(xl_fd, xl, strCat(T.peers[xl].addr), 1 << 20));
     H.cross_waiter.reset(new Waiter(nullptr, H.cross_send.get(), H.cross_recv.get()));
   }
-
   mark("cross ring");
 
   // 4c. Point-to-point links for the recursive allreduces: at most
