@@ -1,11 +1,23 @@
 #!/usr/bin/env python3
-"""Scale on paper: an alpha-beta model of tfring's allreduce, calibrated from
-the benchmarks' JSON, predicting data-parallel step time and scaling
-efficiency of ResNet-50 and BERT-large from 8 to 512 GPUs.
+"""Scale on paper: an alpha-beta model of tfring's allreduce and agreement
+round, calibrated from the benchmarks' JSON, predicting one collective's
+time for every algorithm (beside NCCL's own tuning model) and the
+data-parallel step time and scaling efficiency of ResNet-50 and BERT-large
+from 8 to 1024 GPUs.
 
-    python benchmarks/allreduce_bench.py --json cpu.json     # measure first
+    python benchmarks/hop_cost.py --json hops.json           # alpha per hop, measured
+    python benchmarks/scaling_model.py --hops-json hops.json --net-latency-us 2
+    python benchmarks/allreduce_bench.py --json cpu.json     # or from the CPU sweep
     python benchmarks/scaling_model.py --cpu-json cpu.json [--gpu-json gpu_bench.json]
     python benchmarks/scaling_model.py --json model.json     # published figures only
+
+Every collective is a list of phases, (link, sequential hops, bytes through
+the slowest link of that kind), with the hop counts the core reports in
+_core.last_collective_stats() (see phases()); the formulas below are its
+ring and hierarchical cases. A step carries one agreement round (the vote:
+today a ring allgather, N-1 hops; or recursive doubling, ceil(log2 N) + 1
+hops for N not a power of two) per fused buffer. docs/scale.md has the
+tables.
 
 The model (Hockney's alpha-beta, per link type):
 
@@ -87,7 +99,9 @@ PUBLISHED = {
                               "Inception V3 and ResNet-101, 25 Gbit/s RoCE"),
     "h100_bf16_tflops": (989.0, "H100 SXM dense bf16 peak, NVIDIA datasheet"),
 }
-GPUS = (8, 16, 32, 64, 128, 256, 512)
+GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
+SCALE_GPUS = (64, 128, 256, 512, 1024)
+COLL_SIZES = (4 << 10, 1 << 20, 64 << 20)
 FUSION_THRESHOLDS = [1 << k for k in range(20, 28)]  # 1 MiB .. 128 MiB
 CYCLE_TIMES_S = (0.5e-3, 1e-3, 2e-3, 5e-3, 10e-3)
 
@@ -101,18 +115,168 @@ def ring_time(size, procs, alpha_step, beta):
     return 2 * (procs - 1) * alpha_step + 2 * (procs - 1) / procs * size / beta
 
 
+def _layout(gpus, per_node):
+    """(g, n): GPUs per node and nodes (g = gpus on one node)."""
+    g = min(per_node, gpus)
+    return g, max(1, gpus // g)
+
+
+def _log2(x):
+    """floor(log2 x) for x >= 1."""
+    return x.bit_length() - 1
+
+
+def phases(algo, size, gpus, per_node, vote_bytes=0):
+    """The sequential message steps of one collective on ``gpus`` GPUs, ``per_node``
+    a node, as [(link, hops, bytes)]: ``hops`` steps on the critical path over
+    ``link`` ("intra": NVLink or shared memory; "net": between nodes), and the
+    bytes those steps push through the slowest link of their kind (one GPU's
+    link inside a node, the node's NIC, which the node's GPUs share). The hop
+    counts are those ``_core.last_collective_stats()`` reports (allreduce.h):
+
+    ring          2(P-1) hops, 2(P-1)/P S per rank (on the net when n > 1:
+                  a step waits for its slowest link);
+    hier          2 hops in the node (reduce-scatter, allgather through the
+                  host segment, 2(g-1)/g S) + a ring over the n nodes for each
+                  GPU's 1/g share: 2(n-1) hops, 2(n-1)/n S through the NIC;
+    small         2 hops in the node + one allgather of the shares across
+                  nodes: n-1 hops, (n-1) S through the NIC;
+    recdbl        log2(p) exchanges of the whole buffer (p the largest power
+                  of two <= P), +2 fold hops of S when P != p; exchanges at
+                  distance < g stay in the node, the others put g S through
+                  the NIC each;
+    rabenseifner  recursive halving then doubling: 2 log2(p) exchanges (+2
+                  fold hops), the one at distance m carrying S m / p per rank;
+    vote_ring     today's agreement: an allgather of every rank's vote of
+                  ``vote_bytes`` round the ring, P-1 hops, (P-1) V per rank;
+    vote_log      recursive doubling of the votes: log2(p) hops of V (+2
+                  fold hops when P != p), ceil(log2 P) + 1 for P not a power
+                  of two.
+    """
+    g, n = _layout(gpus, per_node)
+    P, S, V = gpus, float(size), float(vote_bytes)
+    if P <= 1:
+        return []
+    net = "net" if n > 1 else "intra"
+    if algo in ("ring", "flat") or (algo == "hier" and n == 1):
+        return [(net, 2 * (P - 1), 2 * (P - 1) / P * S)]
+    if algo in ("hier", "small"):
+        if n == 1:  # the one-shot scheme: one synchronisation in the segment
+            return [("intra", 1, S)]
+        out = [("intra", 2, 2 * (g - 1) / g * S)] if g > 1 else []
+        if algo == "hier":
+            return out + [("net", 2 * (n - 1), 2 * (n - 1) / n * S)]
+        return out + [("net", n - 1, (n - 1) * S)]
+    if algo == "vote_ring":
+        return [(net, P - 1, (P - 1) * V)]
+    lg = _log2(P)
+    p = 1 << lg
+    fold = P != p
+    lg_in = min(lg, _log2(g)) if n > 1 else lg  # exchanges at distance < g
+    out = [("intra" if g > 1 else net, 2, 2 * (V if algo == "vote_log" else S))] if fold else []
+    if algo in ("recdbl", "vote_log"):
+        unit = V if algo == "vote_log" else S
+        if lg_in:
+            out.append(("intra", lg_in, lg_in * unit))
+        if lg - lg_in:
+            out.append(("net", lg - lg_in, (lg - lg_in) * g * unit))
+        return out
+    if algo == "rabenseifner":
+        ms = [1 << k for k in range(lg)]
+        intra = [m for m in ms if m < (1 << lg_in)]
+        net_ms = [m for m in ms if m >= (1 << lg_in)]
+        if intra:
+            out.append(("intra", 2 * len(intra), 2 * sum(S * m / p for m in intra)))
+        if net_ms:
+            out.append(("net", 2 * len(net_ms), 2 * sum(g * S * m / p for m in net_ms)))
+        return out
+    raise ValueError(f"unknown algorithm {algo!r}")
+
+
+def hops(algo, gpus, per_node=1):
+    """Sequential hops on the critical path (the sum over phases)."""
+    return sum(h for _, h, _ in phases(algo, 1, gpus, per_node))
+
+
+def auto_algo(size, gpus, per_node, small_threshold=32 << 10):
+    """The core's automatic choice (collectives/allreduce.h): one node:
+    one-shot up to the threshold, ring above; across nodes with at least 8
+    ranks on at least 4 nodes: recursive doubling up to the threshold,
+    hierarchical above (every node here has the same GPU count); otherwise
+    the small cross-host scheme up to the threshold, hierarchical above."""
+    g, n = _layout(gpus, per_node)
+    if n == 1:
+        return "small" if size <= small_threshold else "ring"
+    if gpus >= 8 and n >= 4:
+        return "recdbl" if size <= small_threshold else "hier"
+    return "small" if size <= small_threshold else "hier"
+
+
+def phase_time(ph, p):
+    """Seconds of the phases under parameters ``p`` (alpha_step_intra,
+    alpha_step_net: a hop; beta_intra, beta_net: bytes/s)."""
+    return sum(h * p["alpha_step_" + link] + b / p["beta_" + link] for link, h, b in ph)
+
+
 def allreduce_time(size, p, algo):
     """Seconds for one allreduce of ``size`` bytes under parameters ``p``
     (dict: alpha_coll, alpha_step_intra, alpha_step_net, beta_intra, beta_net,
-    gpus, per_node), ``algo`` "flat" or "hier"."""
-    n_gpus, g = p["gpus"], min(p["per_node"], p["gpus"])
-    nodes = max(1, n_gpus // g)
-    if nodes == 1:
-        return p["alpha_coll"] + ring_time(size, g, p["alpha_step_intra"], p["beta_intra"])
-    if algo == "flat":
-        return p["alpha_coll"] + ring_time(size, n_gpus, p["alpha_step_net"], p["beta_net"])
-    return (p["alpha_coll"] + ring_time(size, g, p["alpha_step_intra"], p["beta_intra"])
-            + ring_time(size, nodes, p["alpha_step_net"], p["beta_net"]))
+    gpus, per_node), ``algo`` one of phases()'s allreduces or "auto"."""
+    if algo == "auto":
+        algo = auto_algo(size, p["gpus"], p["per_node"], p.get("small_threshold", 32 << 10))
+    return p["alpha_coll"] + phase_time(phases(algo, size, p["gpus"], p["per_node"]), p)
+
+
+def vote_bytes(tensors):
+    """One rank's vote in a steady-state round (runtime/engine_round.cc): int32
+    words, 2 of header, one per cached tensor id, 25 of fresh names."""
+    return 4 * (2 + tensors + 25)
+
+
+def vote_time(p, algo, tensors):
+    """Seconds of one agreement round ("vote_ring" or "vote_log")."""
+    return phase_time(phases(algo, 0, p["gpus"], p["per_node"], vote_bytes(tensors)), p)
+
+
+# NCCL's own cost model (NVIDIA/nccl v2.28, src/graph/tuning.cc,
+# ncclTunerConstantsDefaults and ncclTopoTuneModel): latencies in us, per
+# algorithm and protocol (LL, Simple); a ring allreduce costs
+# base + (2(P-1) - 2(n-1)) intra + 2(n-1) net (intra x 1.8 for LL across
+# nodes; Simple's latency x 1.9 from S >= P/16 x 64 KiB across nodes), the
+# double binary tree base + 2((g-1) intra + floor(log2 n) net); bandwidth:
+# the bus bandwidth (the node's NIC across nodes, NVLink inside one) x 1/4
+# for the ring's LL, x 0.9 (x 1/3.8 for LL) for the tree; the ring's
+# algorithm bandwidth is busbw P / 2(P-1), the tree's busbw / 2. NCCL takes
+# the fastest protocol for each size.
+NCCL = {
+    "ring": {"LL": (6.6, 0.6, 2.7), "Simple": (8.4, 3.4, 14.0)},  # base, NVLink hop, net hop
+    "tree": {"LL": (6.8, 0.6, 5.0), "Simple": (8.4, 4.0, 14.0)},
+}
+
+
+def nccl_time(size, gpus, per_node, algo, beta_intra, beta_net):
+    """Seconds NCCL's tuning model predicts for an allreduce ("ring" or "tree")."""
+    g, n = _layout(gpus, per_node)
+    P = gpus
+    if P <= 1:
+        return 0.0
+    best = math.inf
+    for proto, (base, intra, inter) in NCCL[algo].items():
+        if n > 1 and proto == "LL":
+            intra *= 1.8
+        bus = beta_net if n > 1 else beta_intra
+        if algo == "ring":
+            lat = base + (2 * (P - 1) - 2 * (n - 1)) * intra + 2 * (n - 1) * inter
+            if proto == "Simple" and n > 1 and size >= P / 16 * 65536:
+                lat *= 1.9
+            bus *= 0.25 if proto == "LL" else 1.0
+            algbw = bus * P / (2 * (P - 1))
+        else:
+            lat = base + 2 * ((g - 1) * intra + _log2(n) * inter)
+            bus *= 0.9 / 3.8 if proto == "LL" else 0.9
+            algbw = bus * 0.5
+        best = min(best, lat * 1e-6 + size / algbw)
+    return best
 
 
 def ready_times(tensors, compute_s):
@@ -149,24 +313,44 @@ def fuse(ready, threshold, cycle):
     return buffers
 
 
-def step_time(tensors, compute_s, p, algo, threshold, cycle):
+# A scheme: the allreduce algorithm and the agreement round of every fused
+# buffer. "flat" is today's engine (ring allreduce, ring vote); "hier" the
+# hierarchical allreduce with the ring vote; "new" the automatic choice
+# (recursive doubling for small buffers across nodes, hierarchical above)
+# with the recursive-doubling vote.
+SCHEMES = {"flat": ("flat", "vote_ring"), "hier": ("hier", "vote_ring"),
+           "new": ("auto", "vote_log")}
+
+
+def step_time(tensors, compute_s, p, algo, threshold, cycle, vote=None):
     """(step seconds, exposed communication seconds, total communication
-    seconds) of one training step."""
+    seconds) of one training step: ``algo`` an allreduce algorithm of
+    phases() or "auto", ``vote`` "vote_ring", "vote_log" or None (no
+    agreement cost), one round per fused buffer."""
     busy_until, comm = 0.0, 0.0
     for nbytes, count, send in fuse(ready_times(tensors, compute_s), threshold, cycle):
         t = allreduce_time(nbytes, p, algo) + count * p["alpha_tensor"]
+        if vote:
+            t += vote_time(p, vote, len(tensors))
         comm += t
         busy_until = max(busy_until, send) + t
     exposed = max(0.0, busy_until - compute_s)
     return compute_s + exposed, exposed, comm
 
 
-def compute_for_efficiency(tensors, p, algo, threshold, cycle, target):
+def scheme_step(tensors, compute_s, p, scheme, threshold, cycle):
+    """step_time() of a SCHEMES entry, its vote included."""
+    algo, vote = SCHEMES[scheme]
+    return step_time(tensors, compute_s, p, algo, threshold, cycle, vote)
+
+
+def compute_for_efficiency(tensors, p, scheme, threshold, cycle, target):
     """The least compute seconds per step at which the predicted scaling
-    efficiency reaches ``target`` (bisection; efficiency grows with compute
-    as more communication hides behind backward)."""
+    efficiency of SCHEMES[``scheme``] reaches ``target`` (bisection;
+    efficiency grows with compute as more communication hides behind
+    backward)."""
     def eff(c):
-        return c / step_time(tensors, c, p, algo, threshold, cycle)[0]
+        return c / scheme_step(tensors, c, p, scheme, threshold, cycle)[0]
 
     lo, hi = 1e-6, 1.0
     while eff(hi) < target and hi < 1e4:
@@ -304,6 +488,16 @@ def parameters(args):
                 p[k] = c[k]
                 sources[k] = f"{args.cpu_json}: " + "; ".join(n for n in notes if k in n)
                 calibrated = calibrated or k.startswith("alpha")
+    hop_doc = load_json(args.hops_json, "hop cost JSON")
+    if hop_doc is not None:
+        f = hop_doc["fit"]
+        p["alpha_coll"], p["alpha_step"] = max(0.0, f["c0_s"]), max(0.0, f["alpha_hop_s"])
+        p["beta_hop"] = 1 / f["beta_s_per_byte"] if f["beta_s_per_byte"] > 0 else math.inf
+        why = (f"{args.hops_json}: t = c0 + alpha hops + beta bytes_sent fitted over "
+               f"{f['points']} timings at N <= {f['max_np']} (hop_cost.py, TCP links)")
+        for k in ("alpha_coll", "alpha_step", "beta_hop"):
+            sources[k] = why
+        calibrated = True
     p["alpha_step_intra"] = p["alpha_step"]
     sources["alpha_step_intra"] = "= alpha_step"
     if gpu_doc is not None:
@@ -314,8 +508,9 @@ def parameters(args):
                 sources[k] = (f"{gpu_path} (mode {gpu_doc.get('mode')}): "
                               + "; ".join(n for n in notes if k in n))
                 calibrated = calibrated or k.startswith("alpha")
-    p["alpha_step_net"] = p["alpha_step_intra"] + args.net_latency_us * 1e-6
-    sources["alpha_step_net"] = f"alpha_step_intra + --net-latency-us {args.net_latency_us:g}"
+    base = "alpha_step" if hop_doc is not None else "alpha_step_intra"
+    p["alpha_step_net"] = p[base] + args.net_latency_us * 1e-6
+    sources["alpha_step_net"] = f"{base} + --net-latency-us {args.net_latency_us:g}"
     if not calibrated:
         sources["alphas"] = ("no benchmark JSON: every alpha is 0, predictions are a "
                              "bandwidth-only lower bound")
@@ -335,6 +530,35 @@ def compute_seconds(args, name, tensors):
 # ---------------------------------------------------------------- output --
 
 
+ALGOS = ("ring", "hier", "small", "recdbl", "rabenseifner", "auto")
+
+
+def collective_table(args, p):
+    """Per algorithm, size and GPU count: hops and predicted seconds of one
+    allreduce, NCCL's own model beside them, and the two votes."""
+    gbit = 100.0 if 100.0 in args.net_gbits else args.net_gbits[0]
+    rows = []
+    for gpus in SCALE_GPUS:
+        q = dict(p, gpus=gpus, per_node=args.per_node,
+                 beta_net=gbit / 8 * GB * args.nics_per_node)
+        for size in COLL_SIZES:
+            for algo in ALGOS:
+                ran = auto_algo(size, gpus, args.per_node) if algo == "auto" else algo
+                rows.append({"gpus": gpus, "net_gbits": gbit, "size": size, "algo": algo,
+                             "ran": ran, "hops": hops(ran, gpus, args.per_node),
+                             "time_s": allreduce_time(size, q, algo)})
+            for algo in ("ring", "tree"):
+                rows.append({"gpus": gpus, "net_gbits": gbit, "size": size,
+                             "algo": f"nccl_{algo}", "ran": f"nccl_{algo}", "hops": None,
+                             "time_s": nccl_time(size, gpus, args.per_node, algo,
+                                                 q["beta_intra"], q["beta_net"])})
+        for vote in ("vote_ring", "vote_log"):
+            rows.append({"gpus": gpus, "net_gbits": gbit, "size": 0, "algo": vote, "ran": vote,
+                         "hops": hops(vote, gpus, args.per_node),
+                         "time_s": vote_time(q, vote, args.vote_tensors)})
+    return rows
+
+
 def predict(args, p):
     rows, fusion, models = [], [], []
     ref_gpus = 64
@@ -345,20 +569,20 @@ def predict(args, p):
             beta_net = gbit / 8 * GB * args.nics_per_node
             for gpus in GPUS:
                 q = dict(p, gpus=gpus, per_node=args.per_node, beta_net=beta_net)
-                for algo in ("flat", "hier"):
+                for scheme in SCHEMES:
                     knobs = (args.fusion_threshold, args.cycle_time)
-                    step, exposed, comm = step_time(tensors, compute, q, algo, *knobs)
-                    row = {"model": name, "gpus": gpus, "net_gbits": gbit, "algo": algo,
+                    step, exposed, comm = scheme_step(tensors, compute, q, scheme, *knobs)
+                    row = {"model": name, "gpus": gpus, "net_gbits": gbit, "algo": scheme,
                            "compute_s": compute, "comm_s": comm, "exposed_s": exposed,
                            "step_s": step, "efficiency": compute / step}
-                    if gpus == GPUS[-1]:
+                    if gpus == 512:
                         row["compute_for_horovod_eff_s"] = compute_for_efficiency(
-                            tensors, q, algo, *knobs, PUBLISHED["horovod_512_eff"][0])
+                            tensors, q, scheme, *knobs, PUBLISHED["horovod_512_eff"][0])
                     rows.append(row)
-            # The fusion knobs minimising exposed communication (hierarchical,
-            # ref_gpus GPUs, this network).
+            # The fusion knobs minimising exposed communication (the new
+            # scheme, ref_gpus GPUs, this network).
             q = dict(p, gpus=ref_gpus, per_node=args.per_node, beta_net=beta_net)
-            best = min(((step_time(tensors, compute, q, "hier", f, c)[1], f, c)
+            best = min(((scheme_step(tensors, compute, q, "new", f, c)[1], f, c)
                         for f in FUSION_THRESHOLDS for c in CYCLE_TIMES_S),
                        key=lambda x: (round(x[0], 9), -x[1], x[2]))
             fusion.append({"model": name, "gpus": ref_gpus, "net_gbits": gbit,
@@ -369,12 +593,40 @@ def predict(args, p):
     return rows, fusion, models
 
 
-def format_report(p, sources, rows, fusion, models, args):
+def _size(n):
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def format_collectives(coll, per_node):
+    gpus = sorted({r["gpus"] for r in coll})
+    lines = [f"One allreduce: sequential hops / predicted us ({per_node} GPUs a node, "
+             f"{coll[0]['net_gbits']:g} Gb/s; nccl_*: NCCL's own tuning model, "
+             "NVIDIA/nccl src/graph/tuning.cc)", "",
+             "| size | algorithm | " + " | ".join(f"{g} GPUs" for g in gpus) + " |",
+             "|---|---|" + "---:|" * len(gpus)]
+    by = {(r["size"], r["algo"], r["gpus"]): r for r in coll}
+    for size in sorted({r["size"] for r in coll if r["size"]}):
+        for algo in list(ALGOS) + ["nccl_ring", "nccl_tree"]:
+            cells = []
+            for g in gpus:
+                r = by[(size, algo, g)]
+                h = "" if r["hops"] is None else f"{r['hops']} / "
+                ran = f" ({r['ran']})" if algo == "auto" else ""
+                cells.append(f"{h}{r['time_s'] * 1e6:.0f}{ran}")
+            lines.append(f"| {_size(size)} | {algo} | " + " | ".join(cells) + " |")
+    for vote in ("vote_ring", "vote_log"):
+        cells = [f"{by[(0, vote, g)]['hops']} / {by[(0, vote, g)]['time_s'] * 1e6:.0f}"
+                 for g in gpus]
+        lines.append(f"| vote | {vote} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def format_report(p, sources, rows, fusion, models, args, coll=()):
     lines = ["### Scaling model: predicted step time and efficiency", ""]
     for k in ("alpha_coll", "alpha_step", "alpha_step_intra", "alpha_step_net",
               "alpha_tensor"):
         lines.append(f"- {k} = {p[k] * 1e6:.2f} us ({sources.get(k, 'default 0')})")
-    for k in ("beta_shm", "beta_intra"):
+    for k in ("beta_shm", "beta_hop", "beta_intra"):
         if k in p:
             lines.append(f"- {k} = {p[k] / GB:.2f} GB/s ({sources.get(k)})")
     lines.append(f"- beta_net = {', '.join(f'{g:g}' for g in args.net_gbits)} Gb/s x "
@@ -382,33 +634,44 @@ def format_report(p, sources, rows, fusion, models, args):
     if "alphas" in sources:
         lines.append(f"- NOTE: {sources['alphas']}")
     lines.append(f"- {args.per_node} GPUs per node; fusion threshold "
-                 f"{args.fusion_threshold >> 20} MiB, cycle time {args.cycle_time * 1e3:g} ms")
+                 f"{args.fusion_threshold >> 20} MiB, cycle time {args.cycle_time * 1e3:g} ms; "
+                 "one agreement round per fused buffer")
     for f in models:
         if "compute_s" in f:
             lines.append(f"- {f['model']}: {f['tensors']} tensors, {f['bytes'] / 1e6:.1f} MB "
                          f"of gradients, compute {f['compute_s'] * 1e3:.1f} ms per step "
                          f"({f['compute_source']})")
-    lines += ["", "| model | net Gb/s | GPUs | flat step ms | flat eff | hier step ms "
-              "| hier eff | comm ms (hier, unoverlapped) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    if coll:
+        lines += ["", format_collectives(coll, args.per_node)]
+    lines += ["", "Schemes: flat = today (ring allreduce, ring vote: N-1 hops); hier = "
+              "hierarchical allreduce, ring vote; new = auto (recursive doubling up to "
+              "32 KiB, hierarchical above) with the recursive-doubling vote.", "",
+              "| model | net Gb/s | GPUs | flat step ms | flat eff | hier step ms | hier eff "
+              "| new step ms | new eff | comm ms (new, unoverlapped) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     by = {(r["model"], r["net_gbits"], r["gpus"], r["algo"]): r for r in rows}
     for (model, gbit, gpus, algo), r in by.items():
         if algo != "flat":
             continue
-        h = by[(model, gbit, gpus, "hier")]
+        h, nw = by[(model, gbit, gpus, "hier")], by[(model, gbit, gpus, "new")]
         lines.append(f"| {model} | {gbit:g} | {gpus} | {r['step_s'] * 1e3:.1f} "
                      f"| {100 * r['efficiency']:.0f}% | {h['step_s'] * 1e3:.1f} "
-                     f"| {100 * h['efficiency']:.0f}% | {h['comm_s'] * 1e3:.1f} |")
+                     f"| {100 * h['efficiency']:.0f}% | {nw['step_s'] * 1e3:.1f} "
+                     f"| {100 * nw['efficiency']:.0f}% | {nw['comm_s'] * 1e3:.1f} |")
     eff, why = PUBLISHED["horovod_512_eff"]
-    lines += ["", f"Reference: {why} ({100 * eff:.0f}%). Predicted at 512 GPUs, "
-              "hierarchical:"]
+    lines += ["", "At 512 GPUs, today's ring-only engine against the new algorithms:"]
     for r in rows:
-        if r["gpus"] == 512 and r["algo"] == "hier":
-            lines.append(f"- {r['model']}, {r['net_gbits']:g} Gb/s: {100 * r['efficiency']:.0f}%; "
+        if r["gpus"] == 512 and r["algo"] == "new":
+            old = by[(r["model"], r["net_gbits"], 512, "flat")]
+            lines.append(f"- {r['model']}, {r['net_gbits']:g} Gb/s: step "
+                         f"{old['step_s'] * 1e3:.1f} -> {r['step_s'] * 1e3:.1f} ms, efficiency "
+                         f"{100 * old['efficiency']:.0f}% -> {100 * r['efficiency']:.0f}%; "
                          f"{100 * eff:.0f}% needs at least "
                          f"{r['compute_for_horovod_eff_s'] * 1e3:.1f} ms of compute per step "
                          f"(this run assumes {r['compute_s'] * 1e3:.1f} ms)")
-    lines += ["", "Recommended fusion (minimum predicted exposed communication, "
-              "hierarchical, 64 GPUs):"]
+    lines += [f"Reference: {why} ({100 * eff:.0f}%).", "",
+              "Recommended fusion (minimum predicted exposed communication, "
+              "new scheme, 64 GPUs):"]
     for f in fusion:
         if "fusion_threshold" in f:
             lines.append(f"- {f['model']}, {f['net_gbits']:g} Gb/s: TFRING_FUSION_THRESHOLD="
@@ -431,6 +694,8 @@ def _model_ms(text):
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu-json", help="allreduce_bench.py --json output")
+    p.add_argument("--hops-json", help="hop_cost.py --json output: alpha per hop and per "
+                   "collective, measured (takes precedence over --cpu-json's alphas)")
     p.add_argument("--gpu-json", action="append",
                    help="gpu_bench.py --json output (repeatable: the --mode mps one is "
                    "preferred; dry runs and emulation output are ignored)")
@@ -448,6 +713,9 @@ def build_parser():
                    help="sustained TFLOP/s for the derived compute time (default 200)")
     p.add_argument("--batch", type=_model_ms, default={"resnet50": 64, "bert-large": 32},
                    help="per-GPU batch for the derived compute time")
+    p.add_argument("--vote-tensors", type=int, default=161,
+                   help="cached tensors in the vote of the collective table (default 161, "
+                   "ResNet-50's gradients; the step model uses each model's own)")
     p.add_argument("--fusion-threshold", type=int, default=64 << 20,
                    help="bytes (default 64 MiB, TFRING_FUSION_THRESHOLD)")
     p.add_argument("--cycle-time", type=float, default=2e-3,
@@ -460,11 +728,13 @@ def main(argv=None):
     args.batch = {**{"resnet50": 64, "bert-large": 32}, **args.batch}
     p, sources = parameters(args)
     rows, fusion, models = predict(args, p)
-    print(format_report(p, sources, rows, fusion, models, args))
+    coll = collective_table(args, p)
+    print(format_report(p, sources, rows, fusion, models, args, coll))
     if args.json:
         doc = {"benchmark": "scaling_model", "parameters": p, "sources": sources,
                "published": {k: {"value": v, "source": s} for k, (v, s) in PUBLISHED.items()},
-               "models": models, "predictions": rows, "fusion": fusion}
+               "models": models, "predictions": rows, "fusion": fusion,
+               "collectives": coll}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
         print(f"wrote {args.json}")

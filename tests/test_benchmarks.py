@@ -268,6 +268,116 @@ def test_scaling_model_formulas_by_hand():
     assert (exposed, total, step) == pytest.approx((comm, comm, 3.0 + comm))
 
 
+def test_scaling_model_hop_counts_by_hand():
+    # The core's formulas (collectives/allreduce.h) at 64 GPUs, 8 a node, and
+    # for counts that are not powers of two: 96 = 64 + 32, 100 = 64 + 36.
+    assert sm.hops("ring", 64, 8) == 2 * 63
+    assert sm.hops("hier", 64, 8) == 2 + 2 * 7
+    assert sm.hops("small", 64, 8) == 2 + 7
+    assert sm.hops("recdbl", 64, 8) == 6 and sm.hops("recdbl", 96, 8) == 6 + 2
+    assert sm.hops("rabenseifner", 64, 8) == 12 and sm.hops("rabenseifner", 96, 8) == 12 + 2
+    assert sm.hops("vote_ring", 64, 8) == 63
+    assert sm.hops("vote_log", 64, 8) == 6
+    # ceil(log2 N) + 1 when N is not a power of two
+    assert sm.hops("vote_log", 100, 4) == 7 + 1 and sm.hops("vote_log", 1000, 4) == 10 + 1
+    assert sm.hops("ring", 1) == 0
+
+
+def test_scaling_model_phases_by_hand():
+    S = 800
+    # Rabenseifner, 8 GPUs, 2 a node: halving sends S/2, S/4, S/8 at distances
+    # 4, 2, 1; distances 4 and 2 leave the node (2 GPUs share its NIC), then
+    # the doubling mirrors them.
+    assert sm.phases("rabenseifner", S, 8, 2) == [
+        ("intra", 2, 2 * S / 8), ("net", 4, 2 * 2 * (S / 2 + S / 4))]
+    # Recursive doubling, 6 GPUs, 2 a node: fold (S there, S back), one
+    # exchange inside the node, one across (2 GPUs x S through the NIC).
+    assert sm.phases("recdbl", 100, 6, 2) == [("intra", 2, 200), ("intra", 1, 100),
+                                              ("net", 1, 200)]
+    # The vote: 4 * (2 + tensors + 25) bytes a rank; the ring's allgather
+    # sends N-1 of them, recursive doubling one per hop.
+    V = 4 * (2 + 10 + 25)
+    assert sm.vote_bytes(10) == V
+    assert sm.phases("vote_ring", 0, 16, 4, V) == [("net", 15, 15 * V)]
+    assert sm.phases("vote_log", 0, 16, 4, V) == [("intra", 2, 2 * V), ("net", 2, 2 * 4 * V)]
+    # small: 2 hops in the node, an allgather over 4 nodes: 3 hops, 3 S on the NIC
+    assert sm.phases("small", S, 16, 4) == [("intra", 2, 1.5 * S), ("net", 3, 3 * S)]
+    p = dict(TOY, gpus=16, per_node=4)
+    want = 10e-6 + 2 * 2e-6 + 1.5 * S / 100e9 + 3 * 5e-6 + 3 * S / 10e9
+    assert sm.allreduce_time(S, p, "small") == pytest.approx(want)
+    assert sm.vote_time(p, "vote_log", 10) == pytest.approx(
+        2 * 2e-6 + 2 * V / 100e9 + 2 * 5e-6 + 8 * V / 10e9)
+    # auto: recursive doubling up to 32 KiB across >= 4 nodes, hier above;
+    # on 2 nodes the small scheme; on one node one-shot, then the ring.
+    assert [sm.auto_algo(s, 64, 8) for s in (4096, 1 << 20)] == ["recdbl", "hier"]
+    assert [sm.auto_algo(s, 16, 8) for s in (4096, 1 << 20)] == ["small", "hier"]
+    assert [sm.auto_algo(s, 8, 8) for s in (4096, 1 << 20)] == ["small", "ring"]
+    assert sm.allreduce_time(4096, dict(TOY, gpus=64, per_node=8), "auto") == pytest.approx(
+        sm.allreduce_time(4096, dict(TOY, gpus=64, per_node=8), "recdbl"))
+
+
+def test_scaling_model_nccl_figures_by_hand():
+    # NCCL's tuning model, 16 GPUs on 2 nodes of 8, 1 MiB, 10 GB/s NICs: the
+    # fastest of ring and tree, LL and Simple, by hand (latencies in us).
+    S, bn = 1 << 20, 10e9
+    ring_ll = (6.6 + 28 * 0.6 * 1.8 + 2 * 2.7) * 1e-6 + S / (bn / 4 * 16 / 30)
+    ring_simple = (8.4 + 28 * 3.4 + 2 * 14.0) * 1.9e-6 + S / (bn * 16 / 30)
+    tree_ll = (6.8 + 2 * (7 * 0.6 * 1.8 + 5.0)) * 1e-6 + S / (bn * 0.9 / 3.8 * 0.5)
+    tree_simple = (8.4 + 2 * (7 * 4.0 + 14.0)) * 1e-6 + S / (bn * 0.9 * 0.5)
+    assert sm.nccl_time(S, 16, 8, "ring", 300e9, bn) == pytest.approx(min(ring_ll, ring_simple))
+    assert sm.nccl_time(S, 16, 8, "tree", 300e9, bn) == pytest.approx(min(tree_ll, tree_simple))
+
+
+def test_scaling_model_step_counts_one_vote_per_buffer():
+    toy = [model_zoo.Tensor("a", 1000, 3), model_zoo.Tensor("b", 1000, 1)]
+    p = dict(TOY, gpus=64, per_node=8)
+    vote = sm.vote_time(p, "vote_ring", 2)
+    assert vote == pytest.approx(63 * 5e-6 + 63 * sm.vote_bytes(2) / 10e9)
+    one = sm.allreduce_time(8000, p, "flat") + 2 * 1e-6
+    step, exposed, total = sm.step_time(toy, 3.0, p, "flat", 1 << 20, 10.0, "vote_ring")
+    assert total == pytest.approx(one + vote) and step == pytest.approx(3.0 + one + vote)
+    # two buffers (threshold 4000 bytes): two votes
+    step, exposed, total = sm.step_time(toy, 3.0, p, "flat", 4000, 10.0, "vote_ring")
+    assert total == pytest.approx(2 * (sm.allreduce_time(4000, p, "flat") + 1e-6 + vote))
+    assert sm.scheme_step(toy, 3.0, p, "new", 1 << 20, 10.0)[2] == pytest.approx(
+        sm.allreduce_time(8000, p, "auto") + 2e-6 + sm.vote_time(p, "vote_log", 2))
+
+
+def test_hop_cost_fit_recovers_alpha_and_beta():
+    import hop_cost
+
+    c0, alpha, beta = 5e-6, 2e-6, 1e-9
+    rows = ((2, 4096, 2, 4096), (2, 4096, 1, 4096), (2, 1 << 20, 2, 1 << 20),
+            (2, 1 << 20, 1, 1 << 20), (4, 4096, 6, 6144), (4, 4096, 2, 8192),
+            (4, 1 << 20, 6, 1572864), (4, 1 << 20, 2, 1 << 21))
+    pts = [{"np": n, "size": s, "hops": h, "bytes_sent": b,
+            "time_s": c0 + alpha * h + beta * b} for n, s, h, b in rows]
+    f = hop_cost.fit(pts)
+    assert (f["c0_s"], f["alpha_hop_s"], f["beta_s_per_byte"]) == pytest.approx(
+        (c0, alpha, beta), rel=1e-6)
+    assert f["rms_rel_err"] < 1e-6
+    doc = hop_cost.report(pts, fit_max_np=2)
+    assert doc["fit"]["points"] == 4 and set(doc["per_np"]) == {"2", "4"}
+    assert doc["per_np"]["4"]["alpha_hop_s"] == pytest.approx(alpha, rel=1e-6)
+    # A wild mid-size point does not move alpha (it comes from the smallest size).
+    wild = pts + [{"np": 2, "size": 65536, "hops": 2, "bytes_sent": 65536, "time_s": 1e-3}]
+    assert hop_cost.fit(wild)["alpha_hop_s"] == pytest.approx(alpha, rel=1e-6)
+
+
+def test_scaling_model_reads_hop_cost_json(tmp_path):
+    import hop_cost
+
+    pts = [{"np": 2, "size": s, "hops": h, "bytes_sent": b,
+            "time_s": 4e-6 + 3e-6 * h + 2e-9 * b}
+           for s, h, b in ((4096, 1, 4096), (4096, 2, 4096), (1 << 20, 2, 1 << 20))]
+    (tmp_path / "hops.json").write_text(json.dumps(hop_cost.report(pts, 2)))
+    p, sources = sm.parameters(sm.build_parser().parse_args(
+        ["--hops-json", str(tmp_path / "hops.json"), "--net-latency-us", "1.5"]))
+    assert p["alpha_coll"] == pytest.approx(4e-6) and p["alpha_step"] == pytest.approx(3e-6)
+    assert p["alpha_step_net"] == pytest.approx(4.5e-6)
+    assert p["beta_hop"] == pytest.approx(0.5e9) and "hops.json" in sources["alpha_step"]
+
+
 def _write_allreduce_json(path):
     """A document in allreduce_bench's layout with round numbers."""
     def row(n, size, t):
@@ -348,9 +458,9 @@ def test_scaling_model_reads_allreduce_bench_json(tmp_path):
     model = json.loads((tmp_path / "model.json").read_text())
     assert "bench.json" in model["sources"]["alpha_step"]
     rows = model["predictions"]
-    assert {r["gpus"] for r in rows} == {8, 16, 32, 64, 128, 256, 512}
+    assert {r["gpus"] for r in rows} == {8, 16, 32, 64, 128, 256, 512, 1024}
     assert {(r["model"], r["algo"]) for r in rows} == {
-        (m, a) for m in ("resnet50", "bert-large") for a in ("flat", "hier")}
+        (m, a) for m in ("resnet50", "bert-large") for a in ("flat", "hier", "new")}
     assert all(0 < r["efficiency"] <= 1 for r in rows)
     assert "Horovod" in r.stdout and "TFRING_FUSION_THRESHOLD=" in r.stdout
 

@@ -112,6 +112,20 @@ def test_wait_timeout_names_only_missing_keys(store):
     assert isinstance(info.value, TimeoutError)
 
 
+def test_get_many_waits_for_every_key_and_keeps_order(store):
+    store.set("m/2", b"two")
+    timer = threading.Timer(0.2, store.set, args=("m/0", b"zero"))
+    timer.start()
+    try:
+        assert store.get_many(["m/2", "m/0", "m/2"], timeout=5.0) == [b"two", b"zero", b"two"]
+    finally:
+        timer.join(5)
+    assert store.get_many([], timeout=1.0) == []
+    with pytest.raises(_core.TfringTimeoutError) as info:
+        store.get_many(["m/0", "m/absent"], timeout=0.3)
+    assert "m/absent]" in str(info.value) and "m/0" not in str(info.value)
+
+
 # ------------------------------------------------------------------- tcp ----
 
 def test_tcp_timeout_message_names_address(server):

@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -334,6 +335,18 @@ void setBufferSizes(int fd, int bytes) {
 void closeFd(int fd) {
   // Never retry close() on EINTR: on Linux the fd is released either way.
   if (fd >= 0) ::close(fd);
+}
+
+void raiseFdLimit(long wanted) {
+  struct rlimit lim;
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return;
+  if (static_cast<rlim_t>(wanted) <= lim.rlim_cur) return;
+  rlim_t want = static_cast<rlim_t>(wanted);
+  if (lim.rlim_max != RLIM_INFINITY) want = std::min(want, lim.rlim_max);
+  if (want > lim.rlim_cur) {
+    lim.rlim_cur = want;
+    ::setrlimit(RLIMIT_NOFILE, &lim);
+  }
 }
 
 std::string ifaceAddress() {

@@ -52,6 +52,11 @@ void setNonBlocking(int fd, bool on);
 void setNoDelay(int fd);
 void setBufferSizes(int fd, int bytes);
 void closeFd(int fd);
+// Raises this process's soft limit on open files towards `wanted` (never
+// above the hard limit, never lowering it): rank 0 holds a coordinator
+// connection per rank and the store server one per client, which passes
+// the common soft limit of 1024 from about 1000 ranks.
+void raiseFdLimit(long wanted);
 
 // The address other hosts should use to reach this one, which is also the
 // address every listening socket binds to: TFRING_IFACE_ADDR if set, else the

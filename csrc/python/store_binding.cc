@@ -69,7 +69,24 @@ hold decimal text (get() on a counter returns e.g. b"3").)doc")
            "Waits up to timeout seconds until every key exists; raises "
            "TfringTimeoutError naming the missing keys.")
       .def("check", &Store::check, py::arg("keys"), Release(),
-           "True if every key exists now (does not wait).");
+           "True if every key exists now (does not wait).")
+      .def(
+          "get_many",
+          [](Store& s, const std::vector<std::string>& keys, double timeout) {
+            std::vector<Bytes> vs;
+            {
+              py::gil_scoped_release release;
+              vs = s.getMany(keys, timeout);
+            }
+            py::list out;
+            for (auto& v : vs)
+              out.append(py::bytes(reinterpret_cast<const char*>(v.data()), v.size()));
+            return out;
+          },
+          py::arg("keys"), py::arg("timeout") = 30.0,
+          "Waits up to timeout seconds for every key and returns their values in "
+          "order (the TCP store in one round trip); raises TfringTimeoutError "
+          "naming the missing keys.");
 
   py::class_<rendezvous::TcpStoreServer, std::shared_ptr<rendezvous::TcpStoreServer>>(
       m, "TcpStoreServer", R"doc(

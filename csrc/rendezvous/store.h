@@ -28,6 +28,15 @@ class Store {
   virtual void wait(const std::vector<std::string>& keys, double timeout_s) = 0;
   // True if every key exists now (no wait).
   virtual bool check(const std::vector<std::string>& keys) = 0;
+  // Waits for every key, then returns their values in order. The TCP store
+  // answers in one round trip: a rank reading every other rank's record at
+  // start-up costs the server one request, not N.
+  virtual std::vector<Bytes> getMany(const std::vector<std::string>& keys, double timeout_s) {
+    wait(keys, timeout_s);
+    std::vector<Bytes> out;
+    for (auto& key : keys) out.push_back(get(key, timeout_s));
+    return out;
+  }
 
   void setString(const std::string& key, const std::string& v) {
     set(key, Bytes(v.begin(), v.end()));
@@ -47,6 +56,9 @@ class PrefixStore : public Store {
   int64_t add(const std::string& key, int64_t d) override { return base_->add(k(key), d); }
   void wait(const std::vector<std::string>& keys, double t) override { base_->wait(ks(keys), t); }
   bool check(const std::vector<std::string>& keys) override { return base_->check(ks(keys)); }
+  std::vector<Bytes> getMany(const std::vector<std::string>& keys, double t) override {
+    return base_->getMany(ks(keys), t);
+  }
 
  private:
   std::string k(const std::string& key) const { return prefix_ + "/" + key; }

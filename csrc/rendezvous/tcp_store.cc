@@ -10,6 +10,9 @@
 //   WAIT   u32 n, n strings, i64 timeout_us
 //                                       -> u8 OK | u8 TIMEOUT, u32 n, n missing keys
 //   CHECK  u32 n, n strings             -> u8 OK, u8 all_present
+//   GETN   u32 n, n strings, i64 timeout_us
+//                                       -> u8 OK, u32 n, n values | u8 TIMEOUT, u32 n,
+//                                          n missing keys
 //
 // Every connection opens with the mutual HMAC handshake of common/wire.h
 // (purpose kPurposeStore): the secret itself never travels, and nothing is
@@ -18,7 +21,7 @@
 // a request's body must arrive within kHelloTimeout of its length; a
 // malformed request (unknown op, truncated or trailing bytes, counts larger
 // than the frame) closes that one connection only.
-// GET and WAIT block on the server until the keys exist or the timeout the
+// GET, WAIT and GETN block on the server until the keys exist or the timeout the
 // client sent passes; the server then answers TIMEOUT and the client raises
 // the error, so both sides agree about what timed out. Counters (ADD) are
 // stored as decimal text, so get() on a counter returns e.g. b"3".
@@ -44,7 +47,7 @@ namespace tfring {
 namespace rendezvous {
 namespace {
 
-enum Op : uint8_t { kSet = 2, kGet = 3, kAdd = 4, kWait = 5, kCheck = 6 };
+enum Op : uint8_t { kSet = 2, kGet = 3, kAdd = 4, kWait = 5, kCheck = 6, kGetMany = 7 };
 enum Reply : uint8_t { kOk = 0, kTimedOut = 1, kFailed = 2 };
 
 constexpr uint32_t kMaxFrame = 256u << 20;
@@ -182,12 +185,14 @@ Request parseRequest(const Bytes& frame, const std::string& peer) {
     case kGet: q.key = r.str(); q.num = r.i64(); break;
     case kAdd: q.key = r.str(); q.num = r.i64(); break;
     case kWait: q.keys = r.strs(); q.num = r.i64(); break;
+    case kGetMany: q.keys = r.strs(); q.num = r.i64(); break;
     case kCheck: q.keys = r.strs(); break;
     default: fail(Code::kInternal, "unknown store request ", unsigned(q.op), " from ", peer);
   }
   if (!r.done()) fail(Code::kInternal, "malformed store frame from ", peer, " (trailing bytes)");
   // A hostile timeout must not overflow the clock arithmetic below.
-  if ((q.op == kGet || q.op == kWait) && (q.num < 0 || q.num > toMicros(kForever)))
+  if ((q.op == kGet || q.op == kWait || q.op == kGetMany) &&
+      (q.num < 0 || q.num > toMicros(kForever)))
     q.num = q.num < 0 ? 0 : toMicros(kForever);
   return q;
 }
@@ -200,6 +205,7 @@ void checkStoreRequest(const Bytes& frame) { parseRequest(frame, "the caller"); 
 
 TcpStoreServer::TcpStoreServer(const std::string& host, int port, std::string secret)
     : secret_(std::move(secret)) {
+  net::raiseFdLimit(1L << 16);  // one connection per client: a job's every rank
   listen_fd_ = net::listenOn(host, port, &port_);
   if (::pipe2(wake_fds_, O_CLOEXEC | O_NONBLOCK) != 0) {
     int err = errno;
@@ -343,7 +349,8 @@ void TcpStoreServer::handleClient(int fd) {
           }
           break;
         }
-        case kWait: {
+        case kWait:
+        case kGetMany: {
           auto until = Clock::now() + std::chrono::microseconds(q.num);
           std::vector<std::string> missing;
           std::unique_lock<std::mutex> lock(mu_);
@@ -354,7 +361,10 @@ void TcpStoreServer::handleClient(int fd) {
           };
           bool found = cv_.wait_until(lock, until, [&] { return stop_ || all(); });
           if (stop_) fail(Code::kAborted, "the store server is stopping");
-          if (found) {
+          if (found && q.op == kGetMany) {
+            w.u8(kOk).u32(static_cast<uint32_t>(q.keys.size()));
+            for (auto& k : q.keys) w.bytes(data_[k]);
+          } else if (found) {
             w.u8(kOk);
           } else {
             for (auto& k : q.keys)
@@ -511,6 +521,22 @@ void TcpStore::wait(const std::vector<std::string>& keys, double timeout_s) {
   if (r.u8() != kOk)
     fail(Code::kTimeout, "timed out after ", fmtSeconds(timeout_s),
          " s waiting for store keys ", keyList(r.strs()), " at ", addr_);
+}
+
+std::vector<Bytes> TcpStore::getMany(const std::vector<std::string>& keys, double timeout_s) {
+  Bytes ans = roundTrip(Writer().u8(kGetMany).strs(keys).i64(toMicros(timeout_s)).take(),
+                        timeout_s);
+  Reader r(ans, addr_);
+  if (r.u8() != kOk)
+    fail(Code::kTimeout, "timed out after ", fmtSeconds(timeout_s),
+         " s waiting for store keys ", keyList(r.strs()), " at ", addr_);
+  const uint32_t n = r.u32();
+  if (n != keys.size()) fail(Code::kInternal, "store at ", addr_, " answered ", n, " values for ",
+                             keys.size(), " keys");
+  std::vector<Bytes> out;
+  out.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) out.push_back(r.bytes());
+  return out;
 }
 
 bool TcpStore::check(const std::vector<std::string>& keys) {

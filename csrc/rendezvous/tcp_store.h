@@ -68,6 +68,8 @@ class TcpStore : public Store {
   int64_t add(const std::string& key, int64_t delta) override;
   void wait(const std::vector<std::string>& keys, double timeout_s) override;
   bool check(const std::vector<std::string>& keys) override;
+  // One round trip (GETN) however many keys.
+  std::vector<Bytes> getMany(const std::vector<std::string>& keys, double timeout_s) override;
 
  private:
   // Connects and authenticates one connection.

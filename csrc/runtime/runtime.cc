@@ -8,8 +8,12 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <chrono>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "common/abort.h"
 #include "common/logging.h"
@@ -57,35 +61,42 @@ std::unique_ptr<Comm> connectComm(rendezvous::Store* store, int rank, int size,
                                   const std::vector<int>* labels) {
   std::unique_ptr<Comm> c(new Comm());
   c->cfg = base;
-  auto links = transport::RingLinks::connect(store, rank, size, secret, c->cfg);
-  // Rank 0's fusion settings hold for every rank (see HostLinks).
-  c->cfg.fusion_threshold = links->host()->fusion_threshold;
-  c->cfg.cycle_time_ms = links->host()->cycle_time_ms;
-  const auto& T = links->topology();
   Deadline deadline = Deadline::in(c->cfg.timeout_s);
   auto label = [&](int r) { return labels ? (*labels)[r] : r; };
 
   // Coordinator connections: rank 0 accepts one from every other engine;
-  // its own engine talks to the coordinator in process.
-  std::unique_ptr<Coordinator> coord;
+  // its own engine talks to the coordinator in process. They open before
+  // the data links, rank 0 accepting on a thread of its own while it builds
+  // its links: a rank connects as soon as it arrives, so the handshakes
+  // happen while the job waits for its last rank instead of one after
+  // another once everyone is there.
+  std::vector<int> fds(size, -1);
+  std::thread coord_thread;
+  std::atomic<bool> stop_accepting{false};
+  std::string accept_error;
+  std::exception_ptr connect_error;
   int ctrl = -1;
-  if (rank == 0) {
-    std::vector<int> fds(size, -1);
-    if (size > 1) {
-      int port = 0;
-      // The address rank 0 published: it listens nowhere else.
-      int listen_fd = net::listenOn(T.peers[0].addr, 0, &port);
-      store->setString("coord/port", std::to_string(port));
+  if (rank == 0 && size > 1) {
+    net::raiseFdLimit(size + 256L);  // a coordinator connection per rank, and the links
+    int port = 0;
+    // The address rank 0 publishes for its links too: it listens nowhere else.
+    const std::string addr = net::localAddress();
+    int listen_fd = net::listenOn(addr, 0, &port);
+    store->setString("coord/addr", addr);
+    store->setString("coord/port", std::to_string(port));
+    auto acceptAll = [&](int listen_fd) {
       int got = 1;
-      while (got < size) {
-        int fd = net::acceptWithDeadline(listen_fd, deadline);
+      while (got < size && !stop_accepting.load()) {
+        int fd = net::acceptWithDeadline(
+            listen_fd, Deadline::in(std::min(0.2, std::max(0.0, deadline.remaining()))));
         if (fd < 0) {
-          net::closeFd(listen_fd);
+          if (!deadline.expired()) continue;
           std::string missing;
           for (int r = 1; r < size; ++r)
             if (fds[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(label(r));
-          fail(Code::kTimeout, "timed out waiting for ranks [", missing,
-               "] to connect to the coordinator");
+          accept_error = strCat("timed out waiting for ranks [", missing,
+                                "] to connect to the coordinator");
+          return;
         }
         int who = -1;
         std::string why;
@@ -101,21 +112,95 @@ std::unique_ptr<Comm> connectComm(rendezvous::Store* store, int rank, int size,
         fds[who] = fd;
         ++got;
       }
+    };
+    coord_thread = std::thread([&, listen_fd, acceptAll] {
+      try {
+        acceptAll(listen_fd);
+      } catch (...) {
+        connect_error = std::current_exception();
+      }
       net::closeFd(listen_fd);
-    }
+    });
+  } else if (size > 1) {
+    // On a thread too, beside this rank's links, so a link that fails (a
+    // wrong secret, a dead neighbour) reports itself first, as it did
+    // when the coordinator connection came after the links. The address
+    // is read here: the thread does not share the store with the links (a
+    // store client opens a connection per concurrent caller and keeps it).
+    auto where = store->getMany({"coord/addr", "coord/port"}, c->cfg.timeout_s);
+    const std::string addr(where[0].begin(), where[0].end());
+    const int port = std::stoi(std::string(where[1].begin(), where[1].end()));
+    coord_thread = std::thread([&, addr, port] {
+      try {
+        // In slices, so a failure of the links (which stops this thread)
+        // is not held up by a coordinator that will never answer.
+        int fd = -1;
+        while (fd < 0) {
+          try {
+            fd = net::connectTo(addr, port,
+                                Deadline::in(std::min(1.0, std::max(0.0, deadline.remaining()))));
+          } catch (const Error& e) {
+            if (e.status().code() != Code::kTimeout || stop_accepting.load() ||
+                deadline.expired())
+              throw;
+          }
+        }
+        ctrl = fd;
+        net::setNoDelay(fd);
+        setKeepAlive(fd, c->cfg.heartbeat_timeout_s);
+        wire::clientHandshake(fd, wire::kPurposeControl, rank, secret, deadline,
+                              strCat("the coordinator (rank ", label(0), ")"));
+      } catch (...) {
+        connect_error = std::current_exception();
+      }
+    });
+  }
+  auto closeCoordinatorLinks = [&] {
+    for (int& fd : fds)
+      if (fd >= 0) net::closeFd(fd), fd = -1;
+    if (ctrl >= 0) net::closeFd(ctrl), ctrl = -1;
+  };
+
+  std::unique_ptr<transport::RingLinks> links;
+  try {
+    links = transport::RingLinks::connect(store, rank, size, secret, c->cfg);
+  } catch (...) {
+    stop_accepting = true;
+    if (coord_thread.joinable()) coord_thread.join();
+    closeCoordinatorLinks();
+    throw;
+  }
+  if (coord_thread.joinable()) coord_thread.join();
+  if (connect_error) {
+    closeCoordinatorLinks();
+    std::rethrow_exception(connect_error);
+  }
+  if (!accept_error.empty()) {
+    closeCoordinatorLinks();
+    fail(Code::kTimeout, accept_error);
+  }
+  // Rank 0's fusion settings hold for every rank (see HostLinks).
+  c->cfg.fusion_threshold = links->host()->fusion_threshold;
+  c->cfg.cycle_time_ms = links->host()->cycle_time_ms;
+  const auto& T = links->topology();
+
+  std::unique_ptr<Coordinator> coord;
+  if (rank == 0) {
     std::vector<std::string> desc;
     for (int r = 0; r < size; ++r) desc.push_back(describeRank(T, r, label(r)));
     coord.reset(new Coordinator(std::move(fds), std::move(desc), c->cfg));
     if (labels) coord->setRankLabels(*labels);
-  } else {
-    int port = std::stoi(store->getString("coord/port", c->cfg.timeout_s));
-    ctrl = net::connectTo(T.peers[0].addr, port, deadline);
-    net::setNoDelay(ctrl);
-    setKeepAlive(ctrl, c->cfg.heartbeat_timeout_s);
-    wire::clientHandshake(ctrl, wire::kPurposeControl, rank, secret, deadline,
-                          strCat("the coordinator (rank ", label(0), ")"));
   }
 
+  if (log::enabled(log::kDebug) && !links->phases.empty()) {
+    // The rendezvous phases, for finding what start-up waits on at scale.
+    const double t0 = links->phases.front().second;
+    std::string line = strCat("rank ", rank, " init phases (s after ", std::to_string(t0), "):");
+    for (auto& ph : links->phases) line += strCat(" ", ph.first, " ", ph.second - t0, ";");
+    const double now = std::chrono::duration<double>(
+                           std::chrono::system_clock::now().time_since_epoch()).count();
+    TFRING_LOG(kDebug, line, " coordinator ", now - t0);
+  }
   c->topo = T;
   c->transport = links->transportName();
   c->engine.reset(new Engine(std::move(links), ctrl, coord.get(), c->cfg));

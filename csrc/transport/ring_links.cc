@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 
 #include "common/logging.h"
@@ -104,6 +105,12 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   rendezvous::Store& store = *store_ptr;
   const double timeout = cfg.timeout_s;
   Deadline deadline = Deadline::in(timeout);
+  auto mark = [&L](const char* phase) {
+    L->phases.emplace_back(phase, std::chrono::duration<double>(
+                                      std::chrono::system_clock::now().time_since_epoch())
+                                      .count());
+  };
+  mark("start");
 
   // 1. Publish who and where I am.
   int port = 0;
@@ -167,11 +174,18 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   store.setString(strCat("peer/", rank),
                   strCat(net::hostIdentity(), "|", ::getpid(), "|", my_addr, "|", port));
   T.peers.resize(size);
+  // Every record in one request: after the last rank arrives, each rank is
+  // one store round trip from the full table, not N.
+  std::vector<std::string> peer_keys;
+  for (int r = 0; r < size; ++r) peer_keys.push_back(strCat("peer/", r));
+  const std::vector<rendezvous::Bytes> records = store.getMany(peer_keys, timeout);
   for (int r = 0; r < size; ++r) {
-    auto f = splitBar(store.getString(strCat("peer/", r), timeout));
+    auto f = splitBar(std::string(records[r].begin(), records[r].end()));
     if (f.size() != 4) fail(Code::kInternal, "malformed peer record for rank ", r);
     T.peers[r] = PeerInfo{f[0], std::stoi(f[1]), f[2], std::stoi(f[3])};
   }
+
+  mark("peer records");
 
   // 2. Group by host, in order of each host's first rank.
   std::vector<std::string> hosts;
@@ -234,6 +248,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
       H.segment->words(T.local_rank).pid = static_cast<int32_t>(::getpid());
     }
   }
+
+  mark("host segment");
 
   // 3c. The cross ring: with every host holding the same number of ranks,
   // the ranks with my local rank form a TCP ring in host order.
@@ -300,6 +316,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   }
   if (listen_fd >= 0) net::closeFd(listen_fd);
 
+  mark("ring links");
+
   // 4b. Cross ring links, the same way: connect right, accept left.
   if (want_cross) {
     const int nh = H.num_hosts;
@@ -350,6 +368,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     H.cross_recv.reset(new TcpRecvChannel(xl_fd, xl, strCat(T.peers[xl].addr), 1 << 20));
     H.cross_waiter.reset(new Waiter(nullptr, H.cross_send.get(), H.cross_recv.get()));
   }
+  mark("cross ring");
 
   // 4c. Point-to-point links for the recursive allreduces, the
   // recursive-doubling allgather and the tree broadcast: at most
@@ -375,6 +394,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     H.peers = PeerLinks::connect(store, rank, size, addrs, secret, deadline);
   }
 
+  mark("peer links");
+
   // 5. Map the neighbours' segments, then unlink ours once both have it.
   if (L->right_shm_) {
     store.wait({strCat("shm/", T.right)}, deadline.remaining());
@@ -388,7 +409,19 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
       L->left_seg_ = ShmSegment::open(job, T.left);
     }
   }
-  storeBarrier(store, "shm-mapped", rank, size, deadline.remaining());
+  // Unlink my segment and the host segment only once everyone who maps
+  // them has: my shared-memory ring neighbours and my host's ranks. Only
+  // they wait for each other; a job-wide barrier here woke all N ranks at
+  // once when the slowest arrived, the costliest step of start-up at 128
+  // ranks on a small machine.
+  store.setString(strCat("mapped/", rank), "1");
+  std::vector<std::string> mapped;
+  if (L->left_shm_) mapped.push_back(strCat("mapped/", T.left));
+  if (L->right_shm_) mapped.push_back(strCat("mapped/", T.right));
+  if (H.segment)
+    for (int r : mine) mapped.push_back(strCat("mapped/", r));
+  if (!mapped.empty()) store.wait(mapped, deadline.remaining());
+  mark("barrier");
   if (L->self_seg_) L->self_seg_->unlink();
   if (H.segment) H.segment->unlink();
 

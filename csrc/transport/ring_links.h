@@ -58,6 +58,9 @@ class RingLinks {
   void wake() const;
   // The host segment, the cross ring and the job-wide algorithm settings.
   HostLinks* host() const { return host_.get(); }
+  // Wall-clock seconds (system clock, comparable across processes) at which
+  // each rendezvous phase of connect() ended, for TFRING_LOG_LEVEL=debug.
+  std::vector<std::pair<const char*, double>> phases;
 
  private:
   RingLinks() = default;

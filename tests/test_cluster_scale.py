@@ -1,0 +1,101 @@
+"""Many hosts: H network-namespace hosts of L core-only ranks each (no
+TensorFlow), started with the env-var bootstrap. The `cluster_hosts`
+fixture takes (H, L) by indirect parametrisation, up to 32 x 4, and removes
+every namespace and process whatever the test does. CI runs 8 x 4;
+TFRING_TEST_SLOW=1 adds 32 x 4 (128 ranks) and a rank killed on the last
+host of 32."""
+
+import os
+import signal
+import tempfile
+import time
+
+import pytest
+
+import cluster
+
+_WHY = cluster.why_unavailable()
+pytestmark = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))
+SLOW = bool(os.environ.get("TFRING_TEST_SLOW"))
+# float32 sums of up to 128 standard normals against the float64 sum.
+TOLERANCE = 1e-4
+
+
+class Job:
+    """The hosts of one cluster and how to start L ranks on each."""
+
+    def __init__(self, c, per_host):
+        self.cluster, self.per_host = c, per_host
+        self.size = per_host * len(c.hosts)
+        self.dir = tempfile.mkdtemp(prefix="tfring-scale-")
+
+    def start(self, args, env=None):
+        # auto, not the workers' default ring: the algorithms chosen at scale.
+        env = dict({"CLUSTER_ALGO": "auto", "TFRING_TIMEOUT": "120"}, **(env or {}))
+        _, procs = cluster.start_ranks(self.cluster, self.per_host, args, self.dir, env=env)
+        return procs
+
+    def reports(self):
+        return cluster.read_reports(self.dir, self.size)
+
+
+@pytest.fixture
+def cluster_hosts(request):
+    hosts, per_host = request.param
+    assert hosts <= 32 and per_host <= 8, "the subnet and this machine's patience"
+    cluster.cleanup_leftovers()
+    c = cluster.Cluster(hosts)
+    try:
+        yield Job(c, per_host)
+    finally:
+        c.close()
+
+
+def _check_collectives(job, outs):
+    reps = job.reports()
+    digests = {}
+    for r, rep in enumerate(reps):
+        assert rep is not None, f"rank {r} wrote no report: {outs[r][-1500:]}"
+        assert rep["error"] is None, (r, rep["message"])
+        assert (rep["rank"], rep["size"]) == (r, job.size)
+        assert (rep["local_rank"], rep["local_size"]) == (r % job.per_host, job.per_host)
+        assert (rep["cross_rank"], rep["cross_size"]) == (r // job.per_host,
+                                                          len(job.cluster.hosts))
+        for name, (digest, err) in rep["results"].items():
+            assert err <= TOLERANCE, (r, name, err)
+            digests.setdefault(name, set()).add(digest)
+    # Every rank ends every collective with the same bytes.
+    assert {k: len(v) for k, v in digests.items() if len(v) > 1} == {}
+
+
+@pytest.mark.parametrize("cluster_hosts", [(8, 4)] + ([(32, 4)] if SLOW else []),
+                         indirect=True, ids=lambda p: f"{p[0]}x{p[1]}")
+def test_collectives_on_many_hosts(cluster_hosts):
+    job = cluster_hosts
+    procs = job.start(["collectives"])
+    outs = cluster.wait_all(job.cluster, procs, 300 if job.size <= 32 else 900)
+    _check_collectives(job, outs)
+
+
+@pytest.mark.skipif(not SLOW, reason="128 ranks on a small machine: TFRING_TEST_SLOW=1")
+@pytest.mark.parametrize("cluster_hosts", [(32, 4)], indirect=True, ids=["32x4"])
+def test_killed_rank_on_the_last_host_is_named_by_every_survivor(cluster_hosts):
+    job = cluster_hosts
+    victim = job.size - 1
+    procs = job.start(["fault", "allreduce"], env={"FAULT_ELEMS": "1024"})
+    deadline = time.monotonic() + 600
+    while sum(f.endswith(".ready") for f in os.listdir(job.dir)) < job.size:
+        assert time.monotonic() < deadline, "the job did not start"
+        assert all(p.poll() is None for p in procs), "a rank died during start-up"
+        time.sleep(0.2)
+    time.sleep(0.5)
+    t_kill = time.time()
+    os.kill(procs[victim].pid, signal.SIGKILL)
+    cluster.wait_all(job.cluster, procs[:victim], 120)
+    bad = []
+    for r, rep in enumerate(job.reports()[:victim]):
+        if rep is None or f"rank {victim}" not in rep["message"]:
+            bad.append((r, rep and rep["message"][:200]))
+        else:
+            assert rep["t_error"] - t_kill < 10, (r, rep["t_error"] - t_kill)
+    assert bad == [], bad
