@@ -2,8 +2,8 @@
 TensorFlow), started with the env-var bootstrap. The `cluster_hosts`
 fixture takes (H, L) by indirect parametrisation, up to 32 x 4, and removes
 every namespace and process whatever the test does. CI runs 8 x 4;
-TFRING_TEST_SLOW=1 adds 32 x 4 (128 ranks) and a rank killed on the last
-host of 32."""
+TFRING_TEST_SLOW=1 adds 32 x 4 (128 ranks), the last host's link cut at
+16 x 4, and a rank killed on the last host of 32."""
 
 import os
 import signal
@@ -13,6 +13,7 @@ import time
 import pytest
 
 import cluster
+import cluster_faults
 
 _WHY = cluster.why_unavailable()
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))
@@ -98,4 +99,39 @@ def test_killed_rank_on_the_last_host_is_named_by_every_survivor(cluster_hosts):
             bad.append((r, rep and rep["message"][:200]))
         else:
             assert rep["t_error"] - t_kill < 10, (r, rep["t_error"] - t_kill)
+    assert bad == [], bad
+
+
+@pytest.mark.skipif(not SLOW, reason="64 ranks on a small machine: TFRING_TEST_SLOW=1")
+@pytest.mark.parametrize("cluster_hosts", [(16, 4)], indirect=True, ids=["16x4"])
+def test_cut_link_of_the_last_host_is_named_by_every_rank(cluster_hosts):
+    # The last host's link to the switch goes down mid-stream: no process
+    # dies, a link does. Every rank must fail within the bound, and name
+    # the other side: ranks elsewhere a rank (or the address) of the cut
+    # host, ranks on the cut host one elsewhere. No hangs.
+    job = cluster_hosts
+    cut = job.cluster.hosts[-1]
+    cut_ranks = set(range(job.size - job.per_host, job.size))
+    procs = job.start(["fault", "allreduce"], env={"FAULT_ELEMS": "1024",
+                                                  "TFRING_TIMEOUT": "30"})
+    deadline = time.monotonic() + 600
+    while sum(f.endswith(".ready") for f in os.listdir(job.dir)) < job.size:
+        assert time.monotonic() < deadline, "the job did not start"
+        assert all(p.poll() is None for p in procs), "a rank died during start-up"
+        time.sleep(0.2)
+    time.sleep(0.5)
+    t_cut = time.time()
+    cut.link_down()
+    cluster.wait_all(job.cluster, procs, 120)
+    bad = []
+    for r, rep in enumerate(job.reports()):
+        if rep is None or not rep.get("error"):
+            bad.append((r, "no error reported"))
+            continue
+        named = cluster_faults._named_ranks(rep["message"])
+        other = cut_ranks if r not in cut_ranks else set(range(job.size)) - cut_ranks
+        if not (named & other or (r not in cut_ranks and cut.addr in rep["message"])):
+            bad.append((r, rep["message"][:200]))
+        elif rep["t_error"] - t_cut > 40:
+            bad.append((r, f"error after {rep['t_error'] - t_cut:.1f} s"))
     assert bad == [], bad
