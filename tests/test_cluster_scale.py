@@ -78,18 +78,25 @@ def test_collectives_on_many_hosts(cluster_hosts):
     _check_collectives(job, outs)
 
 
-@pytest.mark.skipif(not SLOW, reason="128 ranks on a small machine: TFRING_TEST_SLOW=1")
-@pytest.mark.parametrize("cluster_hosts", [(32, 4)], indirect=True, ids=["32x4"])
-def test_killed_rank_on_the_last_host_is_named_by_every_survivor(cluster_hosts):
-    job = cluster_hosts
-    victim = job.size - 1
-    procs = job.start(["fault", "allreduce"], env={"FAULT_ELEMS": "1024"})
+def _start_fault_stream(job, env):
+    """Starts every rank in a stream of small allreduces and returns once
+    all are in it (half a second after the last is ready)."""
+    procs = job.start(["fault", "allreduce"], env=dict({"FAULT_ELEMS": "1024"}, **env))
     deadline = time.monotonic() + 600
     while sum(f.endswith(".ready") for f in os.listdir(job.dir)) < job.size:
         assert time.monotonic() < deadline, "the job did not start"
         assert all(p.poll() is None for p in procs), "a rank died during start-up"
         time.sleep(0.2)
     time.sleep(0.5)
+    return procs
+
+
+@pytest.mark.skipif(not SLOW, reason="128 ranks on a small machine: TFRING_TEST_SLOW=1")
+@pytest.mark.parametrize("cluster_hosts", [(32, 4)], indirect=True, ids=["32x4"])
+def test_killed_rank_on_the_last_host_is_named_by_every_survivor(cluster_hosts):
+    job = cluster_hosts
+    victim = job.size - 1
+    procs = _start_fault_stream(job, {})
     t_kill = time.time()
     os.kill(procs[victim].pid, signal.SIGKILL)
     cluster.wait_all(job.cluster, procs[:victim], 120)
@@ -112,14 +119,7 @@ def test_cut_link_of_the_last_host_is_named_by_every_rank(cluster_hosts):
     job = cluster_hosts
     cut = job.cluster.hosts[-1]
     cut_ranks = set(range(job.size - job.per_host, job.size))
-    procs = job.start(["fault", "allreduce"], env={"FAULT_ELEMS": "1024",
-                                                  "TFRING_TIMEOUT": "30"})
-    deadline = time.monotonic() + 600
-    while sum(f.endswith(".ready") for f in os.listdir(job.dir)) < job.size:
-        assert time.monotonic() < deadline, "the job did not start"
-        assert all(p.poll() is None for p in procs), "a rank died during start-up"
-        time.sleep(0.2)
-    time.sleep(0.5)
+    procs = _start_fault_stream(job, {"TFRING_TIMEOUT": "30"})
     t_cut = time.time()
     cut.link_down()
     cluster.wait_all(job.cluster, procs, 120)
