@@ -118,6 +118,42 @@ def vote_worker(args):
     return 0
 
 
+def _launch(n, args, tmp, extra_env, argv_of, what="", rank_env=False):
+    """Runs n ranks of this script (argv_of(rank) after the script's path),
+    each on one thread, with extra_env, --transport and --hosts applied;
+    waits at most --timeout and returns each rank's JSON from --out."""
+    procs = []
+    try:
+        for r in range(n):
+            env = child_env()
+            env["OMP_NUM_THREADS"] = "1"
+            env.update(extra_env)
+            if rank_env:
+                env["TFRING_RANK"] = str(r)
+            if args.transport:
+                env["TFRING_TRANSPORT"] = args.transport
+            if args.hosts > 1:
+                env["TFRING_HOSTNAME"] = f"host{r * args.hosts // n}"
+            cmd = [sys.executable, os.path.abspath(__file__), *argv_of(r),
+                   "--out", os.path.join(tmp, f"{r}.json")]
+            procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL))
+        for p in procs:
+            p.wait(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"scale_bench: {n} ranks ran past --timeout {args.timeout:g} s")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    if any(p.returncode for p in procs):
+        raise SystemExit(f"scale_bench: a rank of {n} failed{what}")
+    rows = []
+    for r in range(n):
+        with open(os.path.join(tmp, f"{r}.json")) as f:
+            rows.append(json.load(f))
+    return rows
+
+
 def run_vote(n, args):
     """One job per vote algorithm and repetition; the slowest rank's mean."""
     from tfring import _core
@@ -130,34 +166,12 @@ def run_vote(n, args):
             with tempfile.TemporaryDirectory(prefix="tfring-vote-") as tmp:
                 secret = secrets.token_hex(16)
                 server = _core.TcpStoreServer("127.0.0.1", 0, secret)
-                procs = []
-                for r in range(n):
-                    env = child_env()
-                    env.update({"OMP_NUM_THREADS": "1", "TFRING_RANK": str(r),
-                                "TFRING_SIZE": str(n), "TFRING_SECRET": secret,
-                                "TFRING_STORE_ADDR": f"127.0.0.1:{server.port}",
-                                "TFRING_VOTE_ALGO": algo, "TFRING_TIMEOUT": "300"})
-                    if args.transport:
-                        env["TFRING_TRANSPORT"] = args.transport
-                    if args.hosts > 1:
-                        env["TFRING_HOSTNAME"] = f"host{r * args.hosts // n}"
-                    cmd = [sys.executable, os.path.abspath(__file__), "--vote-worker",
-                           "--size", str(args.size), "--iters", str(args.iters),
-                           "--out", os.path.join(tmp, f"{r}.json")]
-                    procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL))
-                try:
-                    for p in procs:
-                        p.wait(timeout=args.timeout)
-                except subprocess.TimeoutExpired:
-                    for p in procs:
-                        p.kill()
-                    raise SystemExit(f"scale_bench: {n} ranks ran past --timeout")
-                if any(p.returncode for p in procs):
-                    raise SystemExit(f"scale_bench: a rank of {n} failed (vote {algo})")
-                rows = []
-                for r in range(n):
-                    with open(os.path.join(tmp, f"{r}.json")) as f:
-                        rows.append(json.load(f))
+                env = {"TFRING_SIZE": str(n), "TFRING_SECRET": secret,
+                       "TFRING_STORE_ADDR": f"127.0.0.1:{server.port}",
+                       "TFRING_VOTE_ALGO": algo, "TFRING_TIMEOUT": "300"}
+                rows = _launch(n, args, tmp, env, lambda r: [
+                    "--vote-worker", "--size", str(args.size), "--iters", str(args.iters)],
+                    f" (vote {algo})", rank_env=True)
                 del server
             times[algo].append(max(row["time_s"] for row in rows))
             info[algo] = rows[0]
@@ -174,37 +188,13 @@ def run(n, args):
         store = os.path.join(tmp, "store")
         os.makedirs(store)
         secret = secrets.token_hex(16)
-        procs = []
-        for r in range(n):
-            env = child_env()
-            env["OMP_NUM_THREADS"] = "1"
-            # Opens the point-to-point links on any topology; each call
-            # names its algorithm.
-            env["TFRING_ALLREDUCE_ALGO"] = "recdbl"
-            if args.transport:
-                env["TFRING_TRANSPORT"] = args.transport
-            if args.hosts > 1:
-                env["TFRING_HOSTNAME"] = f"host{r * args.hosts // n}"
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(r),
-                   "--nranks", str(n), "--store", store, "--secret", secret,
-                   "--size", str(args.size), "--algos", args.algos, "--iters", str(args.iters),
-                   "--collective", args.collective,
-                   "--reps", str(args.reps),
-                   "--out", os.path.join(tmp, f"{r}.json")]
-            procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL))
-        try:
-            for p in procs:
-                p.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise SystemExit(f"scale_bench: {n} ranks ran past --timeout {args.timeout:g} s")
-        if any(p.returncode for p in procs):
-            raise SystemExit(f"scale_bench: a rank of {n} failed")
-        rows = []
-        for r in range(n):
-            with open(os.path.join(tmp, f"{r}.json")) as f:
-                rows.append(json.load(f))
+        # TFRING_ALLREDUCE_ALGO=recdbl opens the point-to-point links on any
+        # topology; each call names its algorithm.
+        rows = _launch(n, args, tmp, {"TFRING_ALLREDUCE_ALGO": "recdbl"}, lambda r: [
+            "--worker", "--rank", str(r), "--nranks", str(n), "--store", store,
+            "--secret", secret, "--size", str(args.size), "--algos", args.algos,
+            "--iters", str(args.iters), "--collective", args.collective,
+            "--reps", str(args.reps)])
     out = {"np": n}
     for algo in args.algos.split(","):
         reps = len(rows[0][algo]["times"])
