@@ -10,18 +10,16 @@ namespace tfring {
 namespace collectives {
 
 namespace {
-std::atomic<uint64_t> g_calls[kNumAllgatherAlgos];
-std::atomic<uint64_t> g_hops[kNumAllgatherAlgos];
-std::atomic<uint64_t> g_sent[kNumAllgatherAlgos];
+AlgoTotals<kNumAllgatherAlgos> g_totals;
 }  // namespace
 
 const char* allgatherAlgoName(AllgatherAlgo a) {
   return a == AllgatherAlgo::kRecDbl ? "recdbl" : "ring";
 }
 
-uint64_t allgatherCalls(AllgatherAlgo a) { return g_calls[static_cast<int>(a)].load(); }
-uint64_t allgatherHops(AllgatherAlgo a) { return g_hops[static_cast<int>(a)].load(); }
-uint64_t allgatherBytesSent(AllgatherAlgo a) { return g_sent[static_cast<int>(a)].load(); }
+uint64_t allgatherCalls(AllgatherAlgo a) { return g_totals.calls(static_cast<int>(a)); }
+uint64_t allgatherHops(AllgatherAlgo a) { return g_totals.hops(static_cast<int>(a)); }
+uint64_t allgatherBytesSent(AllgatherAlgo a) { return g_totals.bytesSent(static_cast<int>(a)); }
 
 AllgatherAlgo chooseAllgather(const RingComm& c, size_t total_bytes) {
   const transport::HostLinks* H = c.host;
@@ -59,9 +57,7 @@ void allgather(RingComm& c, void* out, const std::vector<size_t>& rank_bytes) {
     ringAllgather(c, out, rank_bytes);  // nothing moves; keeps the ring in lockstep
   }
   const int i = static_cast<int>(a);
-  g_calls[i].fetch_add(1, std::memory_order_relaxed);
-  g_hops[i].fetch_add(st.hops, std::memory_order_relaxed);
-  g_sent[i].fetch_add(st.bytes_sent, std::memory_order_relaxed);
+  g_totals.add(i, st.hops, st.bytes_sent);
   recordCollective(st);
 }
 

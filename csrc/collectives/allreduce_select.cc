@@ -15,9 +15,7 @@ namespace tfring {
 namespace collectives {
 
 namespace {
-std::atomic<uint64_t> g_calls[kNumAllreduceAlgos];
-std::atomic<uint64_t> g_hops[kNumAllreduceAlgos];
-std::atomic<uint64_t> g_sent[kNumAllreduceAlgos];
+AlgoTotals<kNumAllreduceAlgos> g_totals;
 std::mutex g_last_mu;
 AllreduceStats g_last;
 
@@ -80,24 +78,16 @@ void record(const AllreduceStats& st) {
   cs.bytes_sent = st.bytes_sent;
   recordCollective(cs);
   const int i = static_cast<int>(st.algo);
-  g_calls[i].fetch_add(1, std::memory_order_relaxed);
-  g_hops[i].fetch_add(st.hops, std::memory_order_relaxed);
-  g_sent[i].fetch_add(st.bytes_sent, std::memory_order_relaxed);
+  g_totals.add(i, st.hops, st.bytes_sent);
   std::lock_guard<std::mutex> lk(g_last_mu);
   g_last = st;
 }
 
 }  // namespace
 
-uint64_t allreduceCalls(AllreduceAlgo a) {
-  return g_calls[static_cast<int>(a)].load(std::memory_order_relaxed);
-}
-uint64_t allreduceHops(AllreduceAlgo a) {
-  return g_hops[static_cast<int>(a)].load(std::memory_order_relaxed);
-}
-uint64_t allreduceBytesSent(AllreduceAlgo a) {
-  return g_sent[static_cast<int>(a)].load(std::memory_order_relaxed);
-}
+uint64_t allreduceCalls(AllreduceAlgo a) { return g_totals.calls(static_cast<int>(a)); }
+uint64_t allreduceHops(AllreduceAlgo a) { return g_totals.hops(static_cast<int>(a)); }
+uint64_t allreduceBytesSent(AllreduceAlgo a) { return g_totals.bytesSent(static_cast<int>(a)); }
 AllreduceStats lastAllreduceStats() {
   std::lock_guard<std::mutex> lk(g_last_mu);
   return g_last;

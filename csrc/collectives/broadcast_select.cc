@@ -9,9 +9,7 @@ namespace tfring {
 namespace collectives {
 
 namespace {
-std::atomic<uint64_t> g_calls[kNumBroadcastAlgos];
-std::atomic<uint64_t> g_hops[kNumBroadcastAlgos];
-std::atomic<uint64_t> g_sent[kNumBroadcastAlgos];
+AlgoTotals<kNumBroadcastAlgos> g_totals;
 }  // namespace
 
 const char* broadcastAlgoName(BroadcastAlgo a) {
@@ -23,9 +21,9 @@ const char* broadcastAlgoName(BroadcastAlgo a) {
   return "?";
 }
 
-uint64_t broadcastCalls(BroadcastAlgo a) { return g_calls[static_cast<int>(a)].load(); }
-uint64_t broadcastHops(BroadcastAlgo a) { return g_hops[static_cast<int>(a)].load(); }
-uint64_t broadcastBytesSent(BroadcastAlgo a) { return g_sent[static_cast<int>(a)].load(); }
+uint64_t broadcastCalls(BroadcastAlgo a) { return g_totals.calls(static_cast<int>(a)); }
+uint64_t broadcastHops(BroadcastAlgo a) { return g_totals.hops(static_cast<int>(a)); }
+uint64_t broadcastBytesSent(BroadcastAlgo a) { return g_totals.bytesSent(static_cast<int>(a)); }
 
 BroadcastAlgo chooseBroadcast(const RingComm& c, size_t bytes) {
   const transport::HostLinks* H = c.host;
@@ -67,9 +65,7 @@ void broadcast(RingComm& c, void* data, size_t bytes, int root_rank) {
     }
   }
   const int i = static_cast<int>(a);
-  g_calls[i].fetch_add(1, std::memory_order_relaxed);
-  g_hops[i].fetch_add(st.hops, std::memory_order_relaxed);
-  g_sent[i].fetch_add(st.bytes_sent, std::memory_order_relaxed);
+  g_totals.add(i, st.hops, st.bytes_sent);
   recordCollective(st);
 }
 

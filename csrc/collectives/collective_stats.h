@@ -11,6 +11,7 @@
 //               shared host segment are not counted
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 namespace tfring {
@@ -26,6 +27,28 @@ struct CollectiveStats {
 };
 
 void recordCollective(const CollectiveStats& st);
+
+// One collective kind's totals per algorithm (N algorithms, indexed by the
+// kind's enum): calls, hops and bytes sent, summed over this process's
+// calls. Behind _core.allreduce_algorithm_stats() and
+// collective_algorithm_stats().
+template <int N>
+class AlgoTotals {
+ public:
+  void add(int algo, uint64_t hops, uint64_t bytes_sent) {
+    calls_[algo].fetch_add(1, std::memory_order_relaxed);
+    hops_[algo].fetch_add(hops, std::memory_order_relaxed);
+    sent_[algo].fetch_add(bytes_sent, std::memory_order_relaxed);
+  }
+  uint64_t calls(int algo) const { return calls_[algo].load(std::memory_order_relaxed); }
+  uint64_t hops(int algo) const { return hops_[algo].load(std::memory_order_relaxed); }
+  uint64_t bytesSent(int algo) const { return sent_[algo].load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> calls_[N] = {};
+  std::atomic<uint64_t> hops_[N] = {};
+  std::atomic<uint64_t> sent_[N] = {};
+};
 CollectiveStats lastCollectiveStats();
 
 }  // namespace collectives
