@@ -44,6 +44,21 @@ uint64_t broadcastBytesSent(BroadcastAlgo a);
 void broadcast(RingComm& c, void* data, size_t bytes, int root_rank);
 
 // The algorithm itself; callers go through broadcast().
+// Where the root sits in the recursive layout of the point-to-point
+// broadcasts (transport::RecursiveLayout): whether it is an extra rank
+// folded into its partner (which then gets the buffer first), whether any
+// other extra rank waits for the buffer at the end, and the virtual rank
+// that holds the buffer inside the power-of-two group.
+struct RootPlace {
+  bool root_extra;
+  bool other_extras;
+  int vroot;
+};
+inline RootPlace rootPlace(int r, int root) {  // r: extra ranks (RecursiveLayout::r)
+  return {root < 2 * r && root % 2 == 0, r > 1 || (r == 1 && root != 0),
+          root < 2 * r ? root / 2 : root - r};
+}
+
 void treeBroadcast(RingComm& c, void* data, size_t bytes, int root_rank, CollectiveStats* st);
 void scatterAllgatherBroadcast(RingComm& c, void* data, size_t bytes, int root_rank,
                                CollectiveStats* st);

@@ -31,9 +31,9 @@ void treeBroadcast(RingComm& c, void* data, size_t bytes, int root_rank, Collect
   const int rank = c.ring[c.pos];
   const transport::RecursiveLayout L = transport::recursiveLayout(rank, N);
   const int R = root_rank;
-  const bool root_extra = R < 2 * L.r && R % 2 == 0;
-  const bool other_extras = L.r > 1 || (L.r == 1 && R != 0);
-  const int vr = R < 2 * L.r ? R / 2 : R - L.r;
+  const RootPlace place = rootPlace(L.r, R);
+  const bool root_extra = place.root_extra, other_extras = place.other_extras;
+  const int vr = place.vroot;
   char* buf = static_cast<char*>(data);
   const Deadline deadline = Deadline::in(c.timeout_s);
   const char* what = "broadcast (binomial tree)";
