@@ -19,6 +19,12 @@ namespace runtime {
 namespace {
 // How long no caller must have driven before the engine thread takes over.
 constexpr double kSeatQuiet = 200e-6;
+// How long a caller yields for the driver's seat before it sleeps on its
+// collective's completion instead.
+constexpr double kSeatYield = 100e-6;
+// The longest the engine thread sleeps while a caller drives (stop and
+// abort checks; a leaving caller wakes it at once).
+constexpr double kParkMax = 0.1;
 // How long a wait may still block after a rank it needs has shut down.
 constexpr double kLeftGrace = 2.0;
 }  // namespace
@@ -243,23 +249,33 @@ void Engine::drive(const std::function<bool()>& done, const std::function<void()
   }
   sync_drivers_.fetch_add(1);
   struct Leave {
-    std::atomic<int>& n;
-    std::atomic<double>& when;
+    Engine* e;
     ~Leave() {
-      when.store(nowSeconds());
-      n.fetch_sub(1);
+      e->last_drive_end_.store(nowSeconds());
+      // The engine thread sleeps untimed once a caller has driven for a
+      // while: the last one out wakes it, so rounds peers start later are
+      // served. Back-to-back calls leave it asleep most of the time, and
+      // a call pays the wake-up only after the engine has parked.
+      if (e->sync_drivers_.fetch_sub(1) == 1 && e->parked_long_.exchange(false)) {
+        std::lock_guard<std::mutex> lk(e->mu_);
+        e->cv_.notify_all();
+      }
     }
   };
   {
-    Leave leave{sync_drivers_, last_drive_end_};
+    Leave leave{this};
     wakeLocal();  // an idle engine thread hands over the driver's seat
     while (!done() && !stop_requested_.load()) {
       std::unique_lock<std::mutex> d(drive_mu_, std::try_to_lock);
       // The engine thread hands the seat over within microseconds (it
       // watches sync_drivers_); a caller that really drives takes longer.
+      // Yield for at most kSeatYield: with many ranks per core one yield
+      // can wait a turn of every runnable rank.
+      const double yield_start = nowSeconds();
       for (int i = 0; i < 200 && !d.owns_lock() && !done(); ++i) {
         sched_yield();
         d.try_lock();
+        if ((i & 7) == 7 && nowSeconds() - yield_start > kSeatYield) break;
       }
       if (!d.owns_lock()) {
         wait();
@@ -294,16 +310,32 @@ void Engine::loop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lk(mu_);
-      // A caller drives: stay out of its way, but look again every
-      // millisecond so rounds started by peers are served once it is gone.
+      // A caller drives: stay out of its way. Look again after a
+      // millisecond; if a caller still drives then, sleep until the last
+      // caller leaves (drive() wakes this thread) so that rounds started
+      // by peers are served once it is gone. A timer here would wake every
+      // rank's engine thread a thousand times a second, which with many
+      // ranks per core costs the cores the ranks that have work need.
       // Back-to-back blocking calls leave sync_drivers_ at zero only for
       // microseconds: take the seat only after it has stayed free a while.
+      bool parked = false;
       for (;;) {
         if (stopping_ || AbortState::get().aborted()) break;
         if (sync_drivers_.load() > 0) {
-          cv_.wait_for(lk, std::chrono::milliseconds(1));
+          if (!parked) {
+            parked = true;
+            cv_.wait_for(lk, std::chrono::milliseconds(1));
+            continue;
+          }
+          parked_long_.store(true);
+          // Re-checked under mu_ after announcing: a caller leaving in
+          // between either sees parked_long_ or is seen here.
+          if (sync_drivers_.load() > 0)
+            cv_.wait_for(lk, std::chrono::duration<double>(kParkMax));
+          parked_long_.store(false);
           continue;
         }
+        parked = false;
         double quiet = nowSeconds() - last_drive_end_.load();
         if (quiet >= kSeatQuiet) break;
         cv_.wait_for(lk, std::chrono::duration<double>(kSeatQuiet - quiet));

@@ -195,6 +195,9 @@ class Engine {
   std::atomic<uint64_t> recv_seq_{0};   // last coordinator response received
   std::atomic<int> sync_drivers_{0};    // callers blocked in drive()
   std::atomic<double> last_drive_end_{0};  // when a caller last stopped driving
+  // The engine thread sleeps without a timer while a caller drives; the
+  // last caller to leave wakes it (drive()).
+  std::atomic<bool> parked_long_{false};
   std::atomic<bool> gpu_seen_{false};   // tryDrive leaves GPU groups to the engine thread
   std::atomic<bool> idle_blocked_{false};
   std::atomic<int> left_rank_{-1};           // a rank that shut down (kMsgLeft)

@@ -47,6 +47,7 @@ namespace {
 
 constexpr int kSpinChecks = 2000;    // idle checks before yielding
 constexpr int kYieldChecks = 50;     // then yields before blocking
+constexpr double kYieldSeconds = 100e-6;  // and for no longer than this
 constexpr double kMaxBlock = 0.1;    // seconds per block (stop/abort/aging checks)
 constexpr double kLeftGrace = 2.0;   // a closed vote link waits for the coordinator's word
 
@@ -121,8 +122,18 @@ void Engine::idleWait() {
   // own threads need to reach the next collective.
   const bool on_engine_thread = std::this_thread::get_id() == thread_.get_id();
   const bool spin = transport::spinning() && (!on_engine_thread || engine_spins_);
+  double yield_start = 0;
   for (int i = spin ? 0 : kSpinChecks; i < kSpinChecks + kYieldChecks; ++i) {
-    if (i >= kSpinChecks) sched_yield(); else transport::cpuRelax();
+    if (i >= kSpinChecks) {
+      // Yields end after kYieldSeconds as well: with many ranks per core
+      // each yield waits a turn of every runnable rank.
+      double now = nowSeconds();
+      if (i == kSpinChecks) yield_start = now;
+      else if (now - yield_start > kYieldSeconds) break;
+      sched_yield();
+    } else {
+      transport::cpuRelax();
+    }
     if (hasNews() || peerStartedRound()) return;
     if (sync_drivers_.load(std::memory_order_relaxed) > 0 && on_engine_thread)
       return;  // hand over to the caller that wants to drive

@@ -32,6 +32,12 @@ namespace {
 
 constexpr uint64_t kSpinRounds = 256;
 constexpr uint64_t kYieldRounds = 64;
+// The yield phase also ends after this long. With many more runnable ranks
+// than cores a sched_yield() hands the core round every one of them, so a
+// count of yields alone can cost milliseconds per wait; past this budget a
+// rank sleeps in poll() or on its doorbell and leaves the cores to the ranks
+// that have work.
+constexpr double kYieldSeconds = 100e-6;
 constexpr double kMaxSleep = 0.05;       // seconds between health checks
 constexpr double kHealthInterval = 0.2;  // seconds
 
@@ -76,7 +82,9 @@ void Waiter::idle(uint32_t ticket, bool want_send, bool want_recv) {
     return;
   }
   checkHealth();
-  if (idle_rounds_ < kSpinRounds + kYieldRounds) {
+  if (idle_rounds_ == kSpinRounds) yield_start_ = nowSeconds();
+  if (idle_rounds_ < kSpinRounds + kYieldRounds &&
+      nowSeconds() - yield_start_ < kYieldSeconds) {
     sched_yield();
     return;
   }

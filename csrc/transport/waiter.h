@@ -72,6 +72,7 @@ class Waiter {
   Deadline deadline_{};
   std::string what_;
   uint64_t idle_rounds_ = 0;
+  double yield_start_ = 0;
   double next_health_check_ = 0;
 };
 
