@@ -14,7 +14,7 @@ import pytest
 from multiproc import check_ok, check_peer_failure, run_ranks
 
 SLOW = bool(os.environ.get("TFRING_TEST_SLOW"))
-HEADER, FRESH_LIST, FRESH_TALLY = 2, 25, 34  # runtime/vote.h, in int32 words
+HEADER, FRESH_LIST, FRESH_TALLY = 3, 25, 34  # runtime/vote.h, in int32 words
 
 
 def vote_formula(algo, rank, n, vote_bytes):
@@ -60,7 +60,54 @@ def _check(res, n, algo):
 @pytest.mark.parametrize("n", [8, 13, 16])
 @pytest.mark.parametrize("algo", ["ring", "recdbl"])
 def test_vote_counters_match_formulas(n, algo):
-    _check(_steady(n, algo), n, algo)
+    # The vote alone: no small allreduce riding in it (TFRING_VOTE_DATA).
+    _check(_steady(n, algo, {"TFRING_VOTE_DATA": "0"}), n, algo)
+
+
+@pytest.mark.parametrize("n", [5, 8])
+@pytest.mark.parametrize("algo", ["ring", "recdbl"])
+def test_steady_results_with_small_allreduces_riding_the_vote(n, algo):
+    # Every rank submits in its own order: riders often differ between
+    # ranks, and those tensors must still run (and agree with float64).
+    res = _steady(n, algo, {"STEPS": "4"})
+    for r, out in enumerate(res):
+        assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"][:10])
+
+
+@pytest.mark.parametrize("n,algo", [(2, "ring"), (3, "ring"), (5, "recdbl"), (6, "recdbl")])
+def test_small_allreduce_rides_the_vote(n, algo):
+    # A steady small allreduce (1 KiB) is reduced inside the vote itself:
+    # the vote's hops alone, every dtype and op right, and the vote's size
+    # is its own plus a key of 3 words and the agreed room (the tensor).
+    count = 256
+    res = check_ok(run_ranks(n, "vote.py", ["rider"], timeout=180,
+                             env={"TFRING_TIMEOUT": "60", "TFRING_VOTE_ALGO": algo,
+                                  "COUNT": str(count)}))
+    for r, out in enumerate(res):
+        assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"][:10])
+        for run in out["runs"]:
+            dt = run["case"][0]
+            size = {"float16": 2, "float32": 4, "int32": 4, "float64": 8}[dt] * count
+            algos = [s["algo"] for s in run["stats"]]
+            # The first call of a new size carries no data (the room is agreed
+            # a round ahead); from then on every call rides.
+            assert algos[-4:] == ["vote"] * 4, (r, run["case"], algos)
+            st, vote = run["stats"][-1], run["vote"]
+            assert (st["ranks"], st["bytes"]) == (n, size), st
+            assert (st["hops"], st["bytes_sent"]) == (vote["hops"], vote["bytes_sent"]), (st, vote)
+            words = FRESH_TALLY + 3 + size // 4  # the ring's list sent in tally form
+            ids = vote["bytes"] // 4 - HEADER - words
+            assert vote["bytes"] % 4 == 0 and 0 <= ids <= 1, vote
+            assert (vote["hops"], vote["bytes_sent"]) == vote_formula(algo, r, n, vote["bytes"])
+
+
+def test_forced_algorithm_or_zero_room_keeps_small_allreduces_out_of_the_vote():
+    for env in ({"TFRING_VOTE_DATA": "0"}, {"TFRING_ALLREDUCE_ALGO": "oneshot"}):
+        res = check_ok(run_ranks(3, "vote.py", ["rider"], timeout=180,
+                                 env=dict(env, TFRING_TIMEOUT="60", COUNT="64")))
+        for out in res:
+            assert out["failures"] == []
+            assert all(s["algo"] != "vote" for run in out["runs"] for s in run["stats"]), env
 
 
 def test_recdbl_vote_hops_are_logarithmic():

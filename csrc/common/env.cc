@@ -64,11 +64,15 @@ Config Config::fromEnv() {
   c.shm_buffer_bytes = env::parseBytes(env::getString("TFRING_SHM_BUFFER", ""), c.shm_buffer_bytes);
   if (c.shm_buffer_bytes < 4096) c.shm_buffer_bytes = 4096;
   c.transport = env::getString("TFRING_TRANSPORT", c.transport);
+  c.spin = env::getString("TFRING_SPIN", c.spin);
   c.timeline = env::getString("TFRING_TIMELINE", "");
   c.iface_addr = env::getString("TFRING_IFACE_ADDR", "");
   c.log_level = static_cast<int>(env::getInt("TFRING_LOG_LEVEL", c.log_level));
   c.cache_enabled = env::getInt("TFRING_CACHE", 1) != 0;
   c.allreduce_algo = env::getString("TFRING_ALLREDUCE_ALGO", c.allreduce_algo);
+  c.vote_data_bytes = env::parseBytes(env::getString("TFRING_VOTE_DATA", ""), c.vote_data_bytes);
+  if (c.vote_data_bytes < 0) c.vote_data_bytes = 0;
+  if (c.vote_data_bytes > (1 << 20)) c.vote_data_bytes = 1 << 20;
   c.allgather_algo = env::getString("TFRING_ALLGATHER_ALGO", c.allgather_algo);
   c.broadcast_algo = env::getString("TFRING_BROADCAST_ALGO", c.broadcast_algo);
   c.small_threshold = env::parseBytes(env::getString("TFRING_SMALL_THRESHOLD", ""), c.small_threshold);

@@ -29,6 +29,7 @@ struct Config {
   int64_t chunk_bytes = 512ll << 10;      // TFRING_CHUNK_SIZE (pipeline unit)
   int64_t shm_buffer_bytes = 4ll << 20;   // TFRING_SHM_BUFFER (per link)
   std::string transport = "auto";         // TFRING_TRANSPORT: auto|shm|tcp
+  std::string spin = "auto";              // TFRING_SPIN: auto|0|1 (busy-wait before sleeping)
   std::string timeline;                   // TFRING_TIMELINE: path or empty
   std::string iface_addr;                 // TFRING_IFACE_ADDR: address to bind
   int log_level = 1;                      // TFRING_LOG_LEVEL: 0 debug..3 error
@@ -36,6 +37,7 @@ struct Config {
   // Allreduce algorithm: auto|ring|oneshot|hier (collectives/allreduce.h).
   // Rank 0's value, and rank 0's threshold, are used by every rank.
   std::string allreduce_algo = "auto";    // TFRING_ALLREDUCE_ALGO
+  int64_t vote_data_bytes = 4096;         // TFRING_VOTE_DATA: small allreduces carried by the vote (0: off)
   // Allgather auto|ring|recdbl, broadcast auto|ring|tree|scatter_allgather
   // (collectives/allgather.h, broadcast.h); rank 0's values hold.
   std::string allgather_algo = "auto";    // TFRING_ALLGATHER_ALGO

@@ -39,8 +39,11 @@ Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordin
   cpu_set_t cpus;
   int ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   const int procs = cfg.host_procs > 0 ? cfg.host_procs : T.local_size;
-  transport::setSpinning(procs <= ncpu);
-  engine_spins_ = 2 * procs <= ncpu;
+  // TFRING_SPIN=auto busy-waits only where every local rank can have a
+  // core; 0 never (a framework's own threads want every core), 1 always.
+  const bool spin_auto = cfg.spin != "0" && cfg.spin != "1";
+  transport::setSpinning(spin_auto ? procs <= ncpu : cfg.spin == "1");
+  engine_spins_ = spin_auto ? 2 * procs <= ncpu : cfg.spin == "1";
   const transport::HostLinks* H = links_->host();
   vote_recdbl_ = T.size > 1 && H && H->vote_recdbl && H->peers;
   if (vote_recdbl_)

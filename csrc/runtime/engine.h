@@ -57,6 +57,7 @@ struct Entry {
   int32_t id = -1;                  // cache id while waiting on the fast path
   uint64_t fresh_full = 0;          // engine_fresh.cc: hashes offered in the vote
   uint32_t fresh_name = 0;
+  bool rode = false;                // engine_rider.cc: finished by the vote
 };
 
 // Allocates a request's output through its allocator once the shape is
@@ -69,6 +70,10 @@ void allocateOutput(Entry& e, const std::vector<int64_t>& shape);
 std::vector<size_t> allgatherBytes(const Meta& m, const std::vector<int64_t>& dim0s,
                                    std::vector<int64_t>* out_shape);
 std::vector<size_t> reducescatterCounts(const Meta& m, int n);
+// executor.cc: the postscale an allreduce ends with (Average's 1/size
+// folded in), and the kernel op behind a reduce op (Average sums).
+double finalScale(const Meta& m, int size);
+ReduceOp kernelOp(ReduceOp op);
 
 // alltoall_join.cc. Resolves one rank's alltoall splits over `size` ranks
 // (empty: an even split) into *rows; returns why they are invalid, or "".
@@ -142,7 +147,23 @@ class Engine {
   void runSlowGroup(const Group& g);
   void runGroup(const Group& g, const std::vector<std::shared_ptr<Entry>>& es);
   void finish(const std::vector<std::shared_ptr<Entry>>& es, const Status& st);
+  std::string voteStatsJson() const;
   double agingLimit() const;
+
+  // engine_rider.cc: one small allreduce carried by the round's vote
+  size_t riderWords() const;              // extra vote words this round
+  int32_t riderProposal();                // payload bytes proposed for the next round
+  void writeRider(int32_t* out);          // this rank's rider (or none) into the vote
+  void runRider(const int32_t* merged);   // completes the rider every rank agreed on
+  bool riderEligible(const Entry& e) const;
+  static void mergeRider(void* ctx, const int32_t* lo, const int32_t* hi, int32_t* out);
+  static constexpr size_t kRiderKey = 3;  // key words before the data
+  std::shared_ptr<Entry> rider_;  // this rank's rider in the round's vote
+  int32_t rider_key_[kRiderKey] = {0, 0, 0};
+  int64_t rider_bytes_ = 0;      // this round's payload room, agreed in the last vote
+  int64_t rider_hint_ = 0;       // bytes of the last small allreduce seen
+  uint64_t rider_seen_ = 0;      // round it was seen in
+  uint64_t rounds_ = 0;
 
   // engine_fresh.cc: first appearances agreed in the round's vote
   // (kFreshSlots per rank, runtime/vote.h)

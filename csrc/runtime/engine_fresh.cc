@@ -95,7 +95,8 @@ void Engine::runFresh(const int32_t* tally, int mine) {
     for (int j = 0; j < mine; ++j)
       if (!taken[j] && fresh_[j]->fresh_full == h) {
         taken[j] = true;
-        run.push_back(fresh_[j]);
+        // Finished by the vote itself on every rank (engine_rider.cc).
+        if (!fresh_[j]->rode) run.push_back(fresh_[j]);
         break;
       }
   }
@@ -104,7 +105,7 @@ void Engine::runFresh(const int32_t* tally, int mine) {
       taken[j] = true;
       conflict.push_back(fresh_[j]);
     }
-  if (run.empty() && conflict.empty()) return;
+  if (std::find(taken.begin(), taken.end(), true) == taken.end()) return;
   std::vector<std::shared_ptr<Entry>> keep;
   for (int j = 0; j < static_cast<int>(fresh_.size()); ++j)
     if (j >= mine || !taken[j]) keep.push_back(std::move(fresh_[j]));

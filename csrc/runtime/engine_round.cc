@@ -7,10 +7,15 @@
 //             tensors that are not finished, or a tensor of its own has
 //             waited on the fast path longer than agingLimit()); the
 //             minimum is 0 when any rank does;
-//   [2 + i]   1 when cache id i is ready here with the Meta it last ran
+//   [2]       the bytes of small allreduce this rank proposes the next
+//             round's votes carry (engine_rider.cc); the minimum is the room
+//             every rank's next vote has;
+//   [3 + i]   1 when cache id i is ready here with the Meta it last ran
 //             with, else 0; the minimum is 1 when it is ready everywhere.
-//   [2 + K..] this rank's first new names as hashes (engine_fresh.cc),
-//             merged into those on every rank's list (runtime/vote.h).
+//   [3 + K..] this rank's first new names as hashes (engine_fresh.cc),
+//             merged into those on every rank's list (runtime/vote.h);
+//   then      with room agreed, one small allreduce's id and data, reduced
+//             when every rank chose the same (engine_rider.cc).
 // Votes travel round the ring (an allgather: N-1 hops) or by recursive
 // doubling over point-to-point links (log2 N hops), see runtime/vote.h;
 // either way every step carries bytes, and an idle rank joins a round when
@@ -257,7 +262,9 @@ void Engine::round() {
   // The vote.
   const size_t K = ids_.size();
   const size_t fresh_at = kVoteHeader + K;  // engine_fresh.cc's part of the vote
-  vote_.assign(fresh_at + kFreshTallyWords, 1);
+  const size_t rider_at = fresh_at + kFreshTallyWords;  // engine_rider.cc's part
+  const VoteExtra rider{riderWords(), &Engine::mergeRider, this};
+  vote_.assign(rider_at + rider.words, 1);
   const uint64_t held = recv_seq_.load(std::memory_order_acquire);
   vote_[0] = static_cast<int32_t>(std::min<uint64_t>(held, INT32_MAX));
   for (size_t i = 0; i < K; ++i) vote_[kVoteHeader + i] = fast_[i] ? 1 : 0;
@@ -265,13 +272,20 @@ void Engine::round() {
   bool aged = waitingCount() > 0 && nowSeconds() - fast_oldest_ > agingLimit();
   aged_ = aged;
   vote_[1] = (slow_outstanding_ > 0 || aged) ? 0 : 1;
+  vote_[2] = riderProposal();
+  if (rider.words) writeRider(vote_.data() + rider_at);
   // Every rank ends with the same tally (runtime/vote.h).
+  const VoteExtra* x = rider.words ? &rider : nullptr;
   if (vote_recdbl_) {
     freshListToTally(vote_.data() + fresh_at);
-    last_vote_ = recdblVote(comm_, vote_.data(), fresh_at, &vote_scratch_);
+    last_vote_ = recdblVote(comm_, vote_.data(), fresh_at, &vote_scratch_, x);
   } else {
-    last_vote_ = ringVote(comm_, vote_.data(), fresh_at, &vote_scratch_);
+    last_vote_ = ringVote(comm_, vote_.data(), fresh_at, &vote_scratch_, x);
   }
+  // 0. The small allreduce the vote carried, if every rank chose the same;
+  // and the room the next round's votes carry, the same on every rank.
+  if (rider.words) runRider(vote_.data() + rider_at);
+  rider_bytes_ = std::max<int32_t>(vote_[2], 0);
 
   // 1. Coordinator responses every rank holds, in order.
   const uint64_t upto = static_cast<uint64_t>(vote_[0]);
@@ -390,14 +404,10 @@ void Engine::runSlowGroup(const Group& g) {
 
 void Engine::runGroup(const Group& g, const std::vector<std::shared_ptr<Entry>>& es) {
   if (timeline_.enabled()) {
-    // The vote of the round that runs the group (runtime/vote.h).
-    const VoteStats& v = last_vote_;
-    const std::string args =
-        strCat("{\"algo\":\"", voteAlgoName(v.algo), "\",\"ranks\":", v.size,
-               ",\"bytes\":", v.bytes, ",\"hops\":", v.hops, ",\"bytes_sent\":", v.bytes_sent, "}");
+    const std::string args = voteStatsJson();
     for (auto& e : es) {
       timeline_.end(e->meta.name);
-      if (v.size > 0) timeline_.instant(e->meta.name, "VOTE_STATS", args);
+      if (last_vote_.size > 0) timeline_.instant(e->meta.name, "VOTE_STATS", args);
       timeline_.begin(e->meta.name, collectiveName(g.type));
     }
   }
@@ -427,6 +437,15 @@ void Engine::runGroup(const Group& g, const std::vector<std::shared_ptr<Entry>>&
       exec_dim0s_[it->second] = g.dim0s[0];
   }
   finish(es, st);
+}
+
+// The vote of the round that runs a group (runtime/vote.h), for the
+// timeline's VOTE_STATS events.
+std::string Engine::voteStatsJson() const {
+  const VoteStats& v = last_vote_;
+  return strCat("{\"algo\":\"", voteAlgoName(v.algo), "\",\"ranks\":", v.size,
+                ",\"bytes\":", v.bytes, ",\"hops\":", v.hops, ",\"bytes_sent\":", v.bytes_sent,
+                "}");
 }
 
 void Engine::finish(const std::vector<std::shared_ptr<Entry>>& es, const Status& st) {

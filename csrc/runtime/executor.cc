@@ -19,13 +19,6 @@ size_t bytesOf(const Meta& m) {
   return static_cast<size_t>(m.numElements()) * dtypeSize(m.dtype);
 }
 
-// Average is a sum followed by a division folded into the postscale.
-double finalScale(const Meta& m, int size) {
-  return m.op == ReduceOp::kAverage ? m.postscale / size : m.postscale;
-}
-
-ReduceOp kernelOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
-
 // The algorithm, critical-path hops and bytes this rank sent
 // (collectives::AllreduceStats), on every tensor of the group.
 void traceAllreduce(Timeline& t, const std::vector<std::shared_ptr<Entry>>& es) {
@@ -48,6 +41,13 @@ void traceCollective(Timeline& t, const Entry& e, const char* event) {
 }
 
 }  // namespace
+
+// Average is a sum followed by a division folded into the postscale.
+double finalScale(const Meta& m, int size) {
+  return m.op == ReduceOp::kAverage ? m.postscale / size : m.postscale;
+}
+
+ReduceOp kernelOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
 
 void allocateOutput(Entry& e, const std::vector<int64_t>& shape) {
   if (e.req.output) return;

@@ -55,7 +55,14 @@ void freshListToTally(int32_t* f) {
   for (int i = 0; i < kFreshSlots; ++i) f[kFreshWords + 1 + i] = i < n ? f[1 + 3 * i] : 0;
 }
 
-void mergeTally(const int32_t* lo, const int32_t* hi, int32_t* out, size_t head) {
+void mergeTally(const int32_t* lo, const int32_t* hi, int32_t* out, size_t head,
+                const VoteExtra* x) {
+  // The extra words first: the fresh part below is built on the side and
+  // written over `out` last, and the extra part sits after it.
+  if (x && x->words) {
+    const size_t at = head + kFreshTallyWords;
+    x->merge(x->ctx, lo + at, hi + at, out + at);
+  }
   const int32_t* a = lo + head;
   const int32_t* b = hi + head;
   int32_t f[kFreshTallyWords] = {0};
@@ -87,10 +94,14 @@ void mergeTally(const int32_t* lo, const int32_t* hi, int32_t* out, size_t head)
 }
 
 VoteStats ringVote(collectives::RingComm& c, int32_t* tally, size_t head,
-                   std::vector<int32_t>* all) {
+                   std::vector<int32_t>* all, const VoteExtra* x) {
   const int N = c.size;
-  const size_t len = head + kFreshWords;  // one rank's vote on the wire
-  const size_t tlen = head + kFreshTallyWords;
+  const size_t extra = x ? x->words : 0;
+  // One rank's vote on the wire: the fresh list in list form, and with
+  // extra words the room of the tally form before them, so that they sit
+  // where the tally keeps them.
+  const size_t len = head + (extra ? kFreshTallyWords + extra : kFreshWords);
+  const size_t tlen = head + kFreshTallyWords + extra;
   all->resize(len * N + 2 * tlen);
   int32_t* votes = all->data();
   std::memcpy(votes + static_cast<size_t>(c.ring[c.pos]) * len, tally, len * sizeof(int32_t));
@@ -102,7 +113,7 @@ VoteStats ringVote(collectives::RingComm& c, int32_t* tally, size_t head,
   for (int q = 1; q < N; ++q) {
     std::memcpy(next, votes + static_cast<size_t>(q) * len, len * sizeof(int32_t));
     freshListToTally(next + head);
-    mergeTally(tally, next, tally, head);
+    mergeTally(tally, next, tally, head, x);
   }
   VoteStats st;
   st.algo = VoteAlgo::kRing;
@@ -115,12 +126,12 @@ VoteStats ringVote(collectives::RingComm& c, int32_t* tally, size_t head,
 }
 
 VoteStats recdblVote(collectives::RingComm& c, int32_t* tally, size_t head,
-                     std::vector<int32_t>* tmp) {
+                     std::vector<int32_t>* tmp, const VoteExtra* x) {
   transport::PeerLinks& P = *c.host->peers;
   const int N = c.size;
   const int rank = c.ring[c.pos];
   const transport::RecursiveLayout L = transport::recursiveLayout(rank, N);
-  const size_t words = head + kFreshTallyWords;
+  const size_t words = head + kFreshTallyWords + (x ? x->words : 0);
   const size_t bytes = words * sizeof(int32_t);
   tmp->resize(words + 1);
   int32_t* in = tmp->data();
@@ -148,7 +159,7 @@ VoteStats recdblVote(collectives::RingComm& c, int32_t* tally, size_t head,
     // lower rank of the pair.
     const int32_t token = kWakeToken;
     transport::exchange(P.to(L.fold_peer), &token, sizeof(token), in, bytes, deadline, what);
-    mergeTally(in, tally, tally, head);
+    mergeTally(in, tally, tally, head, x);
     st.bytes_sent += sizeof(token);
   }
   for (int mask = 1; mask < L.p; mask <<= 1) {
@@ -156,9 +167,9 @@ VoteStats recdblVote(collectives::RingComm& c, int32_t* tally, size_t head,
     transport::exchange(P.to(q), tally, bytes, in, bytes, deadline, what);
     st.bytes_sent += bytes;
     if (rank < q)
-      mergeTally(tally, in, tally, head);
+      mergeTally(tally, in, tally, head, x);
     else
-      mergeTally(in, tally, tally, head);
+      mergeTally(in, tally, tally, head, x);
   }
   if (L.fold_peer >= 0) {
     transport::exchange(P.to(L.fold_peer), tally, bytes, nullptr, 0, deadline, what);

@@ -37,7 +37,7 @@
 namespace tfring {
 namespace runtime {
 
-constexpr int kVoteHeader = 2;
+constexpr int kVoteHeader = 3;
 constexpr int kFreshSlots = 8;
 constexpr int kFreshWords = 1 + 3 * kFreshSlots;                   // one rank's list
 constexpr int kFreshTallyWords = kFreshWords + 1 + kFreshSlots;    // the merged form
@@ -59,25 +59,37 @@ uint64_t voteRounds(VoteAlgo a);
 uint64_t voteHops(VoteAlgo a);
 uint64_t voteBytesSent(VoteAlgo a);
 
+// Words carried after the fresh tally, merged by the caller's function:
+// the engine rides one small allreduce's data on the vote this way
+// (engine_round.cc). merge(lo, hi, out) must be elementwise (out may be lo
+// or hi) and give the same bits on every rank for the same operands.
+struct VoteExtra {
+  size_t words = 0;
+  void (*merge)(void* ctx, const int32_t* lo, const int32_t* hi, int32_t* out) = nullptr;
+  void* ctx = nullptr;
+};
+
 // Turns the fresh list a rank wrote (kFreshWords at `fresh`) into its tally
 // form, in place (`fresh` has room for kFreshTallyWords).
 void freshListToTally(int32_t* fresh);
 
-// out = merge(lo, hi) for tallies of `head + kFreshTallyWords` words; `out`
-// may be `lo` or `hi`.
-void mergeTally(const int32_t* lo, const int32_t* hi, int32_t* out, size_t head);
+// out = merge(lo, hi) for tallies of `head + kFreshTallyWords` words (plus
+// x->words extra words after them); `out` may be `lo` or `hi`.
+void mergeTally(const int32_t* lo, const int32_t* hi, int32_t* out, size_t head,
+                const VoteExtra* x = nullptr);
 
 // The ring vote. `tally` holds this rank's vote (head + kFreshWords words,
-// the list not yet in tally form; room for head + kFreshTallyWords) and
-// ends with the tally. `all` is scratch. Both return (and record) the
-// round's stats.
+// the list not yet in tally form; room for head + kFreshTallyWords, then
+// x->words extra words) and ends with the tally. `all` is scratch. Both
+// return (and record) the round's stats.
 VoteStats ringVote(collectives::RingComm& c, int32_t* tally, size_t head,
-                   std::vector<int32_t>* all);
+                   std::vector<int32_t>* all, const VoteExtra* x = nullptr);
 
 // The recursive-doubling vote over c.host->peers. `tally` holds this rank's
-// vote in tally form and ends with the merged tally. `tmp` is scratch.
+// vote in tally form (then x->words extra words) and ends with the merged
+// tally. `tmp` is scratch.
 VoteStats recdblVote(collectives::RingComm& c, int32_t* tally, size_t head,
-                     std::vector<int32_t>* tmp);
+                     std::vector<int32_t>* tmp, const VoteExtra* x = nullptr);
 
 }  // namespace runtime
 }  // namespace tfring

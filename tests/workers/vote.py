@@ -8,6 +8,9 @@ ranks. Modes:
           _core.last_vote_stats().
   late    rank LATE submits its tensors a second after every other rank:
           the others' rounds must wake it while it is idle.
+  rider   one small allreduce at a time, steady, for each dtype and op
+          (prescale and postscale too), against float64; reports how each
+          one ran (_core.last_collective_stats) and the vote's stats.
 """
 
 import os
@@ -39,6 +42,34 @@ def value(r, i, step, count):
 def want(i, step, count):
     return sum(value(r, i, step, count) for r in range(n))
 
+
+if mode == "rider":
+    runs = []
+    cases = [("float32", "sum", 1.0, 1.0), ("float64", "average", 1.0, 1.0),
+             ("int32", "max", 1.0, 1.0), ("float32", "min", 1.0, 1.0),
+             ("float16", "sum", 1.0, 1.0), ("float64", "product", 1.0, 1.0),
+             ("float32", "sum", 0.5, 3.0)]
+    count = int(os.environ.get("COUNT", "256"))
+    for dt, op, pre, post in cases:
+        algos = []
+        for step in range(8):
+            x = (np.arange(count) % 7 + rank + step).astype(np.float64)
+            xs = [(np.arange(count) % 7 + r + step).astype(np.float64) for r in range(n)]
+            ref = {"sum": sum(xs), "average": sum(xs) / n, "max": np.max(xs, 0),
+                   "min": np.min(xs, 0), "product": np.prod(xs, 0)}[op]
+            if op in ("sum", "average"):
+                ref = sum(v * pre for v in xs) * post / (n if op == "average" else 1)
+            got = _core.allreduce(x.astype(dt), op=op, name=f"rider.{dt}.{op}.{pre}",
+                                  prescale=pre, postscale=post)
+            tol = 1e-2 if dt == "float16" else 1e-6
+            if not np.allclose(np.asarray(got, np.float64), ref, rtol=tol):
+                failures.append(f"{dt} {op} step {step}: got {got[:4]} want {ref[:4]}")
+            algos.append(_core.last_collective_stats())
+        runs.append({"case": [dt, op, pre, post], "stats": algos,
+                     "vote": _core.last_vote_stats()})
+    report({"failures": failures, "runs": runs})
+    basics.shutdown()
+    sys.exit(0)
 
 names = [f"grad/{i}" for i in range(12)]
 counts = [1 + 7 * i for i in range(len(names))]
