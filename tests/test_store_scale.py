@@ -159,3 +159,27 @@ def test_parked_waits_of_vanished_clients_are_dropped(server_proc):
     _wait_for(lambda: _fds(proc.pid) <= base_fds, 10, "the server to drop the parked WAITs")
     main.set("never/3", b"late")  # wakes nobody: the waiter is gone
     assert main.get("never/3", 1.0) == b"late"
+
+
+def test_large_values_reach_many_readers_at_once(server_proc):
+    # Replies larger than a socket buffer go out in pieces as each reader's
+    # socket drains; readers blocked in GET get the whole value once it is set.
+    _, port = server_proc
+    value = os.urandom(8 << 20)
+    got, errors = {}, []
+
+    def reader(i):
+        try:
+            got[i] = _client(port).get("big", 60.0)
+        except BaseException as e:  # reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(16)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    _client(port).set("big", value)
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert len(got) == 16 and all(v == value for v in got.values())
