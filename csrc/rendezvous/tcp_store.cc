@@ -28,11 +28,6 @@
 // stored as decimal text, so get() on a counter returns e.g. b"3".
 #include "rendezvous/tcp_store.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
