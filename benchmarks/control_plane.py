@@ -23,9 +23,10 @@ consecutive ranks take one host name, so they link as hosts do). Each rank recor
   auto unless --algo), the slowest rank's mean per call after a warm-up,
   and the algorithm that ran (``_core.last_collective_stats()``).
 
-The store server's connections are this process's sockets while the ranks
-run (sampled every 20 ms; its baseline subtracted). With more ranks than
-cores every step is a context switch: compare trends, not absolute values.
+The store server's connections and threads are this process's sockets and
+threads while the ranks run (sampled every 20 ms; its baseline subtracted).
+With more ranks than cores every step is a context switch: compare trends,
+not absolute values.
 """
 
 import argparse
@@ -96,17 +97,20 @@ def worker(args):
 
 
 class Sampler(threading.Thread):
-    """The most sockets this process held while the ranks ran."""
+    """The most sockets and threads this process held while the ranks ran."""
 
     def __init__(self):
         super().__init__(daemon=True)
-        self.base = proc_self()["sockets"]
-        self.peak = self.base
+        now = proc_self()
+        self.base, self.base_threads = now["sockets"], now["threads"] + 1  # + this sampler
+        self.peak, self.peak_threads = self.base, self.base_threads
         self.stop = threading.Event()
 
     def run(self):
         while not self.stop.wait(0.02):
-            self.peak = max(self.peak, proc_self()["sockets"])
+            now = proc_self()
+            self.peak = max(self.peak, now["sockets"])
+            self.peak_threads = max(self.peak_threads, now["threads"])
 
 
 def rank_env(r, n, addr, secret, out, args):
@@ -210,13 +214,14 @@ def summarize(n, reps, sampler, args):
         row[f"{k}_mean"] = sum(vals) / len(vals)
     if sampler:
         row["store_sockets_peak"] = sampler.peak - sampler.base
+        row["store_threads_peak"] = sampler.peak_threads - sampler.base_threads
     return row
 
 
 def table(rows, size):
     lines = ["| ranks | hosts x per host | init after last arrival (s) | slowest init (s) "
              "| fds / sockets / threads per rank (+init) | RSS per rank (+MiB) "
-             "| rank 0 fds / sockets / threads | store server sockets (peak) "
+             "| rank 0 fds / sockets / threads | store server sockets / threads (peak) "
              f"| {size} B allreduce (ms, algo, hops) |",
              "|---:|---|---:|---:|---|---:|---|---:|---|"]
     for r in rows:
@@ -225,7 +230,8 @@ def table(rows, size):
             f"| {r['np']} | {r['hosts']} x {r['per_host']} | {r['init_after_last_s']:.3f} "
             f"| {r['init_slowest_s']:.2f} | {r['fds_max']} / {r['sockets_max']} / "
             f"{r['threads_max']} | {r['rss_max'] / 2**20:.1f} | {z['fds']} / {z['sockets']} / "
-            f"{z['threads']} | {r.get('store_sockets_peak', '-')} "
+            f"{z['threads']} | {r.get('store_sockets_peak', '-')} / "
+            f"{r.get('store_threads_peak', '-')} "
             f"| {r['allreduce_s'] * 1e3:.2f} ({','.join(r['allreduce_algo'])}, "
             f"{r['allreduce_hops']}) |")
     return "\n".join(lines)

@@ -1,6 +1,8 @@
 """Bad input and faults: a clear error naming the tensor and the ranks, on
 every rank that takes part, never a hang."""
 
+import re
+
 import pytest
 
 from multiproc import check_ok, check_peer_failure, run_ranks
@@ -67,6 +69,19 @@ def test_dead_peer_fails_every_rank_fast(scenario, victim, transport):
     res = run_ranks(3, "faults.py", [scenario], timeout=60,
                     env={"VICTIM": victim, "TFRING_TIMEOUT": "60", "TFRING_TRANSPORT": transport})
     check_peer_failure(res, victim, within=10)
+
+
+def test_rank_whose_links_drop_is_named_first_not_the_rank_that_noticed():
+    # Rank 2's data links break while its process and coordinator connection
+    # stay up: its ring neighbours see the links go and report it; the
+    # coordinator's abort must lead with rank 2 on every survivor, and say
+    # which rank saw it.
+    res = run_ranks(4, "faults.py", ["cut_links"], timeout=90,
+                    env={"VICTIM": 2, "TFRING_TIMEOUT": "60", "TFRING_TRANSPORT": "tcp"})
+    check_peer_failure(res, 2, within=15)
+    relayed = [r.result["message"] for r in res if r.rank != 2]
+    assert any(re.match(r"rank 2: rank 2 \(\S+:\d+\) failed or became unreachable "
+                        r"\(seen by rank [13]: ", m) for m in relayed), relayed
 
 
 @pytest.mark.parametrize("victim", [0, 2])

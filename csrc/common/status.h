@@ -34,9 +34,23 @@ class Status {
   const std::string& message() const { return msg_; }
   std::string toString() const;
 
+  // A kPeerFailure raised on behalf of one peer rank (a link to it broke,
+  // its process is gone) names it here, with where it ran ("10.0.0.16:40123",
+  // "pid 812 on this host"): a report of the failure to the other ranks
+  // leads with the suspect rather than with the rank that noticed.
+  int suspect() const { return suspect_; }
+  const std::string& suspectWhere() const { return suspect_where_; }
+  Status& blame(int rank, std::string where) {
+    suspect_ = rank;
+    suspect_where_ = std::move(where);
+    return *this;
+  }
+
  private:
   Code code_ = Code::kOk;
   std::string msg_;
+  int suspect_ = -1;
+  std::string suspect_where_;
 };
 
 // Thrown inside the core where unwinding is simpler than threading Status
@@ -69,6 +83,12 @@ std::string strCat(const Args&... args) {
 template <typename... Args>
 [[noreturn]] void fail(Code code, const Args&... args) {
   throw Error(Status(code, strCat(args...)));
+}
+
+// A kPeerFailure that blames peer rank `rank` (see Status::suspect).
+template <typename... Args>
+[[noreturn]] void failPeer(int rank, std::string where, const Args&... args) {
+  throw Error(Status(Code::kPeerFailure, strCat(args...)).blame(rank, std::move(where)));
 }
 
 }  // namespace tfring

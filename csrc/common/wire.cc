@@ -201,53 +201,71 @@ void HelloClient::finish() {
   }
 }
 
+HelloAcceptor::HelloAcceptor(uint32_t purpose, std::string secret, std::string who)
+    : purpose_(purpose), secret_(std::move(secret)), who_(std::move(who)) {}
+
+std::vector<uint8_t> HelloAcceptor::answerHello(const std::vector<uint8_t>& m1) {
+  uint8_t status = kGoOn;
+  try {
+    hello_ = parseClientHello(m1);
+    if (hello_.purpose != purpose_) {
+      status = kBadPurpose;
+      refusal_ = strCat(who_, " asked for ", purposeName(hello_.purpose), " on the port for ",
+                        purposeName(purpose_));
+    }
+  } catch (const Error& e) {
+    if (e.status().code() != Code::kMismatch) throw;
+    status = kBadVersion;  // tell the peer which version we speak, then close
+    refusal_ = strCat("rejected ", who_, ": ", e.what());
+  }
+  nonce_s_ = crypto::randomBytes(kNonceBytes);
+  Writer w2;
+  w2.put<uint32_t>(kHelloMagic);
+  w2.put<uint8_t>(kProtocolVersion);
+  w2.put<uint8_t>(status);
+  for (char c : nonce_s_) w2.put<char>(c);
+  return std::move(w2.bytes());
+}
+
+std::vector<uint8_t> HelloAcceptor::answerProof(const std::vector<uint8_t>& m3) {
+  if (m3.size() != 32) fail(Code::kInternal, "malformed handshake proof from ", who_);
+  Reader r3(m3);
+  crypto::Digest expected =
+      proof(secret_, "tfring client", nonce_s_, hello_.nonce, purpose_, hello_.rank);
+  accepted_ = crypto::digestsEqual(takeDigest(r3), expected);
+  Writer w4;
+  w4.put<uint8_t>(accepted_ ? 1 : 0);
+  if (accepted_) {
+    crypto::Digest mine =
+        proof(secret_, "tfring server", nonce_s_, hello_.nonce, purpose_, hello_.rank);
+    for (uint8_t b : mine) w4.put<uint8_t>(b);
+  } else {
+    refusal_ = strCat("rejected ", who_,
+                      hello_.rank >= 0 ? strCat(" as rank ", hello_.rank) : "",
+                      ": wrong job secret");
+  }
+  return std::move(w4.bytes());
+}
+
 bool acceptHello(int fd, uint32_t purpose, const std::string& secret,
                  const Deadline& deadline, int* rank, std::string* why) {
   const std::string from = peerAddress(fd);
   const std::string who = "a process connecting from " + from;
   Deadline d = Deadline::in(std::min(deadline.remaining(), kHelloTimeout));
   try {
-    ClientHello h;
-    uint8_t status = kGoOn;
-    std::string refusal;
+    HelloAcceptor acceptor(purpose, secret, who);
+    std::vector<uint8_t> m2;
     try {
-      h = parseClientHello(recvFrame(fd, d, who, kMaxHelloFrame));
-      if (h.purpose != purpose) {
-        status = kBadPurpose;
-        refusal = strCat(who, " asked for ", purposeName(h.purpose), " on the port for ",
-                         purposeName(purpose));
-      }
+      m2 = acceptor.answerHello(recvFrame(fd, d, who, kMaxHelloFrame));
     } catch (const Error& e) {
-      if (e.status().code() != Code::kMismatch)
-        fail(e.status().code(), "ignored ", who, ": ", e.what());
-      status = kBadVersion;  // tell the peer which version we speak, then close
-      refusal = strCat("rejected ", who, ": ", e.what());
+      fail(e.status().code(), "ignored ", who, ": ", e.what());
     }
-    const std::string nonce_s = crypto::randomBytes(kNonceBytes);
-    Writer w2;
-    w2.put<uint32_t>(kHelloMagic);
-    w2.put<uint8_t>(kProtocolVersion);
-    w2.put<uint8_t>(status);
-    for (char c : nonce_s) w2.put<char>(c);
-    sendFrame(fd, w2.bytes(), d, who);
-    if (status != kGoOn) fail(Code::kMismatch, refusal);
-
-    std::vector<uint8_t> m3 = recvFrame(fd, d, who, kMaxHelloFrame);
-    if (m3.size() != 32) fail(Code::kInternal, "malformed handshake proof from ", who);
-    Reader r3(m3);
-    crypto::Digest expected = proof(secret, "tfring client", nonce_s, h.nonce, purpose, h.rank);
-    bool ok = crypto::digestsEqual(takeDigest(r3), expected);
-    Writer w4;
-    w4.put<uint8_t>(ok ? 1 : 0);
-    if (ok) {
-      crypto::Digest mine = proof(secret, "tfring server", nonce_s, h.nonce, purpose, h.rank);
-      for (uint8_t b : mine) w4.put<uint8_t>(b);
-    }
-    sendFrame(fd, w4.bytes(), d, who);
-    if (!ok)
-      fail(Code::kMismatch, "rejected ", who, h.rank >= 0 ? strCat(" as rank ", h.rank) : "",
-           ": wrong job secret");
-    if (rank) *rank = h.rank;
+    sendFrame(fd, m2, d, who);
+    if (acceptor.refused()) fail(Code::kMismatch, acceptor.refusal());
+    std::vector<uint8_t> m4 = acceptor.answerProof(recvFrame(fd, d, who, kMaxHelloFrame));
+    sendFrame(fd, m4, d, who);
+    if (!acceptor.accepted()) fail(Code::kMismatch, acceptor.refusal());
+    if (rank) *rank = acceptor.rank();
     return true;
   } catch (const Error& e) {
     if (why) *why = e.what();

@@ -163,6 +163,37 @@ class HelloClient {
   std::atomic<bool> failed_{false};
 };
 
+// The accepting side as two steps over messages the caller moves, for a
+// server that serves many connections from one thread (the store);
+// acceptHello runs the same steps on a blocking socket.
+class HelloAcceptor {
+ public:
+  // `who` names the connecting peer in every refusal.
+  HelloAcceptor(uint32_t purpose, std::string secret, std::string who);
+  // Message 1 in, message 2 out. Throws (kInternal and the like) when m1 is
+  // no tfring handshake at all: then nothing is answered. When refused()
+  // afterwards (another version or purpose), the exchange ends once m2 is
+  // sent and refusal() says why.
+  std::vector<uint8_t> answerHello(const std::vector<uint8_t>& m1);
+  // Message 3 in, message 4 out. Throws kInternal on a malformed proof; when
+  // !accepted() afterwards, the connection ends once m4 is sent and
+  // refusal() says why.
+  std::vector<uint8_t> answerProof(const std::vector<uint8_t>& m3);
+  bool refused() const { return !refusal_.empty(); }
+  bool accepted() const { return accepted_; }
+  const std::string& refusal() const { return refusal_; }
+  int rank() const { return hello_.rank; }
+
+ private:
+  uint32_t purpose_;
+  std::string secret_;
+  std::string who_;
+  ClientHello hello_;
+  std::string nonce_s_;
+  std::string refusal_;
+  bool accepted_ = false;
+};
+
 // The accepting side. Returns true with the peer's rank (-1 for store
 // clients) when it proved the secret; false with `why` (naming the peer's
 // address) otherwise. Never waits past the deadline nor kHelloTimeout.

@@ -128,7 +128,8 @@ void waitForPeer(const std::function<bool()>& ready, const Deadline& deadline, i
     if (now >= next_check) {
       next_check = now + 0.2;
       if (!transport::pidAlive(peer_pid))
-        fail(Code::kPeerFailure, "rank ", peer_rank, " (pid ", peer_pid, ") died during ", what);
+        failPeer(peer_rank, strCat("pid ", peer_pid), "rank ", peer_rank, " (pid ", peer_pid,
+                 ") died during ", what);
       if (deadline.expired())
         fail(Code::kTimeout, "timed out in ", what, " waiting for rank ", peer_rank,
              " (TFRING_TIMEOUT; a peer may be stuck or much slower)");

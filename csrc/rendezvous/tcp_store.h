@@ -1,16 +1,14 @@
-// TcpStore: rank 0 runs a TcpStoreServer (a thread serving all clients);
+// TcpStore: rank 0 runs a TcpStoreServer (one thread serving all clients);
 // every rank, rank 0 included, talks to it through a TcpStore client.
 // Protocol: every connection opens with the mutual HMAC handshake of
 // common/wire.h, so a stray or hostile process can neither join nor read the
 // job's keys, and the secret never travels. Requests are length-prefixed
 // frames: SET, GET and
-// WAIT (blocking server-side until the keys exist or the client's
-// deadline), ADD, CHECK. The wire format is documented in tcp_store.cc.
+// WAIT (answered once the keys exist or the client's deadline passes),
+// ADD, CHECK. The wire format is documented in tcp_store.cc.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,28 +26,24 @@ class TcpStoreServer {
   TcpStoreServer(const std::string& host, int port, std::string secret);
   ~TcpStoreServer();
   int port() const { return port_; }
+  // Disconnects every client (a parked GET/WAIT sees its connection close)
+  // and ends the serving thread. Idempotent.
   void stop();
 
  private:
-  void serve();
-  void handleClient(int fd);
-  void cleanupClient(int fd);  // closes fd and marks this thread finished
-  void reapFinished();          // joins client threads that have exited
+  class Loop;  // the serving thread's state: connections, keys, parked requests
+
   void logRejection(const std::string& why);
 
   std::string secret_;
   int listen_fd_ = -1;
-  int wake_fds_[2] = {-1, -1};  // stop() writes here to wake serve()
+  int wake_fds_[2] = {-1, -1};  // stop() writes here to wake the serving thread
   std::mutex stop_mu_;          // serializes stop() callers
   int port_ = 0;
   std::atomic<bool> stop_{false};
+  // The one serving thread: it multiplexes every client with poll(), so the
+  // server holds one thread however many ranks connect.
   std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, Bytes> data_;
-  std::vector<std::thread> clients_;
-  std::vector<int> client_fds_;
-  std::vector<std::thread::id> finished_;  // exited, not yet joined
   int64_t rejections_ = 0;  // handshakes refused, for rate-limited logging
 };
 

@@ -169,7 +169,7 @@ void Coordinator::sendAll(const std::vector<uint8_t>& payload, int except) {
   if (local && local_sink_) local_sink_(payload);
 }
 
-void Coordinator::abortAll(int culprit, const std::string& msg) {
+void Coordinator::abortAll(int culprit, const std::string& msg, int reporter) {
   if (aborted_) return;
   aborted_ = true;
   TFRING_LOG(kError, msg);
@@ -178,7 +178,7 @@ void Coordinator::abortAll(int culprit, const std::string& msg) {
   // Engines print it as "rank <culprit>: ...": the job's rank number.
   w.put<int32_t>(labels_.empty() ? culprit : labels_[culprit]);
   w.putStr(msg);
-  sendAll(w.bytes(), culprit);
+  sendAll(w.bytes(), reporter >= 0 ? reporter : culprit);  // it knows already
   abort_sent_.store(true);
 }
 
@@ -315,9 +315,14 @@ void Coordinator::onMessage(int rank, const std::vector<uint8_t>& msg) {
       }
       break;
     }
-    case kMsgError:
-      abortAll(rank, rd.getStr());
+    case kMsgError: {
+      std::string text = rd.getStr();
+      // A rank reporting a broken link names the peer it blames: the abort
+      // then names that peer as the culprit, not the rank that noticed.
+      const int suspect = rd.get<int32_t>();
+      abortAll(suspect >= 0 && suspect < size_ ? suspect : rank, text, rank);
       break;
+    }
     default:
       fail(Code::kInternal, "unknown message type ", int(type));
   }

@@ -114,7 +114,9 @@ class Coordinator {
   void sendAll(const std::vector<uint8_t>& payload, int except = -1);
   double nextDeadline() const;  // when maybeEmit's fusion hold ends
   void checkLiveness(double now);
-  void abortAll(int culprit, const std::string& msg);
+  // Tells every rank but `reporter` (default: the culprit), which already
+  // knows, that the job fails because of rank `culprit`.
+  void abortAll(int culprit, const std::string& msg, int reporter = -1);
   void errorGroup(const std::vector<std::string>& names, const std::string& msg);
 
   std::vector<int> fds_;

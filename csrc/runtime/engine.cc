@@ -489,9 +489,23 @@ void Engine::reportFatal(const Status& s) {
   if (!first) return;  // we are failing because someone told us to
   TFRING_LOG(kError, s.message());
   try {
+    // Every rank hears this through the coordinator. A broken link or a
+    // vanished process is most likely the peer's failure, not ours: name the
+    // suspect first and this rank as the witness, so that a job of hundreds
+    // of ranks is not blamed on the healthy rank that noticed.
+    const int me = links_->topology().rank;
+    const int suspect = s.code() == Code::kPeerFailure ? s.suspect() : -1;
     wire::Writer w;
     w.put<uint8_t>(kMsgError);
-    w.putStr(strCat("rank ", links_->topology().rank, " failed: ", s.message()));
+    if (suspect >= 0) {
+      const std::string& where = s.suspectWhere();
+      w.putStr(strCat("rank ", suspect, where.empty() ? "" : strCat(" (", where, ")"),
+                      " failed or became unreachable (seen by rank ", me, ": ", s.message(),
+                      ")"));
+    } else {
+      w.putStr(strCat("rank ", me, " failed: ", s.message()));
+    }
+    w.put<int32_t>(suspect);
     sendCtrl(w.bytes(), 2.0);
   } catch (const Error&) {
   }

@@ -38,7 +38,8 @@ enum MsgType : uint8_t {
   kMsgRequests = 1,  // u32 n; n x {i32 cache id or -1; Meta if -1}
   kMsgDone = 2,      // u64 response sequence number executed
   kMsgBye = 3,       // clean shutdown
-  kMsgError = 4,     // str: a fatal local error; the job must stop
+  kMsgError = 4,     // str: a fatal local error; the job must stop; i32 the peer
+                     // rank it blames (-1: none), named by the coordinator's abort
   kMsgPong = 5,      // answers kMsgPing (sent by the reader thread)
   // coordinator -> engine
   kMsgResponse = 10,  // see Response

@@ -364,7 +364,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     net::setNoDelay(xl_fd);
     net::setBufferSizes(xl_fd, 4 << 20);
     net::closeFd(cross_listen);
-    H.cross_send.reset(new TcpSendChannel(xr_fd, xr, xr_name));
+    H.cross_send.reset(new TcpSendChannel(xr_fd, xr, strCat(T.peers[xr].addr, ":", xport)));
     H.cross_recv.reset(new TcpRecvChannel(xl_fd, xl, strCat(T.peers[xl].addr), 1 << 20));
     H.cross_waiter.reset(new Waiter(nullptr, H.cross_send.get(), H.cross_recv.get()));
   }
@@ -429,7 +429,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   if (L->right_shm_)
     L->send_.reset(new ShmSendChannel(L->right_seg_.get(), T.right));
   else
-    L->send_.reset(new TcpSendChannel(right_fd, T.right, right_name));
+    L->send_.reset(new TcpSendChannel(
+        right_fd, T.right, strCat(T.peers[T.right].addr, ":", T.peers[T.right].port)));
   if (L->left_shm_) {
     ShmSegment* left_seg = L->left_seg_ ? L->left_seg_.get() : L->right_seg_.get();
     L->recv_.reset(new ShmRecvChannel(L->self_seg_.get(), left_seg, T.left));

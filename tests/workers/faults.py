@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -18,6 +19,29 @@ basics.init()
 rank, n = basics.rank(), basics.size()
 t0 = time.time()
 seen = {"error": None, "message": "", "elapsed": None}
+
+
+def data_links(keep_ports):
+    """This process's connected TCP sockets whose remote port is not in
+    keep_ports (from /proc: fd -> socket inode -> /proc/net/tcp row)."""
+    inodes = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes[target[8:-1]] = int(fd)
+    fds = []
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                remote, state, inode = cols[2], cols[3], cols[9]
+                if state == "01" and inode in inodes and \
+                        int(remote.rsplit(":", 1)[1], 16) not in keep_ports:
+                    fds.append(inodes[inode])
+    return fds
 
 
 def attempt(fn):
@@ -130,6 +154,39 @@ elif scenario == "gpu_die_busy":
         for i in range(100000):
             _core.allreduce(g, name=f"gpu.busy.{i}", out=g)
     attempt(gpu_loop)
+elif scenario == "cut_links":
+    # The victim's data links drop while its process and its coordinator
+    # connection stay up (as when its data network fails): only the ranks at
+    # the other end of those links can tell, and every rank must hear the
+    # victim named first, not the rank that noticed. The victim then stops
+    # (SIGSTOP) so that it reports nothing itself; a helper kills it later.
+    import subprocess
+    victim = int(os.environ["VICTIM"])
+    x = np.ones(1 << 16, np.float32)
+    for _ in range(3):
+        _core.allreduce(x, name="cut.warm", out=x)
+    if rank == victim:
+        host, port = os.environ["TFRING_STORE_ADDR"].rsplit(":", 1)
+        store = _core.TcpStore(host, int(port), os.environ["TFRING_SECRET"], 10.0)
+        keep = {int(port), int(store.get("coord/port", 10.0))}  # store and coordinator
+
+        def cut():
+            time.sleep(0.3)
+            subprocess.Popen(["sh", "-c", f"sleep 20; kill -9 {os.getpid()}"])
+            for fd in data_links(keep):
+                s = socket.socket(fileno=fd)
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.detach()
+            os.kill(os.getpid(), signal.SIGSTOP)
+        threading.Thread(target=cut, daemon=True).start()
+
+    def cut_loop():
+        for i in range(10 ** 7):
+            _core.allreduce(x, name="cut.loop", out=x)
+    attempt(cut_loop)
 elif scenario == "after_error":
     # A mismatch fails one tensor, not the job: later collectives still work.
     attempt(lambda: _core.allreduce(np.ones(4 + rank, np.float32), name="grad/bad"))

@@ -258,8 +258,8 @@ void PeerAllreduce::poll() {
   for (int r = 0; r < n_; ++r)
     if (r != me_ && !transport::pidAlive(pids_[r])) {
       abort();
-      fail(Code::kPeerFailure, "rank ", r, " (pid ", pids_[r],
-           ") died during a GPU allreduce");
+      failPeer(r, strCat("pid ", pids_[r]), "rank ", r, " (pid ", pids_[r],
+               ") died during a GPU allreduce");
     }
   if (st != 0) {
     abort();

@@ -160,8 +160,8 @@ void HostSegment::waitAll(std::atomic<uint64_t> HostRankWords::*field, uint64_t 
         if ((words_[r].*field).load(std::memory_order_acquire) >= step) continue;
         int pid = words_[r].pid;
         if (!pidAlive(pid))
-          fail(Code::kPeerFailure, "rank ", ranks[r], " (pid ", pid, " on this host) died during ",
-               what);
+          failPeer(ranks[r], strCat("pid ", pid, " on this host"), "rank ", ranks[r], " (pid ",
+                   pid, " on this host) died during ", what);
       }
       if (deadline.expired())
         fail(Code::kTimeout, "timed out in ", what, " waiting for rank ", ranks[q],

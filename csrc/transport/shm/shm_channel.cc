@@ -123,8 +123,8 @@ void ShmSendChannel::align() {
 
 void ShmSendChannel::checkPeer() {
   if (!pidAlive(h_->pid))
-    fail(Code::kPeerFailure, "rank ", peer_rank_, " (pid ", h_->pid,
-         " on this host) died");
+    failPeer(peer_rank_, strCat("pid ", h_->pid, " on this host"), "rank ", peer_rank_,
+             " (pid ", h_->pid, " on this host) died");
 }
 
 std::string ShmSendChannel::describe() const { return strCat("rank ", peer_rank_, " (shm)"); }
@@ -180,7 +180,8 @@ void ShmRecvChannel::align() {
 void ShmRecvChannel::checkPeer() {
   int pid = left_->header()->pid;
   if (!pidAlive(pid))
-    fail(Code::kPeerFailure, "rank ", left_rank_, " (pid ", pid, " on this host) died");
+    failPeer(left_rank_, strCat("pid ", pid, " on this host"), "rank ", left_rank_, " (pid ",
+             pid, " on this host) died");
 }
 
 std::string ShmRecvChannel::describe() const { return strCat("rank ", left_rank_, " (shm)"); }

@@ -19,11 +19,11 @@ namespace {
 // stopped answering for TFRING_HEARTBEAT_TIMEOUT (keepalive/user timeout).
 [[noreturn]] void lostLink(int err, const char* when, int peer_rank, const std::string& addr) {
   if (net::isSilentPeerError(err))
-    fail(Code::kPeerFailure, "lost the connection to rank ", peer_rank, " at ", addr, " ",
-         when, ": ", strerror(err),
+    failPeer(peer_rank, addr, "lost the connection to rank ", peer_rank, " at ", addr, " ",
+             when, ": ", strerror(err),
          " (its host stopped answering for TFRING_HEARTBEAT_TIMEOUT: down, or the network is cut)");
-  fail(Code::kPeerFailure, "lost the connection to rank ", peer_rank, " at ", addr, " ", when,
-       ": ", strerror(err), " (the rank exited or its host failed)");
+  failPeer(peer_rank, addr, "lost the connection to rank ", peer_rank, " at ", addr, " ", when,
+           ": ", strerror(err), " (the rank exited or its host failed)");
 }
 
 }  // namespace
@@ -67,8 +67,8 @@ size_t TcpRecvChannel::readSome(void* dst, size_t n) {
     ssize_t r = ::recv(fd_, dst, n, MSG_DONTWAIT);
     if (r > 0) return static_cast<size_t>(r);
     if (r == 0)
-      fail(Code::kPeerFailure, "rank ", peer_rank_, " at ", peer_addr_,
-           " closed its connection (it exited or failed)");
+      failPeer(peer_rank_, peer_addr_, "rank ", peer_rank_, " at ", peer_addr_,
+               " closed its connection (it exited or failed)");
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
     lostLink(errno, "while receiving", peer_rank_, peer_addr_);
