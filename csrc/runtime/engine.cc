@@ -336,6 +336,9 @@ void Engine::loop() {
           if (sync_drivers_.load() > 0)
             cv_.wait_for(lk, std::chrono::duration<double>(kParkMax));
           parked_long_.store(false);
+          // The short park again: back-to-back calls then wake this
+          // thread at most once a millisecond, as a timer would.
+          parked = false;
           continue;
         }
         parked = false;
