@@ -110,7 +110,9 @@ elif scenario == "stopped":
     for _ in range(3):
         _core.allreduce(x, name="stop.warm", out=x)
     if rank == victim:
-        subprocess.Popen(["sh", "-c", f"sleep 20; kill -9 {os.getpid()}"])
+        # Later than the test's bound on the survivors' errors (TFRING_TIMEOUT
+        # of 5 s plus 2), so they must have named a stopped rank, not a dead one.
+        subprocess.Popen(["sh", "-c", f"sleep 10; kill -9 {os.getpid()}"])
         os.kill(os.getpid(), signal.SIGSTOP)
 
     def stop_loop():
@@ -172,7 +174,8 @@ elif scenario == "cut_links":
 
         def cut():
             time.sleep(0.3)
-            subprocess.Popen(["sh", "-c", f"sleep 20; kill -9 {os.getpid()}"])
+            # After the test's 15 s bound on the survivors' errors.
+            subprocess.Popen(["sh", "-c", f"sleep 16; kill -9 {os.getpid()}"])
             for fd in data_links(keep):
                 s = socket.socket(fileno=fd)
                 try:
