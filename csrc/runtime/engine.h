@@ -74,6 +74,9 @@ std::vector<size_t> reducescatterCounts(const Meta& m, int n);
 // folded in), and the kernel op behind a reduce op (Average sums).
 double finalScale(const Meta& m, int size);
 ReduceOp kernelOp(ReduceOp op);
+// The last collective's stats (collectives::lastCollectiveStats) as a
+// timeline `event` (ALLREDUCE_STATS, ...) on e's row.
+void traceCollective(Timeline& t, const Entry& e, const char* event);
 
 // alltoall_join.cc. Resolves one rank's alltoall splits over `size` ranks
 // (empty: an even split) into *rows; returns why they are invalid, or "".

@@ -9,8 +9,9 @@
 //   [3..]     its data, prescaled, in rider_bytes_ of room.
 // The merge keeps the key when both sides carry this rank's own rider and
 // reduces their data elementwise (lower ranks first, as every tally
-// merge), else gives no key. Every rank ends with the same tally, so every rank sees the same
-// outcome: if every rank chose the same id, its sum is in the tally and the
+// merge), else gives no key. Every rank ends with the same tally, so
+// every rank sees the same outcome: if every rank chose the same key, its
+// sum is in the tally and the
 // rider completes with the vote's hops alone; otherwise the data is
 // dropped and the tensor runs as it would have (the vote bit for it is the
 // minimum as always).
@@ -155,11 +156,7 @@ void Engine::runRider(const int32_t* merged) {
   st.hops = last_vote_.hops;
   st.bytes_sent = last_vote_.bytes_sent;
   collectives::recordCollective(st);
-  if (timeline_.enabled()) {
-    timeline_.instant(m.name, "ALLREDUCE_STATS",
-                      strCat("{\"algo\":\"vote\",\"ranks\":", st.size, ",\"bytes\":", st.bytes,
-                             ",\"hops\":", st.hops, ",\"bytes_sent\":", st.bytes_sent, "}"));
-  }
+  traceCollective(timeline_, *e, "ALLREDUCE_STATS");
   finish({e}, Status());
 }
 

@@ -31,7 +31,10 @@ void traceAllreduce(Timeline& t, const std::vector<std::shared_ptr<Entry>>& es) 
   for (auto& e : es) t.instant(e->meta.name, "ALLREDUCE_STATS", args);
 }
 
-// The same for an allgather or a broadcast (collectives::CollectiveStats).
+}  // namespace
+
+// The same for an allgather, a broadcast or an allreduce carried by the
+// vote (collectives::CollectiveStats).
 void traceCollective(Timeline& t, const Entry& e, const char* event) {
   if (!t.enabled()) return;
   const collectives::CollectiveStats st = collectives::lastCollectiveStats();
@@ -39,8 +42,6 @@ void traceCollective(Timeline& t, const Entry& e, const char* event) {
             strCat("{\"algo\":\"", st.algo, "\",\"ranks\":", st.size, ",\"bytes\":", st.bytes,
                    ",\"hops\":", st.hops, ",\"bytes_sent\":", st.bytes_sent, "}"));
 }
-
-}  // namespace
 
 // Average is a sum followed by a division folded into the postscale.
 double finalScale(const Meta& m, int size) {
