@@ -31,7 +31,8 @@ rank sits on a host of its own (the recursive algorithms always use TCP;
 the ring uses shared memory between ranks of one host).
 
 ``--vote`` measures the agreement round instead: each vote algorithm
-(TFRING_VOTE_ALGO, ``--algos ring,recdbl``) runs as a job of its own,
+(TFRING_VOTE_ALGO, ``--algos ring,recdbl``, plus ``host`` with ``--hosts``)
+runs as a job of its own,
 engine and coordinator included, and times the steady state of one named
 ``_core.allreduce`` of ``--size`` called back to back (its allreduce
 algorithm is the same in every job: TFRING_ALLREDUCE_ALGO=auto). The jobs
@@ -245,7 +246,8 @@ def main():
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--json")
     p.add_argument("--vote", action="store_true", help="time the engine's steady state by "
-                   "vote algorithm (--algos ring,recdbl) instead of the allreduce algorithms")
+                   "vote algorithm (--algos ring,recdbl, and host with --hosts) instead of the "
+                   "allreduce algorithms")
     p.add_argument("--worker", action="store_true")
     p.add_argument("--vote-worker", action="store_true")
     p.add_argument("--rank", type=int)
@@ -255,7 +257,7 @@ def main():
     p.add_argument("--out")
     args = p.parse_args()
     if args.vote and args.algos is None:
-        args.algos = "ring,recdbl"
+        args.algos = "ring,recdbl,host" if args.hosts > 1 else "ring,recdbl"
     if args.algos is None:
         args.algos = {"allreduce": "ring,recdbl,rabenseifner", "allgather": "ring,recdbl",
                       "broadcast": "ring,tree"}[args.collective]

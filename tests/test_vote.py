@@ -128,7 +128,8 @@ def test_vote_counters_at_64_ranks(algo):
 @pytest.mark.parametrize("n,per_host,expect", [
     (4, 1, "ring"),       # few ranks: N-1 hops are few
     (8, 8, "ring"),       # one host: the ring goes through shared memory
-    (16, 4, "recdbl"),    # 16 ranks on 4 hosts
+    (16, 1, "recdbl"),    # 16 ranks, a host each: no shared memory to meet in
+    (16, 4, "host"),      # 16 ranks on 4 hosts: through each host's segment
 ])
 def test_auto_picks_by_rank_count_and_hosts(n, per_host, expect):
     res = check_ok(run_ranks(n, "vote.py", ["steady"], timeout=300,

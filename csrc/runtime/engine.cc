@@ -43,12 +43,12 @@ Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordin
   // core; 0 never (a framework's own threads want every core), 1 always.
   const bool spin_auto = cfg.spin != "0" && cfg.spin != "1";
   transport::setSpinning(spin_auto ? procs <= ncpu : cfg.spin == "1");
+  transport::setYieldAdaptive(cfg.spin != "1");
   engine_spins_ = spin_auto ? 2 * procs <= ncpu : cfg.spin == "1";
   const transport::HostLinks* H = links_->host();
   vote_recdbl_ = T.size > 1 && H && H->vote_recdbl && H->peers;
-  if (vote_recdbl_)
-    for (int i = 0; i < H->peers->count(); ++i) vote_fds_.push_back(H->peers->at(i).recv->pollFd());
-  vote_closed_at_.assign(vote_fds_.size(), 0);
+  vote_host_ = vote_recdbl_ && H->vote_host;
+  setVoteWatch();
   // Without a doorbell to ring (the left link is TCP, or there is no link,
   // or idle ranks watch the point-to-point links), local wake-ups go
   // through an eventfd the idle wait polls.
@@ -72,6 +72,16 @@ void Engine::start() {
 
 void Engine::wakeLocal() {
   if (links_->bell()) links_->bell()->ring();
+  if (vote_host_) {
+    // An idle rank under the host vote sleeps on its doorbell in the
+    // segment (engine_round.cc); news_ is stored before this is read.
+    const transport::HostLinks* H = links_->host();
+    if (H->segment) {
+      transport::Doorbell& b = H->segment->words(H->local_rank).idle;
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (b.sleeping.load(std::memory_order_seq_cst)) b.ring();
+    }
+  }
   if (wake_fd_ >= 0 && idle_blocked_.load(std::memory_order_seq_cst)) {
     uint64_t one = 1;
     ssize_t rc = ::write(wake_fd_, &one, sizeof(one));
@@ -278,7 +288,7 @@ void Engine::drive(const std::function<bool()>& done, const std::function<void()
       for (int i = 0; i < 200 && !d.owns_lock() && !done(); ++i) {
         sched_yield();
         d.try_lock();
-        if ((i & 7) == 7 && nowSeconds() - yield_start > kSeatYield) break;
+        if (nowSeconds() - yield_start > transport::yieldSeconds(kSeatYield)) break;
       }
       if (!d.owns_lock()) {
         wait();

@@ -142,7 +142,10 @@ class Engine {
   bool hasNews();
   bool peerStartedRound();
   bool peerStartedVote();  // the recursive vote's links (runtime/vote.h)
+  bool hostStartedVote();  // the host vote: a local rank voted past us
+  void setVoteWatch();     // which links an idle rank watches, by vote mode
   void idleWait();
+  void hostIdleWait(double timeout);  // idleWait's block with the host vote
   void round();
   void classify(std::vector<std::shared_ptr<Entry>>& fresh);
   void sendSlow(const std::vector<std::shared_ptr<Entry>>& es);
@@ -201,6 +204,13 @@ class Engine {
   // The vote goes by recursive doubling over the point-to-point links
   // (runtime/vote.h); idle ranks then watch those links, not the ring.
   bool vote_recdbl_ = false;
+  // The host vote (runtime/vote_host.cc): while on, idle ranks watch the
+  // host segment, and local rank 0 the links to the other hosts' too.
+  // Off for good, on every rank at the same round, once the vote outgrows
+  // the segment's slots.
+  bool vote_host_ = false;
+  uint64_t vote_round_ = 0;        // host-vote rounds so far, the same on every rank
+  std::vector<int> vote_links_;    // indices of the watched links in the peer links
   std::vector<int> vote_fds_;  // the links' sockets, for the idle wait
   // When each of those links was found closed while idle (0: open); see
   // peerStartedRound().

@@ -69,10 +69,42 @@ bool Engine::hasNews() {
   return !aged_ && waitingCount() > 0 && nowSeconds() - fast_oldest_ > agingLimit();
 }
 
+void Engine::setVoteWatch() {
+  // Flat recursive doubling: every link may bring a round's first bytes.
+  // The host vote: only local rank 0's links to the other hosts' local
+  // ranks 0 (the others hear of a round through the segment).
+  vote_links_.clear();
+  vote_fds_.clear();
+  const transport::HostLinks* H = links_->host();
+  if (vote_recdbl_) {
+    transport::PeerLinks& P = *H->peers;
+    std::vector<int> watch;
+    if (vote_host_ && H->local_rank == 0)
+      for (int h : transport::recursivePeers(H->cross_rank, H->num_hosts))
+        watch.push_back(H->leaders[h]);
+    for (int i = 0; i < P.count(); ++i) {
+      if (vote_host_ && std::find(watch.begin(), watch.end(), P.at(i).rank) == watch.end())
+        continue;
+      vote_links_.push_back(i);
+      vote_fds_.push_back(P.at(i).recv->pollFd());
+    }
+  }
+  vote_closed_at_.assign(vote_fds_.size(), 0);
+}
+
+bool Engine::hostStartedVote() {
+  const transport::HostLinks* H = links_->host();
+  if (const transport::HostSegment* seg = H->segment.get())
+    for (int q = 0; q < seg->localSize(); ++q)
+      if (seg->words(q).vote_arrive.load(std::memory_order_acquire) > vote_round_) return true;
+  return H->local_rank == 0 && peerStartedVote();
+}
+
 bool Engine::peerStartedRound() {
   if (!links_->left()) return false;  // a job of one
   const void* p = nullptr;
   try {
+    if (vote_host_) return hostStartedVote();
     if (vote_recdbl_) return peerStartedVote();
     return links_->left()->peek(&p, 1) > 0;
   } catch (const Error&) {
@@ -93,9 +125,10 @@ bool Engine::peerStartedVote() {
   // partner). A killed partner is named sooner by the coordinator.
   transport::PeerLinks& P = *links_->host()->peers;
   const void* p = nullptr;
-  for (int i = 0; i < P.count(); ++i) {
-    if (vote_closed_at_[i] > 0) {
-      if (left_rank_.load() < 0 && nowSeconds() - vote_closed_at_[i] > kLeftGrace) return true;
+  for (size_t k = 0; k < vote_links_.size(); ++k) {
+    const int i = vote_links_[k];
+    if (vote_closed_at_[k] > 0) {
+      if (left_rank_.load() < 0 && nowSeconds() - vote_closed_at_[k] > kLeftGrace) return true;
       continue;
     }
     try {
@@ -105,7 +138,7 @@ bool Engine::peerStartedVote() {
         std::lock_guard<std::mutex> lk(mu_);
         if (stopping_) return false;
       }
-      vote_closed_at_[i] = nowSeconds();
+      vote_closed_at_[k] = nowSeconds();
     }
   }
   return false;
@@ -134,7 +167,7 @@ void Engine::idleWait() {
       // each yield waits a turn of every runnable rank.
       double now = nowSeconds();
       if (i == kSpinChecks) yield_start = now;
-      else if (now - yield_start > kYieldSeconds) break;
+      else if (now - yield_start > transport::yieldSeconds(kYieldSeconds)) break;
       sched_yield();
     } else {
       transport::cpuRelax();
@@ -157,6 +190,15 @@ void Engine::idleWait() {
       if (l) l->lock();
     }
   };
+  if (vote_host_) {
+    Reseat reseat{nullptr};
+    if (release) {
+      reseat.l = engine_lock_;
+      engine_lock_->unlock();
+    }
+    hostIdleWait(timeout);
+    return;
+  }
   const int lfd = links_->left()->pollFd();
   if (vote_recdbl_ || lfd >= 0 || !bell) {
     idle_blocked_.store(true, std::memory_order_seq_cst);
@@ -192,6 +234,43 @@ void Engine::idleWait() {
     transport::futexWait(&bell->seq, ticket, timeout);
   }
   bell->sleeping.store(0, std::memory_order_seq_cst);
+}
+
+void Engine::hostIdleWait(double timeout) {
+  const transport::HostLinks* H = links_->host();
+  transport::HostSegment* seg = H->segment.get();
+  if (H->local_rank != 0 && seg) {
+    // Sleep on this rank's doorbell: a local rank starting a round rings
+    // it (runtime/vote_host.cc), and so do local submitters (wakeLocal).
+    transport::Doorbell& b = seg->words(H->local_rank).idle;
+    const uint32_t ticket = b.seq.load(std::memory_order_seq_cst);
+    b.sleeping.store(1, std::memory_order_seq_cst);
+    if (!hasNews() && !peerStartedRound() && b.seq.load(std::memory_order_seq_cst) == ticket)
+      transport::futexWait(&b.seq, ticket, timeout);
+    b.sleeping.store(0, std::memory_order_seq_cst);
+    return;
+  }
+  // Local rank 0 (or a host's only rank): poll the links to the other
+  // hosts, the wake-up socket the local ranks ring, and local submitters'
+  // eventfd.
+  std::vector<struct pollfd> fds;
+  fds.reserve(vote_fds_.size() + 2);
+  for (size_t i = 0; i < vote_fds_.size(); ++i)
+    if (vote_closed_at_[i] == 0) fds.push_back({vote_fds_[i], POLLIN, 0});
+  if (wake_fd_ >= 0) fds.push_back({wake_fd_, POLLIN, 0});
+  if (H->wake) fds.push_back({H->wake->fd(), POLLIN, 0});
+  idle_blocked_.store(true, std::memory_order_seq_cst);
+  if (seg) seg->leaderPolling().store(1, std::memory_order_seq_cst);
+  if (!hasNews() && !peerStartedRound())
+    ::poll(fds.data(), fds.size(), static_cast<int>(timeout * 1000) + 1);
+  if (seg) seg->leaderPolling().store(0, std::memory_order_seq_cst);
+  idle_blocked_.store(false, std::memory_order_seq_cst);
+  if (wake_fd_ >= 0) {
+    uint64_t v;
+    ssize_t rc = ::read(wake_fd_, &v, sizeof(v));
+    (void)rc;
+  }
+  if (H->wake) H->wake->drain();
 }
 
 void Engine::classify(std::vector<std::shared_ptr<Entry>>& fresh) {
@@ -276,7 +355,10 @@ void Engine::round() {
   if (rider.words) writeRider(vote_.data() + rider_at);
   // Every rank ends with the same tally (runtime/vote.h).
   const VoteExtra* x = rider.words ? &rider : nullptr;
-  if (vote_recdbl_) {
+  if (vote_host_) {
+    freshListToTally(vote_.data() + fresh_at);
+    last_vote_ = hostVote(comm_, ++vote_round_, vote_.data(), fresh_at, &vote_scratch_, x);
+  } else if (vote_recdbl_) {
     freshListToTally(vote_.data() + fresh_at);
     last_vote_ = recdblVote(comm_, vote_.data(), fresh_at, &vote_scratch_, x);
   } else {
@@ -343,6 +425,14 @@ void Engine::round() {
   for (auto& f : fast_)
     if (f) fast_oldest_ = std::min(fast_oldest_, f->submitted);
   for (auto& f : fresh_) fast_oldest_ = std::min(fast_oldest_, f->submitted);
+
+  // The next round's vote outgrows the host segment's slots: every rank
+  // sees the same ids and room here, so all go to recdbl at this point.
+  if (vote_host_ &&
+      !hostVoteFits(*links_->host(), kVoteHeader + ids_.size() + kFreshTallyWords + riderWords())) {
+    vote_host_ = false;
+    setVoteWatch();
+  }
 }
 
 void Engine::executeResponse(const Response& resp) {

@@ -38,7 +38,11 @@ int clampCount(int32_t v) { return std::max(0, std::min<int>(v, kFreshSlots)); }
 
 }  // namespace
 
-const char* voteAlgoName(VoteAlgo a) { return a == VoteAlgo::kRecDbl ? "recdbl" : "ring"; }
+const char* voteAlgoName(VoteAlgo a) {
+  return a == VoteAlgo::kRecDbl ? "recdbl" : a == VoteAlgo::kHost ? "host" : "ring";
+}
+
+void recordVote(const VoteStats& st) { record(st); }
 
 VoteStats lastVoteStats() {
   std::lock_guard<std::mutex> lk(g_last_mu);
@@ -125,56 +129,65 @@ VoteStats ringVote(collectives::RingComm& c, int32_t* tally, size_t head,
   return st;
 }
 
-VoteStats recdblVote(collectives::RingComm& c, int32_t* tally, size_t head,
-                     std::vector<int32_t>* tmp, const VoteExtra* x) {
+void recdblAmong(collectives::RingComm& c, const std::vector<int>& members, int index,
+                 int32_t* tally, size_t head, std::vector<int32_t>* tmp, const VoteExtra* x,
+                 const char* what, VoteStats* st) {
   transport::PeerLinks& P = *c.host->peers;
-  const int N = c.size;
-  const int rank = c.ring[c.pos];
-  const transport::RecursiveLayout L = transport::recursiveLayout(rank, N);
+  const int N = static_cast<int>(members.size());
+  const transport::RecursiveLayout L = transport::recursiveLayout(index, N);
   const size_t words = head + kFreshTallyWords + (x ? x->words : 0);
   const size_t bytes = words * sizeof(int32_t);
   tmp->resize(words + 1);
   int32_t* in = tmp->data();
   const Deadline deadline = Deadline::in(c.timeout_s);
-  const char* what = "the agreement round's vote (recursive doubling)";
-  VoteStats st;
-  st.algo = VoteAlgo::kRecDbl;
-  st.size = N;
-  st.bytes = bytes;
-  st.hops = static_cast<uint64_t>(L.log2p) + (L.r > 0 ? 2 : 0);
+  st->hops = static_cast<uint64_t>(L.log2p) + (L.r > 0 ? 2 : 0);
+  if (N < 2) return;
 
   if (L.vrank < 0) {
     // Extra rank: my vote out; the wake token and the tally back.
-    transport::exchange(P.to(L.fold_peer), tally, bytes, in, bytes + sizeof(int32_t), deadline,
-                        what);
+    const int peer = members[L.fold_peer];
+    transport::exchange(P.to(peer), tally, bytes, in, bytes + sizeof(int32_t), deadline, what);
     if (in[0] != kWakeToken)
-      fail(Code::kInternal, "the vote on the link to rank ", L.fold_peer, " is out of step");
+      fail(Code::kInternal, "the vote on the link to rank ", peer, " is out of step");
     std::memcpy(tally, in + 1, bytes);
-    st.bytes_sent = bytes;
-    record(st);
-    return st;
+    st->bytes_sent += bytes;
+    return;
   }
   if (L.fold_peer >= 0) {
     // Wake the extra rank (it may be idle) and take its vote: it is the
     // lower rank of the pair.
     const int32_t token = kWakeToken;
-    transport::exchange(P.to(L.fold_peer), &token, sizeof(token), in, bytes, deadline, what);
+    transport::exchange(P.to(members[L.fold_peer]), &token, sizeof(token), in, bytes, deadline,
+                        what);
     mergeTally(in, tally, tally, head, x);
-    st.bytes_sent += sizeof(token);
+    st->bytes_sent += sizeof(token);
   }
   for (int mask = 1; mask < L.p; mask <<= 1) {
     const int q = L.partner(mask);
-    transport::exchange(P.to(q), tally, bytes, in, bytes, deadline, what);
-    st.bytes_sent += bytes;
-    if (rank < q)
+    transport::exchange(P.to(members[q]), tally, bytes, in, bytes, deadline, what);
+    st->bytes_sent += bytes;
+    if (index < q)
       mergeTally(tally, in, tally, head, x);
     else
       mergeTally(in, tally, tally, head, x);
   }
   if (L.fold_peer >= 0) {
-    transport::exchange(P.to(L.fold_peer), tally, bytes, nullptr, 0, deadline, what);
-    st.bytes_sent += bytes;
+    transport::exchange(P.to(members[L.fold_peer]), tally, bytes, nullptr, 0, deadline, what);
+    st->bytes_sent += bytes;
   }
+}
+
+VoteStats recdblVote(collectives::RingComm& c, int32_t* tally, size_t head,
+                     std::vector<int32_t>* tmp, const VoteExtra* x) {
+  const int N = c.size;
+  std::vector<int> members(N);
+  for (int q = 0; q < N; ++q) members[q] = q;
+  VoteStats st;
+  st.algo = VoteAlgo::kRecDbl;
+  st.size = N;
+  st.bytes = (head + kFreshTallyWords + (x ? x->words : 0)) * sizeof(int32_t);
+  recdblAmong(c, members, c.ring[c.pos], tally, head, tmp, x,
+              "the agreement round's vote (recursive doubling)", &st);
   record(st);
   return st;
 }

@@ -13,7 +13,7 @@
 // the fresh part keeps the lower side's order, so any grouping of the
 // ranks into contiguous blocks merged lower-first gives the same tally.
 //
-// Two algorithms (TFRING_VOTE_ALGO, rank 0's value; auto picks):
+// Three algorithms (TFRING_VOTE_ALGO, rank 0's value; auto picks):
 //   ring    every vote goes round the data ring (an allgather, N-1 hops;
 //           each step carries bytes, so an idle rank joins when bytes
 //           reach it from its left neighbour), then each rank merges the N
@@ -26,6 +26,15 @@
 //           started elsewhere, so its partner opens every round on the fold
 //           link with a 4-byte wake token before it waits for the extra
 //           rank's vote (off the critical path when both start together).
+//   host    (vote_host.cc) through the host's shared segment to local rank
+//           0, recursive doubling among the hosts' local ranks 0, and back
+//           through the segment: log2(hosts) + 2 hops (+2 when the host
+//           count is not a power of two), and only one rank per host on
+//           TCP. Local rank 0 merges its host's votes in local rank order
+//           (hosts are ordered by their first rank, so rank 0's list still
+//           leads). A vote larger than the segment's slot (more cache ids
+//           than kHostVoteSlotBytes holds) turns the job to recdbl for good,
+//           on every rank at the same round.
 #pragma once
 
 #include <cstddef>
@@ -33,6 +42,7 @@
 #include <vector>
 
 #include "collectives/ring.h"
+#include "transport/host_links.h"
 
 namespace tfring {
 namespace runtime {
@@ -42,8 +52,8 @@ constexpr int kFreshSlots = 8;
 constexpr int kFreshWords = 1 + 3 * kFreshSlots;                   // one rank's list
 constexpr int kFreshTallyWords = kFreshWords + 1 + kFreshSlots;    // the merged form
 
-enum class VoteAlgo { kRing = 0, kRecDbl = 1 };
-constexpr int kNumVoteAlgos = 2;
+enum class VoteAlgo { kRing = 0, kRecDbl = 1, kHost = 2 };
+constexpr int kNumVoteAlgos = 3;
 const char* voteAlgoName(VoteAlgo a);
 
 struct VoteStats {
@@ -90,6 +100,22 @@ VoteStats ringVote(collectives::RingComm& c, int32_t* tally, size_t head,
 // tally. `tmp` is scratch.
 VoteStats recdblVote(collectives::RingComm& c, int32_t* tally, size_t head,
                      std::vector<int32_t>* tmp, const VoteExtra* x = nullptr);
+
+// The host vote (vote_host.cc). `round` counts host-vote rounds, the same
+// on every rank; `tally` as for recdblVote. hostVoteFits says whether a
+// vote of `words` int32 fits the segment's slots (the same on every rank).
+VoteStats hostVote(collectives::RingComm& c, uint64_t round, int32_t* tally, size_t head,
+                   std::vector<int32_t>* tmp, const VoteExtra* x = nullptr);
+bool hostVoteFits(const transport::HostLinks& H, size_t words);
+
+// Recursive doubling of tallies among `members` (global ranks in merge
+// order, linked in c.host->peers); this rank is members[index]. Fills
+// st.hops and adds what it sent to st.bytes_sent.
+void recdblAmong(collectives::RingComm& c, const std::vector<int>& members, int index,
+                 int32_t* tally, size_t head, std::vector<int32_t>* tmp, const VoteExtra* x,
+                 const char* what, VoteStats* st);
+// Records a round's stats (lastVoteStats, the per-algorithm totals).
+void recordVote(const VoteStats& st);
 
 }  // namespace runtime
 }  // namespace tfring

@@ -13,6 +13,7 @@
 #include "transport/channel.h"
 #include "transport/peer_links.h"
 #include "transport/shm/host_segment.h"
+#include "transport/shm/host_wake.h"
 #include "transport/waiter.h"
 
 namespace tfring {
@@ -22,6 +23,9 @@ namespace transport {
 // on, where the ring crosses TCP (runtime/vote.h; measured in
 // docs/architecture.md#agreement-at-scale).
 constexpr int kVoteRecdblMinRanks = 16;
+// The host vote's slot per local rank in the host segment: a vote of up to
+// about 16,000 cache ids (runtime/vote.h; larger votes go by recdbl).
+constexpr uint64_t kHostVoteSlotBytes = 64 << 10;
 
 struct HostLinks {
   // Job-wide settings, rank 0's values (agreed through the store at init).
@@ -37,6 +41,11 @@ struct HostLinks {
   // The agreement round votes by recursive doubling over `peers`
   // (runtime/vote.h) rather than round the ring; the same on every rank.
   bool vote_recdbl = false;
+  // ... or through the host segment and among the hosts' local ranks 0
+  // (the host vote, runtime/vote_host.cc); vote_recdbl is then set too,
+  // for the votes too large for the segment's slots.
+  bool vote_host = false;
+  std::vector<int> leaders;           // global rank of each host's local rank 0, in host order
   // Topology: hosts in order of their first rank; uniform when every host
   // has the same number of ranks (the host-aware algorithms need that).
   int num_hosts = 1;
@@ -48,6 +57,9 @@ struct HostLinks {
 
   // Null on a host with one rank.
   std::unique_ptr<HostSegment> segment;
+  // With the host vote and a segment: local rank 0's wake-up socket (bound
+  // there, connected to on the other local ranks).
+  std::unique_ptr<HostWake> wake;
   uint64_t step = 0;                  // segment steps taken so far
 
   // Null unless num_hosts > 1 and uniform.

@@ -45,9 +45,13 @@ std::vector<int> recursivePeers(int rank, int size) {
 std::unique_ptr<PeerLinks> PeerLinks::connect(rendezvous::Store& store, int rank, int size,
                                               const std::vector<std::string>& addrs,
                                               const std::string& secret,
-                                              const Deadline& deadline) {
+                                              const Deadline& deadline,
+                                              const std::vector<int>& extra) {
   std::unique_ptr<PeerLinks> P(new PeerLinks());
-  const std::vector<int> peers = recursivePeers(rank, size);
+  std::vector<int> peers = recursivePeers(rank, size);
+  peers.insert(peers.end(), extra.begin(), extra.end());
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
   int port = 0;
   const int listen_fd = net::listenOn(addrs[rank], 0, &port);
   store.setString(strCat("p2p/", rank), std::to_string(port));

@@ -56,10 +56,13 @@ struct PeerLink {
 class PeerLinks {
  public:
   // addrs[q]: rank q's address (its ring listener's host). Every rank of
-  // the job calls this at the same point of init.
+  // the job calls this at the same point of init. Links go to this rank's
+  // recursivePeers and to `extra` (a relation every rank states
+  // symmetrically: q lists this rank when this rank lists q).
   static std::unique_ptr<PeerLinks> connect(rendezvous::Store& store, int rank, int size,
                                             const std::vector<std::string>& addrs,
-                                            const std::string& secret, const Deadline& deadline);
+                                            const std::string& secret, const Deadline& deadline,
+                                            const std::vector<int>& extra = {});
   // The link to `peer`; throws kInternal if there is none.
   PeerLink& to(int peer);
   int count() const { return static_cast<int>(links_.size()); }

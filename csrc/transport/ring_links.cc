@@ -17,7 +17,9 @@ namespace transport {
 
 namespace {
 
-bool knownVoteAlgo(const std::string& a) { return a == "auto" || a == "ring" || a == "recdbl"; }
+bool knownVoteAlgo(const std::string& a) {
+  return a == "auto" || a == "ring" || a == "recdbl" || a == "host";
+}
 
 bool knownAlgo(const std::string& a) {
   return a == "auto" || a == "ring" || a == "oneshot" || a == "hier" || a == "recdbl" ||
@@ -97,7 +99,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     checkGatherAlgos(H.allgather_algo, H.broadcast_algo, "");
     if (!knownVoteAlgo(H.vote_algo))
       fail(Code::kInvalidArgument, "TFRING_VOTE_ALGO=", H.vote_algo,
-           " is not one of auto, ring, recdbl");
+           " is not one of auto, ring, recdbl, host");
     T.ring = {0};
     T.peers = {PeerInfo{net::hostIdentity(), static_cast<int>(::getpid()), "127.0.0.1", 0}};
     return L;
@@ -155,7 +157,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     H.vote_algo = f[7];
     if (!knownVoteAlgo(H.vote_algo))
       fail(Code::kInvalidArgument, "TFRING_VOTE_ALGO=", H.vote_algo,
-           " (rank 0's value) is not one of auto, ring, recdbl");
+           " (rank 0's value) is not one of auto, ring, recdbl, host");
     if (H.vote_algo != cfg.vote_algo)
       TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_VOTE_ALGO=", H.vote_algo,
                  " instead of this rank's ", cfg.vote_algo);
@@ -219,11 +221,22 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   for (const auto& h : hosts)
     if (by_host[h].size() != mine.size()) H.uniform = false;
   H.cross_rank = T.cross_rank;
+  for (const auto& h : hosts) H.leaders.push_back(by_host[h][0]);
+  size_t most_local = 0;
+  for (const auto& h : hosts) most_local = std::max(most_local, by_host[h].size());
   H.cross_ranks.clear();
   if (H.uniform)
     for (const auto& h : hosts) H.cross_ranks.push_back(by_host[h][T.local_rank]);
 
   bool force_tcp = cfg.transport == "tcp";
+  // The vote's algorithm (runtime/vote.h). The host vote needs several
+  // hosts, shared memory, and some host with more than one rank; auto
+  // takes it where it would take recdbl. Forced where it cannot run, it
+  // is recdbl.
+  const bool host_vote_ok = H.num_hosts > 1 && host_shm && !force_tcp && most_local > 1;
+  H.vote_host = host_vote_ok &&
+                (H.vote_algo == "host" ||
+                 (H.vote_algo == "auto" && size >= kVoteRecdblMinRanks));
   L->right_shm_ = !force_tcp && T.peers[T.right].host == T.peers[rank].host;
   L->left_shm_ = !force_tcp && T.peers[T.left].host == T.peers[rank].host;
 
@@ -240,12 +253,15 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   const std::string host_seg_name = strCat("/tfring-", job, "-host", mine[0]);
   if (T.local_size > 1 && host_shm) {
     if (T.local_rank == 0) {
-      H.segment = HostSegment::create(host_seg_name, T.local_size, hostSlotBytes(H, cfg));
+      H.segment = HostSegment::create(host_seg_name, T.local_size, hostSlotBytes(H, cfg),
+                                      H.vote_host ? kHostVoteSlotBytes : 0);
+      if (H.vote_host) H.wake = HostWake::bind(strCat("tfring-", job, "-wake", mine[0]));
       store.setString(strCat("hostseg/", rank), "1");
     } else {
       store.wait({strCat("hostseg/", mine[0])}, deadline.remaining());
       H.segment = HostSegment::open(host_seg_name, T.local_size);
       H.segment->words(T.local_rank).pid = static_cast<int32_t>(::getpid());
+      if (H.vote_host) H.wake = HostWake::connect(strCat("tfring-", job, "-wake", mine[0]));
     }
   }
 
@@ -380,7 +396,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   // The agreement round's vote uses the same links (runtime/vote.h).
   // auto: where the ring crosses TCP (several hosts, or TFRING_TRANSPORT=
   // tcp); a ring through shared memory on one host stays faster.
-  H.vote_recdbl = H.vote_algo == "recdbl" ||
+  H.vote_recdbl = H.vote_host || H.vote_algo == "recdbl" || H.vote_algo == "host" ||
                   (H.vote_algo == "auto" && size >= kVoteRecdblMinRanks &&
                    (H.num_hosts > 1 || !host_shm));
   const bool want_peers =
@@ -391,7 +407,11 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   if (want_peers) {
     std::vector<std::string> addrs;
     for (const auto& p : T.peers) addrs.push_back(p.addr);
-    H.peers = PeerLinks::connect(store, rank, size, addrs, secret, deadline);
+    // The host vote's local ranks 0 link to their partners among the hosts.
+    std::vector<int> extra;
+    if (H.vote_host && T.local_rank == 0)
+      for (int h : recursivePeers(H.cross_rank, H.num_hosts)) extra.push_back(H.leaders[h]);
+    H.peers = PeerLinks::connect(store, rank, size, addrs, secret, deadline, extra);
   }
 
   mark("peer links");

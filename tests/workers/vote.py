@@ -11,6 +11,8 @@ ranks. Modes:
   rider   one small allreduce at a time, steady, for each dtype and op
           (prescale and postscale too), against float64; reports how each
           one ran (_core.last_collective_stats) and the vote's stats.
+  grow    more cached names than the host vote's shared-memory slots hold:
+          reports the vote's algorithm after each batch.
 """
 
 import os
@@ -68,6 +70,30 @@ if mode == "rider":
         runs.append({"case": [dt, op, pre, post], "stats": algos,
                      "vote": _core.last_vote_stats()})
     report({"failures": failures, "runs": runs})
+    basics.shutdown()
+    sys.exit(0)
+
+if mode == "grow":
+    # More cached names than the host vote's slots hold (16 KiB words):
+    # the vote turns to recdbl on every rank at the same round, and rounds
+    # go on (an idle rank is still woken: LATE).
+    total = int(os.environ.get("GROW", "17000"))
+    seen = []
+    for start in range(0, total, 2000):
+        hs = [(i, _core.allreduce_async(np.full(1, rank + i, np.float32), op="sum",
+                                        name=f"grow/{i}"))
+              for i in range(start, min(total, start + 2000))]
+        for i, h in hs:
+            check(f"grow/{i}", h.wait(120), np.full(1, sum(r + i for r in range(n)), np.float64))
+        seen.append(_core.last_vote_stats()["algo"])
+    late = int(os.environ.get("LATE", "-1"))
+    for step in range(3):
+        if rank == late and step == 2:
+            time.sleep(1.0)
+        x = np.full(3, rank + step, np.float32)
+        check(f"after.{step}", _core.allreduce(x, op="sum", name="grow/0b"),
+              np.full(3, sum(r + step for r in range(n)), np.float64))
+    report({"failures": failures, "algos": seen, "after": _core.last_vote_stats()})
     basics.shutdown()
     sys.exit(0)
 

@@ -36,16 +36,21 @@ size_t dataOffset(int local_size) {
   return (off + 63) & ~size_t(63);
 }
 
+size_t voteOffset(int local_size, uint64_t slot_bytes) {
+  return dataOffset(local_size) + 2 * (local_size + 1) * slot_bytes;
+}
+
 }  // namespace
 
 std::unique_ptr<HostSegment> HostSegment::create(const std::string& name, int local_size,
-                                                 uint64_t slot_bytes) {
+                                                 uint64_t slot_bytes, uint64_t vote_slot_bytes) {
   std::unique_ptr<HostSegment> s(new HostSegment());
   s->name_ = name;
   s->owner_ = true;
   s->local_size_ = local_size;
   slot_bytes = (slot_bytes + 63) & ~uint64_t(63);
-  size_t total = dataOffset(local_size) + 2 * (local_size + 1) * slot_bytes;
+  vote_slot_bytes = (vote_slot_bytes + 63) & ~uint64_t(63);
+  size_t total = voteOffset(local_size, slot_bytes) + (local_size + 1) * vote_slot_bytes;
   ::shm_unlink(name.c_str());  // a stale one from a crashed job
   int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) fail(Code::kUnavailable, "shm_open(", name, "): ", strerror(errno));
@@ -62,7 +67,9 @@ std::unique_ptr<HostSegment> HostSegment::create(const std::string& name, int lo
   s->mapped_ = total;
   s->header_ = new (p) HostHeader();
   s->header_->slot_bytes = slot_bytes;
+  s->header_->vote_slot_bytes = vote_slot_bytes;
   s->header_->local_size = local_size;
+  s->header_->leader_polling.store(0);
   s->header_->bell.seq.store(0);
   s->header_->bell.sleeping.store(0);
   s->words_ = reinterpret_cast<HostRankWords*>(static_cast<char*>(p) + sizeof(HostHeader));
@@ -71,10 +78,15 @@ std::unique_ptr<HostSegment> HostSegment::create(const std::string& name, int lo
     w->arrive.store(0);
     w->ready.store(0);
     w->done.store(0);
+    w->vote_arrive.store(0);
+    w->vote_ready.store(0);
+    w->idle.seq.store(0);
+    w->idle.sleeping.store(0);
     w->pid = 0;
   }
   s->words_[0].pid = static_cast<int32_t>(::getpid());
   s->data_ = static_cast<char*>(p) + dataOffset(local_size);
+  s->votes_ = static_cast<char*>(p) + voteOffset(local_size, slot_bytes);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   reinterpret_cast<std::atomic<uint64_t>*>(&s->header_->magic)->store(kMagic, std::memory_order_release);
   return s;
@@ -101,11 +113,13 @@ std::unique_ptr<HostSegment> HostSegment::open(const std::string& name, int loca
   if (magic != kMagic || s->header_->local_size != local_size)
     fail(Code::kUnavailable, "the host's shared memory ", name, " is not initialized for ",
          local_size, " local ranks");
-  size_t need = dataOffset(local_size) + 2 * (local_size + 1) * s->header_->slot_bytes;
+  size_t need = voteOffset(local_size, s->header_->slot_bytes) +
+                (local_size + 1) * s->header_->vote_slot_bytes;
   if (static_cast<size_t>(st.st_size) < need)
     fail(Code::kUnavailable, "the host's shared memory ", name, " is truncated");
   s->words_ = reinterpret_cast<HostRankWords*>(static_cast<char*>(p) + sizeof(HostHeader));
   s->data_ = static_cast<char*>(p) + dataOffset(local_size);
+  s->votes_ = static_cast<char*>(p) + voteOffset(local_size, s->header_->slot_bytes);
   return s;
 }
 
@@ -167,7 +181,7 @@ void HostSegment::waitAll(std::atomic<uint64_t> HostRankWords::*field, uint64_t 
         fail(Code::kTimeout, "timed out in ", what, " waiting for rank ", ranks[q],
              " (shared memory; TFRING_TIMEOUT; a peer may be stuck or much slower)");
     }
-    if (now - start < kYieldSeconds) {
+    if (now - start < yieldSeconds(kYieldSeconds)) {
       sched_yield();
       continue;
     }

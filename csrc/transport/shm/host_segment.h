@@ -19,6 +19,19 @@
 // word is a store that rings the segment's doorbell only when a waiter
 // sleeps; waiters spin briefly, yield, and then sleep on the doorbell's futex.
 //
+// After the banks, the agreement round's vote area (runtime/vote.h, the
+// host vote): one vote slot per local rank and one for the tally, each
+// vote_slot_bytes long, with its own progress words, numbered by vote round:
+//   vote_arrive - the last round whose vote this rank has written;
+//   vote_ready  - local rank 0: the last round whose tally it has written;
+//                 the others: the last round they voted in (so waiting for
+//                 every rank's vote_ready waits for local rank 0's tally).
+// One bank is enough: local rank 0 reads the votes of round v, and writes
+// its tally, only once every local rank has written its vote of round v,
+// which each does only after it has copied out the tally of round v-1.
+// `idle` is each rank's own doorbell for its idle wait: a rank that starts
+// a round rings the idle local ranks' bells, so only they wake.
+//
 // Local rank 0 creates the segment at init; the others open it by name once
 // it is published through the store, and it is unlinked as soon as every
 // local rank has mapped it, so nothing is left in /dev/shm after a crash.
@@ -41,20 +54,27 @@ struct alignas(64) HostRankWords {
   std::atomic<uint64_t> arrive;
   std::atomic<uint64_t> ready;
   std::atomic<uint64_t> done;
+  std::atomic<uint64_t> vote_arrive;
+  std::atomic<uint64_t> vote_ready;
+  Doorbell idle;
   int32_t pid;
 };
 
 struct alignas(64) HostHeader {
   uint64_t magic;
   uint64_t slot_bytes;
+  uint64_t vote_slot_bytes;
   int32_t local_size;
+  // Local rank 0 sleeps in poll() on its sockets when idle and raises this
+  // first; a rank starting a round then wakes it through its wake socket.
+  std::atomic<uint32_t> leader_polling;
   alignas(64) Doorbell bell;
 };
 
 class HostSegment {
  public:
   static std::unique_ptr<HostSegment> create(const std::string& name, int local_size,
-                                             uint64_t slot_bytes);
+                                             uint64_t slot_bytes, uint64_t vote_slot_bytes = 0);
   static std::unique_ptr<HostSegment> open(const std::string& name, int local_size);
   ~HostSegment();
   void unlink();
@@ -66,6 +86,12 @@ class HostSegment {
   char* slot(int bank, int q) const {
     return data_ + (static_cast<size_t>(bank) * (local_size_ + 1) + q) * header_->slot_bytes;
   }
+  uint64_t voteSlotBytes() const { return header_->vote_slot_bytes; }
+  // Vote slot of local rank q; q == localSize() holds the tally.
+  int32_t* voteSlot(int q) const {
+    return reinterpret_cast<int32_t*>(votes_ + static_cast<size_t>(q) * header_->vote_slot_bytes);
+  }
+  std::atomic<uint32_t>& leaderPolling() const { return header_->leader_polling; }
   // Publishes a progress word and wakes sleepers.
   void publish(std::atomic<uint64_t>& word, uint64_t step);
   void wake() { header_->bell.ring(); }
@@ -83,6 +109,7 @@ class HostSegment {
   HostHeader* header_ = nullptr;
   HostRankWords* words_ = nullptr;
   char* data_ = nullptr;
+  char* votes_ = nullptr;
   int local_size_ = 0;
   size_t mapped_ = 0;
   bool owner_ = false;

@@ -1,0 +1,126 @@
+"""The host vote (TFRING_VOTE_ALGO=host, runtime/vote_host.cc): votes meet
+in each host's shared segment, local ranks 0 run recursive doubling among
+the hosts, and the tally goes back through the segment. Hosts are named
+with TFRING_HOSTNAME, so several "hosts" share this machine. Results
+against float64 with every rank submitting in its own order, the hop and
+byte counters against the formula, idle ranks woken on either side of the
+segment, the switch to recdbl once the vote outgrows the segment, and
+mismatches, stalls and dead ranks reported on every rank."""
+
+import pytest
+
+from multiproc import check_ok, check_peer_failure, run_ranks
+from test_vote import FRESH_TALLY, HEADER, vote_formula
+
+
+def hosts_of(n, per_host):
+    return [list(range(h, min(n, h + per_host))) for h in range(0, n, per_host)]
+
+
+def host_formula(rank, n, per_host, vote_bytes):
+    """(hops, bytes_sent) of one host-vote round on `rank`."""
+    hosts = hosts_of(n, per_host)
+    h = rank // per_host
+    p, lg = 1, 0
+    while p * 2 <= len(hosts):
+        p, lg = p * 2, lg + 1
+    hops = 2 + lg + (2 if len(hosts) > p else 0)
+    if rank != hosts[h][0]:
+        return hops, vote_bytes  # its vote into the segment
+    cross = vote_formula("recdbl", h, len(hosts), vote_bytes)[1]
+    return hops, cross + (vote_bytes if len(hosts[h]) > 1 else 0)  # + the tally it writes
+
+
+def _run(n, per_host, mode="steady", env=None, timeout=300, worker="vote.py"):
+    e = {"TFRING_TIMEOUT": "120", "TFRING_VOTE_ALGO": "host"}
+    e.update(env or {})
+    return run_ranks(n, worker, [mode], env=e, timeout=timeout,
+                     per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r // per_host}"})
+
+
+@pytest.mark.parametrize("n,per_host", [(8, 4), (12, 4), (7, 3)])
+def test_host_vote_counters_match_formula(n, per_host):
+    # 2 hosts; 3 hosts (the fold among local ranks 0); hosts of 3, 3 and 1
+    # rank (a host without a segment).
+    res = _run(n, per_host, env={"TFRING_VOTE_DATA": "0"})
+    outs = check_ok(res)
+    for r in res:
+        assert "[tfring ERROR" not in r.stderr, (r.rank, r.stderr[-2000:])
+    for r, out in enumerate(outs):
+        assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"][:10])
+        for st in (out["vote"], out["after"]):
+            assert st["algo"] == "host" and st["ranks"] == n, st
+            ids = st["bytes"] // 4 - HEADER - FRESH_TALLY
+            assert st["bytes"] % 4 == 0 and 0 <= ids <= 12, st
+            assert (st["hops"], st["bytes_sent"]) == host_formula(r, n, per_host, st["bytes"]), \
+                (r, st)
+        assert out["after"]["bytes"] == outs[0]["after"]["bytes"]
+
+
+@pytest.mark.parametrize("n,per_host", [(8, 4), (7, 3)])
+def test_host_vote_results_with_small_allreduces_riding(n, per_host):
+    # Every rank submits in its own order, so riders often differ; small
+    # allreduces that agree ride the vote, merged in local rank order and
+    # then among hosts.
+    for out in check_ok(_run(n, per_host, env={"STEPS": "4"})):
+        assert out["failures"] == [], out["failures"][:10]
+    res = check_ok(_run(6, 2, "rider", env={"COUNT": "256", "TFRING_TIMEOUT": "60"}))
+    for r, out in enumerate(res):
+        assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"][:10])
+        for run in out["runs"]:
+            assert [s["algo"] for s in run["stats"]][-4:] == ["vote"] * 4, run["case"]
+            vote = run["vote"]
+            assert vote["algo"] == "host"
+            assert (vote["hops"], vote["bytes_sent"]) == host_formula(r, 6, 2, vote["bytes"])
+
+
+@pytest.mark.parametrize("late", [0, 1, 5, 6])
+def test_idle_ranks_are_woken_on_both_sides_of_the_segment(late):
+    # 7 ranks on hosts of 3, 3, 1: rank 0 and 6 are local ranks 0 (woken
+    # by a local vote or bytes from another host), 1 and 5 sleep on their
+    # doorbells in the segment.
+    res = _run(7, 3, env={"LATE": str(late), "STEPS": "3"})
+    for r, out in enumerate(check_ok(res)):
+        assert out["failures"] == [], (r, out["failures"][:5])
+
+
+def test_vote_outgrowing_the_segment_turns_to_recdbl():
+    res = _run(4, 2, "grow", env={"LATE": "1"}, timeout=400)
+    for r, out in enumerate(check_ok(res)):
+        assert out["failures"] == [], (r, out["failures"][:5])
+        assert out["algos"][0] == "host", out["algos"]
+        assert out["algos"][-1] == "recdbl", out["algos"]
+        assert out["after"]["algo"] == "recdbl"
+
+
+def test_auto_takes_the_host_vote_at_16_ranks_on_several_hosts():
+    res = _run(16, 4, env={"TFRING_VOTE_ALGO": "auto", "STEPS": "2"})
+    for out in check_ok(res):
+        assert out["failures"] == []
+        assert out["after"]["algo"] == "host", out["after"]
+
+
+def test_forced_host_vote_on_one_host_is_recdbl():
+    for out in check_ok(_run(3, 3, env={"STEPS": "2"})):
+        assert out["after"]["algo"] == "recdbl", out["after"]
+
+
+def test_mismatch_and_stall_with_the_host_vote():
+    outs = check_ok(_run(5, 2, "shape", worker="faults.py", timeout=90))
+    for r, out in enumerate(outs):
+        assert out["error"] == "MismatchError", (r, out)
+        assert "shape [4] on rank 0 vs [5] on rank 1" in out["message"], out["message"]
+    res = _run(5, 2, "missing", worker="faults.py", timeout=90,
+               env={"TFRING_STALL_CHECK_TIME": "1", "TFRING_TIMEOUT": "4", "SLEEP": "9"})
+    outs = check_ok(res)
+    for r in (0, 2, 3, 4):
+        assert outs[r]["error"] == "MismatchError", outs[r]
+        assert "'lonely'" in outs[r]["message"] and "not by ranks [1]" in outs[r]["message"]
+
+
+@pytest.mark.parametrize("victim", [2, 3])
+def test_dead_rank_named_with_the_host_vote(victim):
+    # Rank 2 is local rank 0 of the second host, rank 3 a local rank of it.
+    res = _run(6, 2, "die_busy", worker="faults.py", timeout=90,
+               env={"VICTIM": str(victim), "TFRING_TIMEOUT": "60"})
+    check_peer_failure(res, victim, within=10)
