@@ -151,7 +151,11 @@ def phases(algo, size, gpus, per_node, vote_bytes=0):
                   ``vote_bytes`` round the ring, P-1 hops, (P-1) V per rank;
     vote_log      recursive doubling of the votes: log2(p) hops of V (+2
                   fold hops when P != p), ceil(log2 P) + 1 for P not a power
-                  of two.
+                  of two;
+    vote_host     the host vote: 2 hops in the node (votes into the host
+                  segment, the tally back) + recursive doubling among the n
+                  nodes' first ranks, log2(pn) hops (+2 when n != pn), V
+                  through the NIC per hop (one sender per node).
     """
     g, n = _layout(gpus, per_node)
     P, S, V = gpus, float(size), float(vote_bytes)
@@ -169,6 +173,14 @@ def phases(algo, size, gpus, per_node, vote_bytes=0):
         return out + [("net", n - 1, (n - 1) * S)]
     if algo == "vote_ring":
         return [(net, P - 1, (P - 1) * V)]
+    if algo == "vote_host" and n > 1:
+        ln = _log2(n)
+        out = [("intra", 2, 2 * V)] if g > 1 else []
+        if n != 1 << ln:
+            out.append(("net", 2, 2 * V))
+        return out + ([("net", ln, ln * V)] if ln else [])
+    if algo == "vote_host":  # one node: the host vote runs as recursive doubling
+        algo = "vote_log"
     lg = _log2(P)
     p = 1 << lg
     fold = P != p
@@ -234,7 +246,7 @@ def vote_bytes(tensors):
 
 
 def vote_time(p, algo, tensors):
-    """Seconds of one agreement round ("vote_ring" or "vote_log")."""
+    """Seconds of one agreement round ("vote_ring", "vote_log" or "vote_host")."""
     return phase_time(phases(algo, 0, p["gpus"], p["per_node"], vote_bytes(tensors)), p)
 
 
@@ -552,7 +564,7 @@ def collective_table(args, p):
                              "algo": f"nccl_{algo}", "ran": f"nccl_{algo}", "hops": None,
                              "time_s": nccl_time(size, gpus, args.per_node, algo,
                                                  q["beta_intra"], q["beta_net"])})
-        for vote in ("vote_ring", "vote_log"):
+        for vote in ("vote_ring", "vote_log", "vote_host"):
             rows.append({"gpus": gpus, "net_gbits": gbit, "size": 0, "algo": vote, "ran": vote,
                          "hops": hops(vote, gpus, args.per_node),
                          "time_s": vote_time(q, vote, args.vote_tensors)})
@@ -614,7 +626,7 @@ def format_collectives(coll, per_node):
                 ran = f" ({r['ran']})" if algo == "auto" else ""
                 cells.append(f"{h}{r['time_s'] * 1e6:.0f}{ran}")
             lines.append(f"| {_size(size)} | {algo} | " + " | ".join(cells) + " |")
-    for vote in ("vote_ring", "vote_log"):
+    for vote in ("vote_ring", "vote_log", "vote_host"):
         cells = [f"{by[(0, vote, g)]['hops']} / {by[(0, vote, g)]['time_s'] * 1e6:.0f}"
                  for g in gpus]
         lines.append(f"| vote | {vote} | " + " | ".join(cells) + " |")

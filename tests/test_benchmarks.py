@@ -280,6 +280,8 @@ def test_scaling_model_hop_counts_by_hand():
     assert sm.hops("vote_log", 64, 8) == 6
     # ceil(log2 N) + 1 when N is not a power of two
     assert sm.hops("vote_log", 100, 4) == 7 + 1 and sm.hops("vote_log", 1000, 4) == 10 + 1
+    # The host vote: 2 hops in the node + log2(nodes), +2 for a fold
+    assert sm.hops("vote_host", 64, 8) == 2 + 3 and sm.hops("vote_host", 96, 8) == 2 + 3 + 2
     assert sm.hops("ring", 1) == 0
 
 
@@ -300,6 +302,9 @@ def test_scaling_model_phases_by_hand():
     assert sm.vote_bytes(10) == V
     assert sm.phases("vote_ring", 0, 16, 4, V) == [("net", 15, 15 * V)]
     assert sm.phases("vote_log", 0, 16, 4, V) == [("intra", 2, 2 * V), ("net", 2, 2 * 4 * V)]
+    # the host vote sends one vote per node through the NIC per hop; 3 nodes fold
+    assert sm.phases("vote_host", 0, 12, 4, V) == [("intra", 2, 2 * V), ("net", 2, 2 * V),
+                                                   ("net", 1, V)]
     # small: 2 hops in the node, an allgather over 4 nodes: 3 hops, 3 S on the NIC
     assert sm.phases("small", S, 16, 4) == [("intra", 2, 1.5 * S), ("net", 3, 3 * S)]
     p = dict(TOY, gpus=16, per_node=4)
