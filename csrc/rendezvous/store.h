@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
+
 namespace tfring {
 namespace rendezvous {
 
@@ -45,6 +47,27 @@ class Store {
     Bytes b = get(key, timeout_s);
     return std::string(b.begin(), b.end());
   }
+};
+
+// While a rank waits for a peer to connect to it during start-up, nothing
+// else tells it that the peer's host is gone: its links are not up yet and
+// the store is idle. StoreProbe::tick() asks the store a question once a
+// second (after the first second of waiting): if the store's host died or
+// was cut off with the peer's, the question fails within the heartbeat
+// budget (TFRING_HEARTBEAT_TIMEOUT) naming the store's address, instead of
+// the wait running to TFRING_TIMEOUT.
+class StoreProbe {
+ public:
+  explicit StoreProbe(Store& store) : store_(store), next_(nowSeconds() + 1.0) {}
+  void tick() {
+    if (nowSeconds() < next_) return;
+    store_.check({"job/id"});
+    next_ = nowSeconds() + 1.0;
+  }
+
+ private:
+  Store& store_;
+  double next_;
 };
 
 class PrefixStore : public Store {

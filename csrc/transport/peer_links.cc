@@ -87,7 +87,9 @@ std::unique_ptr<PeerLinks> PeerLinks::connect(rendezvous::Store& store, int rank
     int lower = 0;
     for (int q : peers) lower += q < rank;
     std::string rejected;
+    rendezvous::StoreProbe probe(store);
     while (static_cast<int>(fds.size()) < lower) {
+      probe.tick();
       int fd = net::acceptWithDeadline(
           listen_fd, Deadline::in(std::min(0.2, std::max(0.0, deadline.remaining()))));
       bool client_failed = false;

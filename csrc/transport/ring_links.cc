@@ -291,7 +291,9 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   }
   if (!L->left_shm_) {
     std::string rejected;
+    rendezvous::StoreProbe probe(store);
     while (left_fd < 0) {
+      probe.tick();
       // Wake up now and then: if our own connection to the right was
       // refused (say, a wrong secret), report that instead of waiting on.
       int fd = net::acceptWithDeadline(
@@ -347,7 +349,9 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     wire::HelloClient xr_hello(xr_fd, wire::kPurposeCross, rank, secret, deadline, xr_name);
     int xl_fd = -1;
     std::string rejected;
+    rendezvous::StoreProbe probe(store);
     while (xl_fd < 0) {
+      probe.tick();
       int fd = net::acceptWithDeadline(
           cross_listen, Deadline::in(std::min(0.2, std::max(0.0, deadline.remaining()))));
       if (fd < 0 && xr_hello.failed()) break;
