@@ -39,7 +39,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <sched.h>
 
 #include <cstring>
 #include <map>
@@ -75,9 +74,7 @@ class DirectAllreduce {
     default_allgather_ = comm_.host->allgather_algo;
     default_broadcast_ = comm_.host->broadcast_algo;
     // Waits spin only where every local rank has a core, as in the engine.
-    cpu_set_t cpus;
-    int ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-    transport::setSpinning(links_->topology().local_size <= ncpu);
+    transport::setSpinning(links_->topology().local_size <= transport::usableCores());
   }
 
   void run(float* data, size_t count, const std::string& algo) {

@@ -36,8 +36,7 @@ Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordin
   waiter_.reset(new transport::Waiter(links_->bell(), links_->right(), links_->left()));
   comm_ = collectives::makeRingComm(*links_, waiter_.get(), cfg);
   if (!cfg.timeline.empty()) timeline_.open(cfg.timeline, T.rank);
-  cpu_set_t cpus;
-  int ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  const int ncpu = transport::usableCores();
   const int procs = cfg.host_procs > 0 ? cfg.host_procs : T.local_size;
   // TFRING_SPIN=auto busy-waits only where every local rank can have a
   // core; 0 never (a framework's own threads want every core), 1 always.

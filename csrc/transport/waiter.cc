@@ -52,10 +52,7 @@ constexpr double kLoadInterval = 0.1;  // seconds between reads of /proc/loadavg
 
 // min(1, cores / runnable threads), or 1 if /proc/loadavg cannot be read.
 double freeCoreShare() {
-  static const int ncpu = [] {
-    cpu_set_t cpus;
-    return sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-  }();
+  static const int ncpu = usableCores();
   int fd = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 1.0;
   char buf[128];
@@ -72,6 +69,11 @@ double freeCoreShare() {
 }
 
 }  // namespace
+
+int usableCores() {
+  cpu_set_t cpus;
+  return sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? std::max(1, CPU_COUNT(&cpus)) : 1;
+}
 
 void setSpinning(bool on) { g_spinning.store(on); }
 bool spinning() { return g_spinning.load(std::memory_order_relaxed); }

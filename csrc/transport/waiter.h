@@ -42,6 +42,8 @@ inline void cpuRelax() {
 // only burns the time slice the awaited peer needs.
 void setSpinning(bool on);
 bool spinning();
+// The CPUs this process may run on (sched_getaffinity), at least 1.
+int usableCores();
 
 // How long a wait may go on yielding before it sleeps: `normal` scaled by
 // the share of the machine's cores that is free, min(1, cores / runnable
