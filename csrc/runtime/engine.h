@@ -145,7 +145,6 @@ class Engine {
   bool hostStartedVote();  // the host vote: a local rank voted past us
   void setVoteWatch();     // which links an idle rank watches, by vote mode
   void idleWait();
-  void hostIdleWait(double timeout);  // idleWait's block with the host vote
   void round();
   void classify(std::vector<std::shared_ptr<Entry>>& fresh);
   void sendSlow(const std::vector<std::shared_ptr<Entry>>& es);

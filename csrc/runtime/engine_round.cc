@@ -153,6 +153,14 @@ void Engine::idleWait() {
     return;
   }
   transport::Doorbell* bell = links_->bell();
+  // Under the host vote a rank other than local rank 0 sleeps on its own
+  // doorbell in the host segment, which a local rank starting a round
+  // rings (runtime/vote_host.cc), and so does wakeLocal(). Local rank 0
+  // polls its links to the other hosts and its wake-up socket instead.
+  const transport::HostLinks* H = links_->host();
+  transport::HostSegment* seg = vote_host_ ? H->segment.get() : nullptr;
+  const bool host_leader = vote_host_ && (!seg || H->local_rank == 0);
+  if (seg && !host_leader) bell = &seg->words(H->local_rank).idle;
   // Spin: a peer or a local caller usually shows up within microseconds.
   // A caller driving for its own result spins (its thread only waits
   // anyway). The engine thread spins only where each local rank has a core
@@ -190,18 +198,12 @@ void Engine::idleWait() {
       if (l) l->lock();
     }
   };
-  if (vote_host_) {
-    Reseat reseat{nullptr};
-    if (release) {
-      reseat.l = engine_lock_;
-      engine_lock_->unlock();
-    }
-    hostIdleWait(timeout);
-    return;
-  }
   const int lfd = links_->left()->pollFd();
-  if (vote_recdbl_ || lfd >= 0 || !bell) {
+  if (host_leader || (!vote_host_ && (vote_recdbl_ || lfd >= 0 || !bell))) {
     idle_blocked_.store(true, std::memory_order_seq_cst);
+    // Raised before the last look, so a local rank that votes after it
+    // sees it and rings the wake-up socket.
+    if (host_leader && seg) seg->leaderPolling().store(1, std::memory_order_seq_cst);
     if (!hasNews() && !peerStartedRound()) {
       Reseat reseat{release ? engine_lock_ : nullptr};
       if (release) engine_lock_->unlock();
@@ -214,63 +216,31 @@ void Engine::idleWait() {
         fds.push_back({lfd, POLLIN, 0});
       }
       if (wake_fd_ >= 0) fds.push_back({wake_fd_, POLLIN, 0});
+      if (host_leader && H->wake) fds.push_back({H->wake->fd(), POLLIN, 0});
       ::poll(fds.data(), fds.size(), static_cast<int>(timeout * 1000) + 1);
       uint64_t v;
       if (wake_fd_ >= 0) {
         ssize_t rc = ::read(wake_fd_, &v, sizeof(v));
         (void)rc;
       }
+      if (host_leader && H->wake) H->wake->drain();
     }
+    if (host_leader && seg) seg->leaderPolling().store(0, std::memory_order_seq_cst);
     idle_blocked_.store(false, std::memory_order_seq_cst);
     return;
   }
   // Same handshake as transport::Waiter: announce sleeping, re-check, sleep.
+  // The re-check comes after `sleeping` is raised: the host vote's wakers
+  // ring only a sleeper, after storing what the re-check reads.
   uint32_t ticket = bell->seq.load(std::memory_order_seq_cst);
   if (hasNews() || peerStartedRound()) return;
   bell->sleeping.store(1, std::memory_order_seq_cst);
-  if (bell->seq.load(std::memory_order_seq_cst) == ticket) {
+  if (!hasNews() && !peerStartedRound() && bell->seq.load(std::memory_order_seq_cst) == ticket) {
     Reseat reseat{release ? engine_lock_ : nullptr};
     if (release) engine_lock_->unlock();
     transport::futexWait(&bell->seq, ticket, timeout);
   }
   bell->sleeping.store(0, std::memory_order_seq_cst);
-}
-
-void Engine::hostIdleWait(double timeout) {
-  const transport::HostLinks* H = links_->host();
-  transport::HostSegment* seg = H->segment.get();
-  if (H->local_rank != 0 && seg) {
-    // Sleep on this rank's doorbell: a local rank starting a round rings
-    // it (runtime/vote_host.cc), and so do local submitters (wakeLocal).
-    transport::Doorbell& b = seg->words(H->local_rank).idle;
-    const uint32_t ticket = b.seq.load(std::memory_order_seq_cst);
-    b.sleeping.store(1, std::memory_order_seq_cst);
-    if (!hasNews() && !peerStartedRound() && b.seq.load(std::memory_order_seq_cst) == ticket)
-      transport::futexWait(&b.seq, ticket, timeout);
-    b.sleeping.store(0, std::memory_order_seq_cst);
-    return;
-  }
-  // Local rank 0 (or a host's only rank): poll the links to the other
-  // hosts, the wake-up socket the local ranks ring, and local submitters'
-  // eventfd.
-  std::vector<struct pollfd> fds;
-  fds.reserve(vote_fds_.size() + 2);
-  for (size_t i = 0; i < vote_fds_.size(); ++i)
-    if (vote_closed_at_[i] == 0) fds.push_back({vote_fds_[i], POLLIN, 0});
-  if (wake_fd_ >= 0) fds.push_back({wake_fd_, POLLIN, 0});
-  if (H->wake) fds.push_back({H->wake->fd(), POLLIN, 0});
-  idle_blocked_.store(true, std::memory_order_seq_cst);
-  if (seg) seg->leaderPolling().store(1, std::memory_order_seq_cst);
-  if (!hasNews() && !peerStartedRound())
-    ::poll(fds.data(), fds.size(), static_cast<int>(timeout * 1000) + 1);
-  if (seg) seg->leaderPolling().store(0, std::memory_order_seq_cst);
-  idle_blocked_.store(false, std::memory_order_seq_cst);
-  if (wake_fd_ >= 0) {
-    uint64_t v;
-    ssize_t rc = ::read(wake_fd_, &v, sizeof(v));
-    (void)rc;
-  }
-  if (H->wake) H->wake->drain();
 }
 
 void Engine::classify(std::vector<std::shared_ptr<Entry>>& fresh) {

@@ -129,11 +129,11 @@ VoteStats ringVote(collectives::RingComm& c, int32_t* tally, size_t head,
   return st;
 }
 
-void recdblAmong(collectives::RingComm& c, const std::vector<int>& members, int index,
+void recdblAmong(collectives::RingComm& c, int N, const int* members, int index,
                  int32_t* tally, size_t head, std::vector<int32_t>* tmp, const VoteExtra* x,
                  const char* what, VoteStats* st) {
   transport::PeerLinks& P = *c.host->peers;
-  const int N = static_cast<int>(members.size());
+  auto link = [&](int i) -> transport::PeerLink& { return P.to(members ? members[i] : i); };
   const transport::RecursiveLayout L = transport::recursiveLayout(index, N);
   const size_t words = head + kFreshTallyWords + (x ? x->words : 0);
   const size_t bytes = words * sizeof(int32_t);
@@ -145,10 +145,10 @@ void recdblAmong(collectives::RingComm& c, const std::vector<int>& members, int 
 
   if (L.vrank < 0) {
     // Extra rank: my vote out; the wake token and the tally back.
-    const int peer = members[L.fold_peer];
-    transport::exchange(P.to(peer), tally, bytes, in, bytes + sizeof(int32_t), deadline, what);
+    transport::PeerLink& l = link(L.fold_peer);
+    transport::exchange(l, tally, bytes, in, bytes + sizeof(int32_t), deadline, what);
     if (in[0] != kWakeToken)
-      fail(Code::kInternal, "the vote on the link to rank ", peer, " is out of step");
+      fail(Code::kInternal, "the vote on the link to rank ", l.rank, " is out of step");
     std::memcpy(tally, in + 1, bytes);
     st->bytes_sent += bytes;
     return;
@@ -157,14 +157,13 @@ void recdblAmong(collectives::RingComm& c, const std::vector<int>& members, int 
     // Wake the extra rank (it may be idle) and take its vote: it is the
     // lower rank of the pair.
     const int32_t token = kWakeToken;
-    transport::exchange(P.to(members[L.fold_peer]), &token, sizeof(token), in, bytes, deadline,
-                        what);
+    transport::exchange(link(L.fold_peer), &token, sizeof(token), in, bytes, deadline, what);
     mergeTally(in, tally, tally, head, x);
     st->bytes_sent += sizeof(token);
   }
   for (int mask = 1; mask < L.p; mask <<= 1) {
     const int q = L.partner(mask);
-    transport::exchange(P.to(members[q]), tally, bytes, in, bytes, deadline, what);
+    transport::exchange(link(q), tally, bytes, in, bytes, deadline, what);
     st->bytes_sent += bytes;
     if (index < q)
       mergeTally(tally, in, tally, head, x);
@@ -172,7 +171,7 @@ void recdblAmong(collectives::RingComm& c, const std::vector<int>& members, int 
       mergeTally(in, tally, tally, head, x);
   }
   if (L.fold_peer >= 0) {
-    transport::exchange(P.to(members[L.fold_peer]), tally, bytes, nullptr, 0, deadline, what);
+    transport::exchange(link(L.fold_peer), tally, bytes, nullptr, 0, deadline, what);
     st->bytes_sent += bytes;
   }
 }
@@ -180,13 +179,11 @@ void recdblAmong(collectives::RingComm& c, const std::vector<int>& members, int 
 VoteStats recdblVote(collectives::RingComm& c, int32_t* tally, size_t head,
                      std::vector<int32_t>* tmp, const VoteExtra* x) {
   const int N = c.size;
-  std::vector<int> members(N);
-  for (int q = 0; q < N; ++q) members[q] = q;
   VoteStats st;
   st.algo = VoteAlgo::kRecDbl;
   st.size = N;
   st.bytes = (head + kFreshTallyWords + (x ? x->words : 0)) * sizeof(int32_t);
-  recdblAmong(c, members, c.ring[c.pos], tally, head, tmp, x,
+  recdblAmong(c, N, nullptr, c.ring[c.pos], tally, head, tmp, x,
               "the agreement round's vote (recursive doubling)", &st);
   record(st);
   return st;

@@ -108,10 +108,11 @@ VoteStats hostVote(collectives::RingComm& c, uint64_t round, int32_t* tally, siz
                    std::vector<int32_t>* tmp, const VoteExtra* x = nullptr);
 bool hostVoteFits(const transport::HostLinks& H, size_t words);
 
-// Recursive doubling of tallies among `members` (global ranks in merge
-// order, linked in c.host->peers); this rank is members[index]. Fills
-// st.hops and adds what it sent to st.bytes_sent.
-void recdblAmong(collectives::RingComm& c, const std::vector<int>& members, int index,
+// Recursive doubling of tallies among N ranks: members[0..N) (global ranks
+// in merge order, linked in c.host->peers), or ranks 0..N-1 when members
+// is null; this rank is the one at `index`. Fills st.hops and adds what it
+// sent to st.bytes_sent.
+void recdblAmong(collectives::RingComm& c, int N, const int* members, int index,
                  int32_t* tally, size_t head, std::vector<int32_t>* tmp, const VoteExtra* x,
                  const char* what, VoteStats* st);
 // Records a round's stats (lastVoteStats, the per-algorithm totals).

@@ -82,7 +82,7 @@ VoteStats hostVote(collectives::RingComm& c, uint64_t round, int32_t* tally, siz
     for (int q = 1; q < seg->localSize(); ++q) mergeTally(tally, seg->voteSlot(q), tally, head, x);
   }
   VoteStats cr;
-  recdblAmong(c, H.leaders, H.cross_rank, tally, head, tmp, x, what, &cr);
+  recdblAmong(c, hosts, H.leaders.data(), H.cross_rank, tally, head, tmp, x, what, &cr);
   st.bytes_sent = cr.bytes_sent;
   if (seg) {
     std::memcpy(seg->voteSlot(seg->localSize()), tally, bytes);

@@ -218,12 +218,13 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   H.local_rank = T.local_rank;
   H.local_size = T.local_size;
   H.local_ranks = mine;
-  for (const auto& h : hosts)
-    if (by_host[h].size() != mine.size()) H.uniform = false;
-  H.cross_rank = T.cross_rank;
-  for (const auto& h : hosts) H.leaders.push_back(by_host[h][0]);
   size_t most_local = 0;
-  for (const auto& h : hosts) most_local = std::max(most_local, by_host[h].size());
+  for (const auto& h : hosts) {
+    if (by_host[h].size() != mine.size()) H.uniform = false;
+    most_local = std::max(most_local, by_host[h].size());
+    H.leaders.push_back(by_host[h][0]);
+  }
+  H.cross_rank = T.cross_rank;
   H.cross_ranks.clear();
   if (H.uniform)
     for (const auto& h : hosts) H.cross_ranks.push_back(by_host[h][T.local_rank]);
@@ -232,8 +233,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   // The vote's algorithm (runtime/vote.h). The host vote needs several
   // hosts, shared memory, and some host with more than one rank; auto
   // takes it where it would take recdbl. Forced where it cannot run, it
-  // is recdbl.
-  const bool host_vote_ok = H.num_hosts > 1 && host_shm && !force_tcp && most_local > 1;
+  // is recdbl. Only job-wide values decide (host_shm is rank 0's).
+  const bool host_vote_ok = H.num_hosts > 1 && host_shm && most_local > 1;
   H.vote_host = host_vote_ok &&
                 (H.vote_algo == "host" ||
                  (H.vote_algo == "auto" && size >= kVoteRecdblMinRanks));
@@ -251,17 +252,18 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   // 3b. The host segment: local rank 0 creates it, the others open it once
   // it is published; unlinked after the barrier below.
   const std::string host_seg_name = strCat("/tfring-", job, "-host", mine[0]);
+  const std::string wake_name = strCat("tfring-", job, "-wake", mine[0]);
   if (T.local_size > 1 && host_shm) {
     if (T.local_rank == 0) {
       H.segment = HostSegment::create(host_seg_name, T.local_size, hostSlotBytes(H, cfg),
                                       H.vote_host ? kHostVoteSlotBytes : 0);
-      if (H.vote_host) H.wake = HostWake::bind(strCat("tfring-", job, "-wake", mine[0]));
+      if (H.vote_host) H.wake = HostWake::open(wake_name, true);
       store.setString(strCat("hostseg/", rank), "1");
     } else {
       store.wait({strCat("hostseg/", mine[0])}, deadline.remaining());
       H.segment = HostSegment::open(host_seg_name, T.local_size);
       H.segment->words(T.local_rank).pid = static_cast<int32_t>(::getpid());
-      if (H.vote_host) H.wake = HostWake::connect(strCat("tfring-", job, "-wake", mine[0]));
+      if (H.vote_host) H.wake = HostWake::open(wake_name, false);
     }
   }
 

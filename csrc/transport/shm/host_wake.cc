@@ -25,31 +25,22 @@ socklen_t abstractAddress(const std::string& name, struct sockaddr_un* a) {
   return static_cast<socklen_t>(offsetof(struct sockaddr_un, sun_path) + 1 + n);
 }
 
-int datagramSocket() {
-  int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) fail(Code::kUnavailable, "socket(AF_UNIX) for the host's wake-ups: ", strerror(errno));
-  return fd;
-}
-
 }  // namespace
 
-std::unique_ptr<HostWake> HostWake::bind(const std::string& name) {
+// Local rank 0 (`owner`) binds the abstract name; the others connect to it.
+std::unique_ptr<HostWake> HostWake::open(const std::string& name, bool owner) {
   std::unique_ptr<HostWake> w(new HostWake());
-  w->fd_ = datagramSocket();
+  w->fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (w->fd_ < 0)
+    fail(Code::kUnavailable, "socket(AF_UNIX) for the host's wake-ups: ", strerror(errno));
   struct sockaddr_un a;
   const socklen_t len = abstractAddress(name, &a);
-  if (::bind(w->fd_, reinterpret_cast<struct sockaddr*>(&a), len) != 0)
+  const struct sockaddr* sa = reinterpret_cast<struct sockaddr*>(&a);
+  const int rc = owner ? ::bind(w->fd_, sa, len) : ::connect(w->fd_, sa, len);
+  if (rc != 0 && owner)
     fail(Code::kUnavailable, "could not bind the host's wake-up socket @", name, ": ",
          strerror(errno));
-  return w;
-}
-
-std::unique_ptr<HostWake> HostWake::connect(const std::string& name) {
-  std::unique_ptr<HostWake> w(new HostWake());
-  w->fd_ = datagramSocket();
-  struct sockaddr_un a;
-  const socklen_t len = abstractAddress(name, &a);
-  if (::connect(w->fd_, reinterpret_cast<struct sockaddr*>(&a), len) != 0)
+  if (rc != 0)
     fail(Code::kUnavailable, "could not reach local rank 0's wake-up socket @", name, ": ",
          strerror(errno), " (local ranks must share a network namespace)");
   return w;

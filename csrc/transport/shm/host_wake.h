@@ -14,10 +14,9 @@ namespace transport {
 
 class HostWake {
  public:
-  // Local rank 0: binds `name` (at most 100 bytes are used).
-  static std::unique_ptr<HostWake> bind(const std::string& name);
-  // The other local ranks, once local rank 0 has bound it.
-  static std::unique_ptr<HostWake> connect(const std::string& name);
+  // Local rank 0 (`owner`) binds `name` (at most 100 bytes are used); the
+  // other local ranks connect to it once local rank 0 has bound it.
+  static std::unique_ptr<HostWake> open(const std::string& name, bool owner);
   ~HostWake();
 
   int fd() const { return fd_; }
