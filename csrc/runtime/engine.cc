@@ -42,7 +42,6 @@ Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordin
   // core; 0 never (a framework's own threads want every core), 1 always.
   const bool spin_auto = cfg.spin != "0" && cfg.spin != "1";
   transport::setSpinning(spin_auto ? procs <= ncpu : cfg.spin == "1");
-  transport::setYieldAdaptive(cfg.spin != "1");
   engine_spins_ = spin_auto ? 2 * procs <= ncpu : cfg.spin == "1";
   const transport::HostLinks* H = links_->host();
   vote_recdbl_ = T.size > 1 && H && H->vote_recdbl && H->peers;
@@ -287,7 +286,7 @@ void Engine::drive(const std::function<bool()>& done, const std::function<void()
       for (int i = 0; i < 200 && !d.owns_lock() && !done(); ++i) {
         sched_yield();
         d.try_lock();
-        if (nowSeconds() - yield_start > transport::yieldSeconds(kSeatYield)) break;
+        if ((i & 7) == 7 && nowSeconds() - yield_start > kSeatYield) break;
       }
       if (!d.owns_lock()) {
         wait();

@@ -175,7 +175,7 @@ void Engine::idleWait() {
       // each yield waits a turn of every runnable rank.
       double now = nowSeconds();
       if (i == kSpinChecks) yield_start = now;
-      else if (now - yield_start > transport::yieldSeconds(kYieldSeconds)) break;
+      else if (now - yield_start > kYieldSeconds) break;
       sched_yield();
     } else {
       transport::cpuRelax();

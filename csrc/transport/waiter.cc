@@ -1,6 +1,5 @@
 #include "transport/waiter.h"
 
-#include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
 #include <sched.h>
@@ -10,7 +9,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdio>
 
 #include "common/abort.h"
 #include "common/status.h"
@@ -45,28 +43,6 @@ constexpr double kMaxSleep = 0.05;       // seconds between health checks
 constexpr double kHealthInterval = 0.2;  // seconds
 
 std::atomic<bool> g_spinning{true};
-std::atomic<double> g_yield_scale{1.0};
-std::atomic<bool> g_yield_adaptive{true};
-std::atomic<double> g_load_read_at{0.0};
-constexpr double kLoadInterval = 0.1;  // seconds between reads of /proc/loadavg
-
-// min(1, cores / runnable threads), or 1 if /proc/loadavg cannot be read.
-double freeCoreShare() {
-  static const int ncpu = usableCores();
-  int fd = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 1.0;
-  char buf[128];
-  ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
-  ::close(fd);
-  if (n <= 0) return 1.0;
-  buf[n] = 0;
-  // "0.07 0.23 0.99 3/345 12345": the fourth field is runnable/total.
-  double a, b, c;
-  int running = 0, total = 0;
-  if (sscanf(buf, "%lf %lf %lf %d/%d", &a, &b, &c, &running, &total) != 5 || running <= 0)
-    return 1.0;
-  return std::min(1.0, static_cast<double>(ncpu) / running);
-}
 
 }  // namespace
 
@@ -77,21 +53,6 @@ int usableCores() {
 
 void setSpinning(bool on) { g_spinning.store(on); }
 bool spinning() { return g_spinning.load(std::memory_order_relaxed); }
-void setYieldAdaptive(bool on) {
-  g_yield_adaptive.store(on);
-  if (!on) g_yield_scale.store(1.0);
-}
-
-double yieldSeconds(double normal) {
-  if (!g_yield_adaptive.load(std::memory_order_relaxed)) return normal;
-  const double now = nowSeconds();
-  double at = g_load_read_at.load(std::memory_order_relaxed);
-  // One thread refreshes; the others use the last share.
-  if (now - at > kLoadInterval &&
-      g_load_read_at.compare_exchange_strong(at, now, std::memory_order_relaxed))
-    g_yield_scale.store(freeCoreShare(), std::memory_order_relaxed);
-  return normal * g_yield_scale.load(std::memory_order_relaxed);
-}
 
 void Doorbell::ring() {
   seq.fetch_add(1, std::memory_order_seq_cst);
@@ -129,7 +90,7 @@ void Waiter::idle(uint32_t ticket, bool want_send, bool want_recv) {
   checkHealth();
   if (idle_rounds_ == kSpinRounds) yield_start_ = nowSeconds();
   if (idle_rounds_ < kSpinRounds + kYieldRounds &&
-      nowSeconds() - yield_start_ < yieldSeconds(kYieldSeconds)) {
+      nowSeconds() - yield_start_ < kYieldSeconds) {
     sched_yield();
     return;
   }

@@ -45,16 +45,6 @@ bool spinning();
 // The CPUs this process may run on (sched_getaffinity), at least 1.
 int usableCores();
 
-// How long a wait may go on yielding before it sleeps: `normal` scaled by
-// the share of the machine's cores that is free, min(1, cores / runnable
-// threads), read from /proc/loadavg at most every 100 ms. Yielding is
-// cheap while cores are idle; with many more runnable threads than cores
-// (a job oversubscribing its machine, or a framework's compute threads
-// busy) every yield hands the core round the others, so a waiter sleeps
-// almost at once. setYieldAdaptive(false) keeps `normal` (TFRING_SPIN=1).
-void setYieldAdaptive(bool on);
-double yieldSeconds(double normal);
-
 struct Doorbell {
   std::atomic<uint32_t> seq;
   std::atomic<uint32_t> sleeping;

@@ -181,7 +181,7 @@ void HostSegment::waitAll(std::atomic<uint64_t> HostRankWords::*field, uint64_t 
         fail(Code::kTimeout, "timed out in ", what, " waiting for rank ", ranks[q],
              " (shared memory; TFRING_TIMEOUT; a peer may be stuck or much slower)");
     }
-    if (now - start < yieldSeconds(kYieldSeconds)) {
+    if (now - start < kYieldSeconds) {
       sched_yield();
       continue;
     }
