@@ -194,9 +194,17 @@ std::unique_ptr<Comm> connectComm(rendezvous::Store* store, int rank, int size,
 
   if (log::enabled(log::kDebug) && !links->phases.empty()) {
     // The rendezvous phases, for finding what start-up waits on at scale.
-    const double t0 = links->phases.front().second;
+    // Each phase: its end in seconds after the start, then the CPU
+    // milliseconds and minor page faults it took.
+    const auto& p0 = links->phases.front();
+    const double t0 = p0.wall;
     std::string line = strCat("rank ", rank, " init phases (s after ", std::to_string(t0), "):");
-    for (auto& ph : links->phases) line += strCat(" ", ph.first, " ", ph.second - t0, ";");
+    const transport::RingLinks::Phase* prev = &p0;
+    for (auto& ph : links->phases) {
+      line += strCat(" ", ph.name, " ", ph.wall - t0, " (", 1e3 * (ph.cpu - prev->cpu), " ms cpu, ",
+                     ph.minflt - prev->minflt, " faults);");
+      prev = &ph;
+    }
     const double now = std::chrono::duration<double>(
                            std::chrono::system_clock::now().time_since_epoch()).count();
     TFRING_LOG(kDebug, line, " coordinator ", now - t0);

@@ -74,9 +74,18 @@ std::unique_ptr<PeerLinks> PeerLinks::connect(rendezvous::Store& store, int rank
     net::closeFd(listen_fd);
   };
   try {
+    // The higher peers' ports in one store round trip.
+    std::vector<std::string> port_keys;
+    for (int q : peers)
+      if (q > rank) port_keys.push_back(strCat("p2p/", q));
+    const std::vector<rendezvous::Bytes> ports =
+        port_keys.empty() ? std::vector<rendezvous::Bytes>()
+                          : store.getMany(port_keys, deadline.remaining());
+    size_t next_port = 0;
     for (int q : peers) {
       if (q < rank) continue;
-      int qport = std::stoi(store.getString(strCat("p2p/", q), deadline.remaining()));
+      const rendezvous::Bytes& pb = ports[next_port++];
+      int qport = std::stoi(std::string(pb.begin(), pb.end()));
       Out o{q, -1, strCat("rank ", q, " at ", addrs[q], ":", qport), nullptr};
       o.fd = net::connectTo(addrs[q], qport, deadline);
       net::setNoDelay(o.fd);

@@ -58,9 +58,16 @@ class RingLinks {
   void wake() const;
   // The host segment, the cross ring and the job-wide algorithm settings.
   HostLinks* host() const { return host_.get(); }
-  // Wall-clock seconds (system clock, comparable across processes) at which
-  // each rendezvous phase of connect() ended, for TFRING_LOG_LEVEL=debug.
-  std::vector<std::pair<const char*, double>> phases;
+  // When each rendezvous phase of connect() ended, for TFRING_LOG_LEVEL=debug:
+  // wall-clock seconds (system clock, comparable across processes), and this
+  // process's CPU seconds and minor page faults so far (what a phase cost,
+  // not only how long it waited).
+  struct Phase {
+    const char* name;
+    double wall, cpu;
+    long minflt;
+  };
+  std::vector<Phase> phases;
 
  private:
   RingLinks() = default;

@@ -61,7 +61,7 @@ std::unique_ptr<HostSegment> HostSegment::create(const std::string& name, int lo
     fail(Code::kUnavailable, "could not size the host's shared memory ", name, " to ", total,
          " bytes: ", strerror(e), " (is /dev/shm large enough? TFRING_SMALL_THRESHOLD sizes it)");
   }
-  void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) fail(Code::kUnavailable, "mmap(", name, "): ", strerror(errno));
   s->mapped_ = total;
@@ -104,7 +104,7 @@ std::unique_ptr<HostSegment> HostSegment::open(const std::string& name, int loca
     ::close(fd);
     fail(Code::kUnavailable, "the host's shared memory ", name, " is truncated");
   }
-  void* p = ::mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* p = ::mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) fail(Code::kUnavailable, "mmap(", name, "): ", strerror(errno));
   s->mapped_ = st.st_size;

@@ -61,7 +61,8 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& job, int rank,
   return s;
 }
 
-std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& job, int rank) {
+std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& job, int rank,
+                                             bool header_only) {
   std::unique_ptr<ShmSegment> s(new ShmSegment());
   s->name_ = nameFor(job, rank);
   int fd = ::shm_open(s->name_.c_str(), O_RDWR, 0600);
@@ -72,10 +73,11 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& job, int rank) {
     ::close(fd);
     fail(Code::kUnavailable, "shared memory of rank ", rank, " is truncated");
   }
-  void* p = ::mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  const size_t len = header_only ? kDataOffset : static_cast<size_t>(st.st_size);
+  void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) fail(Code::kUnavailable, "mmap(", s->name_, "): ", strerror(errno));
-  s->mapped_ = st.st_size;
+  s->mapped_ = len;
   s->header_ = static_cast<ShmHeader*>(p);
   auto magic = reinterpret_cast<std::atomic<uint64_t>*>(&s->header_->magic)->load(std::memory_order_acquire);
   if (magic != kMagic) fail(Code::kUnavailable, "shared memory of rank ", rank, " is not initialized");

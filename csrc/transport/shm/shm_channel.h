@@ -45,9 +45,12 @@ struct alignas(64) ShmHeader {
 class ShmSegment {
  public:
   // Creates (owner) or opens (neighbour) the segment of `rank` in job `job`.
+  // A left neighbour's segment is only rung, never written: opened with
+  // `header_only` it maps the header page alone (data() is then unusable).
   static std::unique_ptr<ShmSegment> create(const std::string& job, int rank,
                                             uint64_t capacity);
-  static std::unique_ptr<ShmSegment> open(const std::string& job, int rank);
+  static std::unique_ptr<ShmSegment> open(const std::string& job, int rank,
+                                          bool header_only = false);
   ~ShmSegment();
   void unlink();
 

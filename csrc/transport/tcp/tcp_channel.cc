@@ -54,7 +54,8 @@ std::string TcpSendChannel::describe() const {
 TcpRecvChannel::TcpRecvChannel(int fd, int peer_rank, std::string peer_addr,
                                size_t staging_bytes)
     : fd_(fd), peer_rank_(peer_rank), peer_addr_(std::move(peer_addr)),
-      buf_(std::max<size_t>(staging_bytes, 4096)) {
+      buf_(new char[std::max<size_t>(staging_bytes, 4096)]),
+      cap_(std::max<size_t>(staging_bytes, 4096)) {
   net::setNonBlocking(fd_, true);
   net::setDefaultLiveness(fd_);
 }
@@ -79,7 +80,7 @@ size_t TcpRecvChannel::tryRecv(void* data, size_t n) {
   char* out = static_cast<char*>(data);
   size_t staged = std::min(n, end_ - begin_);
   if (staged) {
-    std::memcpy(out, buf_.data() + begin_, staged);
+    std::memcpy(out, buf_.get() + begin_, staged);
     begin_ += staged;
     if (begin_ == end_) begin_ = end_ = 0;
     if (staged == n) return n;
@@ -91,15 +92,15 @@ size_t TcpRecvChannel::peek(const void** data, size_t max) {
   size_t have = end_ - begin_;
   if (have < max) {
     // Compact so a partial element at the end can be completed in place.
-    if (begin_ > 0 && (buf_.size() - end_) < std::min(max, buf_.size() / 2)) {
-      std::memmove(buf_.data(), buf_.data() + begin_, have);
+    if (begin_ > 0 && (cap_ - end_) < std::min(max, cap_ / 2)) {
+      std::memmove(buf_.get(), buf_.get() + begin_, have);
       begin_ = 0;
       end_ = have;
     }
-    end_ += readSome(buf_.data() + end_, buf_.size() - end_);
+    end_ += readSome(buf_.get() + end_, cap_ - end_);
     have = end_ - begin_;
   }
-  *data = buf_.data() + begin_;
+  *data = buf_.get() + begin_;
   return std::min(have, max);
 }
 

@@ -6,8 +6,8 @@
 // place, while plain copies go straight into the destination.
 #pragma once
 
+#include <memory>
 #include <string>
-#include <vector>
 
 #include "transport/channel.h"
 
@@ -46,7 +46,10 @@ class TcpRecvChannel : public RecvChannel {
   int fd_;
   int peer_rank_;
   std::string peer_addr_;
-  std::vector<char> buf_;
+  // Left uninitialised: a large staging buffer's pages are faulted in as
+  // data first reaches them, not zeroed for every link at start-up.
+  std::unique_ptr<char[]> buf_;
+  size_t cap_;
   size_t begin_ = 0, end_ = 0;  // staged bytes are buf_[begin_, end_)
 };
 
