@@ -283,7 +283,25 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
 
   mark("host segment");
 
-  // 3c. The cross ring: with every host holding the same number of ranks,
+  // 3c. Map the neighbours' segments now, and say so: the wait before the
+  // unlink at the end then finds every mapping long done, instead of
+  // waiting for the slowest local rank to finish its TCP links.
+  {
+    std::vector<std::string> segs;
+    if (L->right_shm_) segs.push_back(strCat("shm/", T.right));
+    if (L->left_shm_ && T.left != T.right) segs.push_back(strCat("shm/", T.left));
+    if (!segs.empty()) store.wait(segs, deadline.remaining());
+  }
+  if (L->right_shm_) L->right_seg_ = ShmSegment::open(job, T.right);
+  if (L->left_shm_) {
+    if (T.left == T.right && L->right_seg_)
+      L->left_seg_ = nullptr;  // same segment as right_seg_
+    else
+      L->left_seg_ = ShmSegment::open(job, T.left, /*header_only=*/true);
+  }
+  store.setString(strCat("mapped/", rank), "1");
+
+  // 3d. The cross ring: with every host holding the same number of ranks,
   // the ranks with my local rank form a TCP ring in host order.
   int cross_listen = -1, cross_port = 0;
   const bool want_cross = H.num_hosts > 1 && H.uniform;
@@ -436,25 +454,11 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
 
   mark("peer links");
 
-  // 5. Map the neighbours' segments, then unlink ours once both have it.
-  if (L->right_shm_) {
-    store.wait({strCat("shm/", T.right)}, deadline.remaining());
-    L->right_seg_ = ShmSegment::open(job, T.right);
-  }
-  if (L->left_shm_) {
-    if (T.left == T.right && L->right_seg_) {
-      L->left_seg_ = nullptr;  // same segment as right_seg_
-    } else {
-      store.wait({strCat("shm/", T.left)}, deadline.remaining());
-      L->left_seg_ = ShmSegment::open(job, T.left, /*header_only=*/true);
-    }
-  }
-  // Unlink my segment and the host segment only once everyone who maps
+  // 5. Unlink my segment and the host segment only once everyone who maps
   // them has: my shared-memory ring neighbours and my host's ranks. Only
   // they wait for each other; a job-wide barrier here woke all N ranks at
   // once when the slowest arrived, the costliest step of start-up at 128
   // ranks on a small machine.
-  store.setString(strCat("mapped/", rank), "1");
   std::vector<std::string> mapped;
   if (L->left_shm_) mapped.push_back(strCat("mapped/", T.left));
   if (L->right_shm_) mapped.push_back(strCat("mapped/", T.right));
