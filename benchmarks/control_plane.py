@@ -32,6 +32,7 @@ not absolute values.
 import argparse
 import json
 import os
+import resource
 import secrets
 import subprocess
 import sys
@@ -81,13 +82,22 @@ def worker(args):
         y = _core.allreduce(x, op="sum", name="cp.small")
     ok = bool(np.all(y == n * (n + 1) / 2))
     st = _core.last_collective_stats()
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     for i in range(args.iters):
         _core.allreduce(x, op="sum", name="cp.small", out=x)
         x[:] = rank + 1
     per_call = (time.perf_counter() - t0) / args.iters
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    # What a call costs this rank (every thread): CPU time and context
+    # switches, the currency of an oversubscribed host.
+    cpu_call = (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / args.iters
+    switches_call = (r1.ru_nvcsw + r1.ru_nivcsw - r0.ru_nvcsw - r0.ru_nivcsw) / args.iters
     rep = {"rank": rank, "size": n, "arrive": arrive, "done": done, "before": before,
            "after": after, "allreduce_s": per_call, "ok": ok, "algo": st["algo"],
+           "cpu_per_call_s": cpu_call, "switches_per_call": switches_call,
+           "voluntary_per_call": (r1.ru_nvcsw - r0.ru_nvcsw) / args.iters,
+           "local_rank": basics.local_rank(),
            "hops": st["hops"], "local_size": basics.local_size(),
            "cross_size": basics.cross_size()}
     with open(os.path.join(args.out, f"{rank}.json"), "w") as f:
@@ -207,6 +217,14 @@ def summarize(n, reps, sampler, args):
         "allreduce_hops": reps[0]["hops"], "allreduce_ok": all(r["ok"] for r in reps),
         "rank0": {k: reps[0]["after"][k] - reps[0]["before"][k] for k in delta},
     }
+    # Per call of the small allreduce, the mean over local ranks 0 (who
+    # speak for their host in the host vote) and over the others.
+    for role, pick in (("leader", lambda r: r["local_rank"] == 0),
+                       ("other", lambda r: r["local_rank"] != 0)):
+        sel = [r for r in reps if pick(r)] or reps
+        row[f"cpu_per_call_us_{role}"] = 1e6 * sum(r["cpu_per_call_s"] for r in sel) / len(sel)
+        row[f"switches_per_call_{role}"] = sum(r["switches_per_call"] for r in sel) / len(sel)
+        row[f"voluntary_per_call_{role}"] = sum(r["voluntary_per_call"] for r in sel) / len(sel)
     others = reps[1:] or reps
     for k in delta:
         vals = [r["after"][k] - r["before"][k] for r in others]
@@ -222,8 +240,9 @@ def table(rows, size):
     lines = ["| ranks | hosts x per host | init after last arrival (s) | slowest init (s) "
              "| fds / sockets / threads per rank (+init) | RSS per rank (+MiB) "
              "| rank 0 fds / sockets / threads | store server sockets / threads (peak) "
-             f"| {size} B allreduce (ms, algo, hops) |",
-             "|---:|---|---:|---:|---|---:|---|---:|---|"]
+             f"| {size} B allreduce (ms, algo, hops) "
+             "| per call: CPU us / switches, local rank 0 | the other ranks |",
+             "|---:|---|---:|---:|---|---:|---|---:|---|---:|---:|"]
     for r in rows:
         z = r["rank0"]
         lines.append(
@@ -233,7 +252,9 @@ def table(rows, size):
             f"{z['threads']} | {r.get('store_sockets_peak', '-')} / "
             f"{r.get('store_threads_peak', '-')} "
             f"| {r['allreduce_s'] * 1e3:.2f} ({','.join(r['allreduce_algo'])}, "
-            f"{r['allreduce_hops']}) |")
+            f"{r['allreduce_hops']}) "
+            f"| {r['cpu_per_call_us_leader']:.0f} / {r['switches_per_call_leader']:.1f} "
+            f"| {r['cpu_per_call_us_other']:.0f} / {r['switches_per_call_other']:.1f} |")
     return "\n".join(lines)
 
 

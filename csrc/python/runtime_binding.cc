@@ -134,7 +134,7 @@ namespace {
 std::unique_ptr<Handle> submit(CollectiveType type, py::array input, const std::string& name,
                                ReduceOp op, int root, double prescale, double postscale,
                                const py::object& dtype_override, py::object out,
-                               int process_set) {
+                               int process_set, bool blocking = false) {
   py::array in = py::array::ensure(input, py::array::c_style);
   if (!in) throw py::type_error("expected an array-like input");
   DataType dt = resolveDtype(in, dtype_override);
@@ -154,6 +154,7 @@ std::unique_ptr<Handle> submit(CollectiveType type, py::array input, const std::
   req.prescale = prescale;
   req.postscale = postscale;
   req.input = in.data();
+  req.caller_drives = blocking;
   py::object output = py::none();
   if (type == CollectiveType::kAllreduce || type == CollectiveType::kBroadcast) {
     py::array o;
@@ -290,7 +291,7 @@ void bindRuntime(py::module_& m) {
       py::array arr = py::isinstance<py::array>(a) ? py::reinterpret_borrow<py::array>(a)
                                                     : py::array(a);
       auto h = submit(type, arr, autoName(kind, name), resolveOp(op), root, prescale, postscale,
-                      dtype, out, process_set);
+                      dtype, out, process_set, /*blocking=*/true);
       return h->wait(-1.0);
     };
   };

@@ -86,6 +86,10 @@ struct Request {
   std::vector<int64_t> splits;
   std::vector<int64_t>* received_splits = nullptr;
   // join: `output` points to an int32 that gets the last rank to join.
+  // The submitting thread blocks on this request right after enqueueing it
+  // and drives the engine itself (drive()): a parked engine thread is not
+  // woken for it.
+  bool caller_drives = false;
 };
 
 // Queues a request. Errors found locally (not initialized, duplicate name in
