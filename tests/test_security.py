@@ -405,7 +405,7 @@ def test_live_job_survives_garbage_and_listens_only_on_its_interface(iface):
         # Rank 0 has published where its ring listener is and waits for
         # rank 1, which waits for test/go: the listener is open meanwhile,
         # and what we send waits in its backlog, ahead of rank 1.
-        host, pid, addr, port = _wait_key(store, "peer/0").decode().split("|")
+        host, pid, addr, port = _wait_key(store, "peer/0").decode().split("|")[:4]
         listening = _listening_sockets(int(pid))
         assert (addr, int(port)) in listening
         assert all(ip not in ("0.0.0.0", "::") for ip, _ in listening), listening

@@ -44,6 +44,7 @@ std::vector<int> recursivePeers(int rank, int size) {
 
 std::unique_ptr<PeerLinks> PeerLinks::connect(rendezvous::Store& store, int rank, int size,
                                               const std::vector<std::string>& addrs,
+                                              const std::vector<int>& ports, int listen_fd,
                                               const std::string& secret,
                                               const Deadline& deadline,
                                               const std::vector<int>& extra) {
@@ -52,10 +53,6 @@ std::unique_ptr<PeerLinks> PeerLinks::connect(rendezvous::Store& store, int rank
   peers.insert(peers.end(), extra.begin(), extra.end());
   std::sort(peers.begin(), peers.end());
   peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
-  int port = 0;
-  const int listen_fd = net::listenOn(addrs[rank], 0, &port);
-  store.setString(strCat("p2p/", rank), std::to_string(port));
-
   // Connect to every higher peer (handshakes on their own threads), then
   // accept every lower one: no cycle of ranks can wait on each other.
   struct Out {
@@ -71,21 +68,11 @@ std::unique_ptr<PeerLinks> PeerLinks::connect(rendezvous::Store& store, int rank
       net::closeFd(o.fd);
     }
     for (auto& kv : fds) net::closeFd(kv.second);
-    net::closeFd(listen_fd);
   };
   try {
-    // The higher peers' ports in one store round trip.
-    std::vector<std::string> port_keys;
-    for (int q : peers)
-      if (q > rank) port_keys.push_back(strCat("p2p/", q));
-    const std::vector<rendezvous::Bytes> ports =
-        port_keys.empty() ? std::vector<rendezvous::Bytes>()
-                          : store.getMany(port_keys, deadline.remaining());
-    size_t next_port = 0;
     for (int q : peers) {
       if (q < rank) continue;
-      const rendezvous::Bytes& pb = ports[next_port++];
-      int qport = std::stoi(std::string(pb.begin(), pb.end()));
+      const int qport = ports[q];
       Out o{q, -1, strCat("rank ", q, " at ", addrs[q], ":", qport), nullptr};
       o.fd = net::connectTo(addrs[q], qport, deadline);
       net::setNoDelay(o.fd);
@@ -138,7 +125,6 @@ std::unique_ptr<PeerLinks> PeerLinks::connect(rendezvous::Store& store, int rank
     closeAll();
     throw;
   }
-  net::closeFd(listen_fd);
   for (auto& kv : fds) {
     std::unique_ptr<PeerLink> L(new PeerLink());
     L->rank = kv.first;

@@ -7,8 +7,8 @@
 // recursiveLayout below), so each rank talks to at most log2(N) + 1 peers:
 // one per bit of the largest power of two p <= N, plus the partner it folds
 // with when N is not a power of two. Setup (RingLinks::connect, at init):
-// every rank listens on one more port, published in the store as
-// "p2p/<rank>"; for each pair the lower rank connects and the higher one
+// every rank listens on one more port, published in its peer record with
+// its ring port; for each pair the lower rank connects and the higher one
 // accepts, and every connection is authenticated with the job secret
 // (wire::kPurposePeer). Each connection carries both directions.
 #pragma once
@@ -55,12 +55,15 @@ struct PeerLink {
 
 class PeerLinks {
  public:
-  // addrs[q]: rank q's address (its ring listener's host). Every rank of
-  // the job calls this at the same point of init. Links go to this rank's
+  // addrs[q], ports[q]: where rank q's point-to-point listener is;
+  // listen_fd is this rank's (the caller closes it). Every rank of the job
+  // calls this at the same point of init; the store only tells whether the
+  // job is still alive while it waits. Links go to this rank's
   // recursivePeers and to `extra` (a relation every rank states
   // symmetrically: q lists this rank when this rank lists q).
   static std::unique_ptr<PeerLinks> connect(rendezvous::Store& store, int rank, int size,
                                             const std::vector<std::string>& addrs,
+                                            const std::vector<int>& ports, int listen_fd,
                                             const std::string& secret, const Deadline& deadline,
                                             const std::vector<int>& extra = {});
   // The link to `peer`; throws kInternal if there is none.

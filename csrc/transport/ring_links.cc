@@ -36,6 +36,18 @@ uint64_t hostSlotBytes(const HostLinks& H, const Config& cfg) {
   return b;
 }
 
+// A listening socket of connect(), closed when it returns or throws.
+struct Listener {
+  int fd = -1;
+  int port = 0;
+  Listener() = default;
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+  ~Listener() {
+    if (fd >= 0) net::closeFd(fd);
+  }
+};
+
 uint64_t roundUpPow2(uint64_t v) {
   uint64_t p = 8;
   while (p < v) p <<= 1;
@@ -126,6 +138,16 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   // net::localAddress.
   const std::string my_addr = net::localAddress();
   int listen_fd = size > 1 ? net::listenOn(my_addr, 0, &port) : -1;
+  // The cross ring's and the point-to-point links' listeners open now too,
+  // whether or not the topology will want them: their ports then travel in
+  // the peer record, and no rank asks the store for them later (at 128
+  // ranks, every request waits its turn at a store server that shares the
+  // cores with every rank).
+  Listener cross_listen, p2p_listen;
+  if (size > 1) {
+    cross_listen.fd = net::listenOn(my_addr, 0, &cross_listen.port);
+    p2p_listen.fd = net::listenOn(my_addr, 0, &p2p_listen.port);
+  }
   std::string job;
   if (rank == 0) {
     // Unique per job on this host: names the shared-memory segments.
@@ -179,7 +201,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
                  cfg.allreduce_algo, " and ", cfg.small_threshold);
   }
   store.setString(strCat("peer/", rank),
-                  strCat(net::hostIdentity(), "|", ::getpid(), "|", my_addr, "|", port));
+                  strCat(net::hostIdentity(), "|", ::getpid(), "|", my_addr, "|", port, "|",
+                         cross_listen.port, "|", p2p_listen.port));
   // Most ranks have a left neighbour on their own host, and creating the
   // inbox (zeroing and mapping its pages, about 2.5 ms for 4 MiB) is the
   // largest piece of CPU work in a rank's start-up. Made now, it overlaps
@@ -198,8 +221,9 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   const std::vector<rendezvous::Bytes> records = store.getMany(peer_keys, timeout);
   for (int r = 0; r < size; ++r) {
     auto f = splitBar(std::string(records[r].begin(), records[r].end()));
-    if (f.size() != 4) fail(Code::kInternal, "malformed peer record for rank ", r);
-    T.peers[r] = PeerInfo{f[0], std::stoi(f[1]), f[2], std::stoi(f[3])};
+    if (f.size() != 6) fail(Code::kInternal, "malformed peer record for rank ", r);
+    T.peers[r] = PeerInfo{f[0], std::stoi(f[1]), f[2], std::stoi(f[3]), std::stoi(f[4]),
+                          std::stoi(f[5])};
   }
 
   mark("peer records");
@@ -303,12 +327,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
 
   // 3d. The cross ring: with every host holding the same number of ranks,
   // the ranks with my local rank form a TCP ring in host order.
-  int cross_listen = -1, cross_port = 0;
   const bool want_cross = H.num_hosts > 1 && H.uniform;
-  if (want_cross) {
-    cross_listen = net::listenOn(my_addr, 0, &cross_port);
-    store.setString(strCat("cross/", rank), std::to_string(cross_port));
-  }
 
   // 4. TCP: connect to the right, accept from the left. The outgoing
   // handshake (common/wire.h) runs on its own thread while we accept, so no
@@ -375,7 +394,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     const int nh = H.num_hosts;
     const int xr = H.cross_ranks[(H.cross_rank + 1) % nh];
     const int xl = H.cross_ranks[(H.cross_rank + nh - 1) % nh];
-    int xport = std::stoi(store.getString(strCat("cross/", xr), deadline.remaining()));
+    const int xport = T.peers[xr].cross_port;
     std::string xr_name = strCat("rank ", xr, " at ", T.peers[xr].addr, ":", xport);
     int xr_fd = net::connectTo(T.peers[xr].addr, xport, deadline);
     net::setNoDelay(xr_fd);
@@ -387,7 +406,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     while (xl_fd < 0) {
       probe.tick();
       int fd = net::acceptWithDeadline(
-          cross_listen, Deadline::in(std::min(0.2, std::max(0.0, deadline.remaining()))));
+          cross_listen.fd, Deadline::in(std::min(0.2, std::max(0.0, deadline.remaining()))));
       if (fd < 0 && xr_hello.failed()) break;
       if (fd < 0 && !deadline.expired()) continue;
       if (fd < 0)
@@ -412,12 +431,10 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     } catch (...) {
       net::closeFd(xr_fd);
       if (xl_fd >= 0) net::closeFd(xl_fd);
-      net::closeFd(cross_listen);
       throw;
     }
     net::setNoDelay(xl_fd);
     net::setBufferSizes(xl_fd, 4 << 20);
-    net::closeFd(cross_listen);
     H.cross_send.reset(new TcpSendChannel(xr_fd, xr, strCat(T.peers[xr].addr, ":", xport)));
     H.cross_recv.reset(new TcpRecvChannel(xl_fd, xl, strCat(T.peers[xl].addr), 1 << 20));
     H.cross_waiter.reset(new Waiter(nullptr, H.cross_send.get(), H.cross_recv.get()));
@@ -444,12 +461,17 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
       (H.algo == "auto" && size >= 8 && H.num_hosts > 1 && (H.num_hosts >= 4 || !cross_ok));
   if (want_peers) {
     std::vector<std::string> addrs;
-    for (const auto& p : T.peers) addrs.push_back(p.addr);
+    std::vector<int> ports;
+    for (const auto& p : T.peers) {
+      addrs.push_back(p.addr);
+      ports.push_back(p.p2p_port);
+    }
     // The host vote's local ranks 0 link to their partners among the hosts.
     std::vector<int> extra;
     if (H.vote_host && T.local_rank == 0)
       for (int h : recursivePeers(H.cross_rank, H.num_hosts)) extra.push_back(H.leaders[h]);
-    H.peers = PeerLinks::connect(store, rank, size, addrs, secret, deadline, extra);
+    H.peers =
+        PeerLinks::connect(store, rank, size, addrs, ports, p2p_listen.fd, secret, deadline, extra);
   }
 
   mark("peer links");

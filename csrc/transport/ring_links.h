@@ -28,7 +28,9 @@ struct PeerInfo {
   std::string host;
   int pid = 0;
   std::string addr;
-  int port = 0;
+  int port = 0;        // the ring listener
+  int cross_port = 0;  // the cross ring's listener
+  int p2p_port = 0;    // the point-to-point links' listener
 };
 
 struct Topology {
