@@ -555,3 +555,19 @@ def test_entry_points_bench(tmp_path):
             b = res["profiles"][e][variant]
             assert b["ops"] > 0 and b["busy"] > 0 and b["idle"] >= 0, (e, variant, b)
             assert b["busy"] + b["idle"] == pytest.approx(b["window"], rel=1e-6)
+
+
+def test_control_plane_bench(tmp_path):
+    # Loopback, two simulated hosts of two ranks: the row carries start-up,
+    # what init opened, and what a 4 KiB call cost each kind of rank.
+    out, rows = _run(tmp_path, "control_plane.py", "--np", "4", "--sim-per-host", "2",
+                     "--iters", "20")
+    (row,) = rows
+    assert row["np"] == 4 and row["hosts"] == 2 and row["per_host"] == 2, row
+    assert row["allreduce_ok"], row
+    assert 0 <= row["init_after_last_s"] <= row["init_slowest_s"] + 1e-9, row
+    assert row["threads_max"] == 2, row  # the engine thread and the reader
+    for role in ("leader", "other"):
+        assert row[f"cpu_per_call_us_{role}"] > 0, row
+        assert 0 <= row[f"voluntary_per_call_{role}"] <= row[f"switches_per_call_{role}"], row
+    assert "| 4 | 2 x 2 |" in out

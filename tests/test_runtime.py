@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from multiproc import check_ok, run_ranks
 
 
@@ -88,3 +90,20 @@ def test_job_of_one_runs_inline_and_checks_its_input():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
+
+
+# Ring vote on one host; recursive doubling forced; the host vote across
+# two simulated hosts of two ranks.
+@pytest.mark.parametrize("n,env,hosts", [
+    (3, {}, 0),
+    (4, {"TFRING_VOTE_ALGO": "recdbl"}, 0),
+    (4, {"TFRING_VOTE_ALGO": "host"}, 2),
+])
+def test_collectives_no_caller_drives_are_served(n, env, hosts):
+    per_rank = (lambda r: {"TFRING_HOSTNAME": f"host{r // hosts}"}) if hosts else None
+    res = check_ok(run_ranks(n, "engine_wake.py", env=env, per_rank_env=per_rank))
+    for r, out in enumerate(res):
+        assert out["warm_ok"] and out["bg_ok"] and out["late_ok"] and out["turns_ok"], (r, out)
+    # Rank 0 never waited on its async collective: the engine thread ran it
+    # while rank 0 slept, though blocking calls had left that thread asleep.
+    assert res[0]["bg_done_without_wait_s"] is not None, res[0]
