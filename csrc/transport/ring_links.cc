@@ -207,12 +207,13 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   // inbox (zeroing and mapping its pages, about 2.5 ms for 4 MiB) is the
   // largest piece of CPU work in a rank's start-up. Made now, it overlaps
   // the wait for the last rank to arrive instead of following it, where
-  // on a crowded host every rank's share adds up. Step 3 keeps it, shrinks
-  // it to a bell, or drops it once the table says who the left is.
+  // on a crowded host every rank's share adds up. It has no name until
+  // step 3 keeps it (a rank killed while it waits leaves nothing in
+  // /dev/shm); step 3 may also shrink it to a bell or drop it, once the
+  // table says who the left is.
   const bool force_tcp = cfg.transport == "tcp";
-  if (!force_tcp)
-    L->self_seg_ =
-        ShmSegment::create(job, rank, roundUpPow2(static_cast<uint64_t>(cfg.shm_buffer_bytes)));
+  const uint64_t inbox_bytes = roundUpPow2(static_cast<uint64_t>(cfg.shm_buffer_bytes));
+  if (!force_tcp) L->self_seg_ = ShmSegment::createUnnamed(job, rank, inbox_bytes);
   T.peers.resize(size);
   // Every record in one request: after the last rank arrives, each rank is
   // one store round trip from the full table, not N.
@@ -284,6 +285,10 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   if (!L->left_shm_) {
     L->self_seg_.reset();
     if (L->right_shm_) L->self_seg_ = ShmSegment::create(job, rank, 8);
+  } else if (L->self_seg_) {
+    L->self_seg_->publish();
+  } else {
+    L->self_seg_ = ShmSegment::create(job, rank, inbox_bytes);  // no O_TMPFILE here
   }
   store.setString(strCat("shm/", rank), L->self_seg_ ? "1" : "0");
 

@@ -44,21 +44,55 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& job, int rank,
     fail(Code::kUnavailable, "could not size shared memory ", s->name_, " to ",
          total, " bytes: ", strerror(e), " (is /dev/shm large enough?)");
   }
-  void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  s->initialize(fd, total, capacity, rank);
   ::close(fd);
-  if (p == MAP_FAILED) fail(Code::kUnavailable, "mmap(", s->name_, "): ", strerror(errno));
-  s->mapped_ = total;
-  s->header_ = new (p) ShmHeader();
-  s->header_->capacity = capacity;
-  s->header_->rank = rank;
-  s->header_->pid = static_cast<int32_t>(::getpid());
-  s->header_->bell.seq.store(0);
-  s->header_->bell.sleeping.store(0);
-  s->header_->head.store(0);
-  s->header_->tail.store(0);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  reinterpret_cast<std::atomic<uint64_t>*>(&s->header_->magic)->store(kMagic, std::memory_order_release);
   return s;
+}
+
+void ShmSegment::initialize(int fd, size_t total, uint64_t capacity, int rank) {
+  void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) fail(Code::kUnavailable, "mmap(", name_, "): ", strerror(errno));
+  mapped_ = total;
+  header_ = new (p) ShmHeader();
+  header_->capacity = capacity;
+  header_->rank = rank;
+  header_->pid = static_cast<int32_t>(::getpid());
+  header_->bell.seq.store(0);
+  header_->bell.sleeping.store(0);
+  header_->head.store(0);
+  header_->tail.store(0);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  reinterpret_cast<std::atomic<uint64_t>*>(&header_->magic)->store(kMagic, std::memory_order_release);
+}
+
+std::unique_ptr<ShmSegment> ShmSegment::createUnnamed(const std::string& job, int rank,
+                                                      uint64_t capacity) {
+  // shm_open's names live in /dev/shm; a file made there with O_TMPFILE
+  // has no name until linkat() gives it one, and vanishes with the process.
+  int fd = ::open("/dev/shm", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) return nullptr;
+  const size_t total = kDataOffset + capacity;
+  if (::ftruncate(fd, static_cast<off_t>(total)) != 0) {
+    ::close(fd);
+    return nullptr;
+  }
+  std::unique_ptr<ShmSegment> s(new ShmSegment());
+  s->name_ = nameFor(job, rank);
+  s->unnamed_fd_ = fd;
+  s->initialize(fd, total, capacity, rank);
+  return s;
+}
+
+void ShmSegment::publish() {
+  if (unnamed_fd_ < 0) return;
+  const std::string path = "/dev/shm" + name_;
+  const std::string self = "/proc/self/fd/" + std::to_string(unnamed_fd_);
+  ::unlink(path.c_str());  // a stale one from a crashed job
+  if (::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW) != 0)
+    fail(Code::kUnavailable, "could not name the shared memory ", name_, ": ", strerror(errno));
+  ::close(unnamed_fd_);
+  unnamed_fd_ = -1;
+  owner_ = true;
 }
 
 std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& job, int rank,
@@ -91,6 +125,7 @@ void ShmSegment::unlink() {
 
 ShmSegment::~ShmSegment() {
   unlink();
+  if (unnamed_fd_ >= 0) ::close(unnamed_fd_);
   if (header_) ::munmap(header_, mapped_);
 }
 

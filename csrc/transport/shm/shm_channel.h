@@ -49,6 +49,13 @@ class ShmSegment {
   // `header_only` it maps the header page alone (data() is then unusable).
   static std::unique_ptr<ShmSegment> create(const std::string& job, int rank,
                                             uint64_t capacity);
+  // The same segment with no name yet (an O_TMPFILE file in /dev/shm), so
+  // that a process killed before publish() leaves nothing behind; null
+  // where the system cannot make one. publish() gives it its name, after
+  // which it is the segment create() would have made.
+  static std::unique_ptr<ShmSegment> createUnnamed(const std::string& job, int rank,
+                                                   uint64_t capacity);
+  void publish();
   static std::unique_ptr<ShmSegment> open(const std::string& job, int rank,
                                           bool header_only = false);
   ~ShmSegment();
@@ -62,10 +69,13 @@ class ShmSegment {
  private:
   ShmSegment() = default;
   static std::string nameFor(const std::string& job, int rank);
+  // Maps fd's `total` bytes populated and writes a fresh header.
+  void initialize(int fd, size_t total, uint64_t capacity, int rank);
   std::string name_;
   ShmHeader* header_ = nullptr;
   size_t mapped_ = 0;
   bool owner_ = false;
+  int unnamed_fd_ = -1;  // createUnnamed() until publish()
 };
 
 class ShmSendChannel : public SendChannel {
