@@ -62,6 +62,16 @@ def test_duplicate_name_in_flight():
         assert "already in flight" in out["message"] and "'twice'" in out["message"], out
 
 
+def test_batch_with_a_name_in_flight_takes_none_of_its_tensors(tmp_path):
+    out0, out1 = _errors(2, "duplicate_batch", env={"FLAG": str(tmp_path / "tried")})
+    assert out0["error"] == "InvalidArgumentError", out0
+    assert "already in flight" in out0["message"] and "'g.1'" in out0["message"], out0
+    assert out1["error"] is None, out1
+    for out in (out0, out1):
+        # "g.0" was not left behind in flight by the refused batch.
+        assert out["g.0"] == [2.0] * 3 and out["g.1"] == [2.0] * 4, out
+
+
 @pytest.mark.parametrize("scenario", ["die_idle", "die_busy", "die_fast"])
 @pytest.mark.parametrize("victim", [0, 2])
 @pytest.mark.parametrize("transport", ["auto", "tcp"])

@@ -149,18 +149,19 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
                     strCat("tensor '", es[0]->meta.name, "' can never complete: rank ",
                            left_rank_.load(), " has already shut down (tfring.shutdown())"));
     if (stopping_) return Status(Code::kAborted, "tfring has been shut down");
+    // All or none: a name already in flight, or twice in the batch, takes
+    // back what this batch inserted (one hash lookup a tensor, not a scan
+    // of the batch).
     for (size_t i = 0; i < es.size(); ++i) {
-      const std::string& name = es[i]->meta.name;
-      bool dup = inflight_.count(name) > 0;
-      for (size_t j = 0; j < i && !dup; ++j) dup = es[j]->meta.name == name;
-      if (dup)
-        return Status(Code::kInvalidArgument,
-                      strCat("a collective named '", name,
-                             "' is already in flight on this rank; names must be unique "
-                             "among outstanding operations"));
+      if (inflight_.emplace(es[i]->meta.name, es[i]).second) continue;
+      const std::string name = es[i]->meta.name;
+      for (size_t j = 0; j < i; ++j) inflight_.erase(es[j]->meta.name);
+      return Status(Code::kInvalidArgument,
+                    strCat("a collective named '", name,
+                           "' is already in flight on this rank; names must be unique "
+                           "among outstanding operations"));
     }
     for (auto& e : es) {
-      inflight_[e->meta.name] = e;
       if (timeline_.enabled()) timeline_.begin(e->meta.name, "NEGOTIATE");
       incoming_.push_back(std::move(e));
     }
