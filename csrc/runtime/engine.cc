@@ -95,20 +95,22 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
     auto e = std::make_shared<Entry>();
     Request& req = reqs[i];
     Meta& m = e->meta;
-    m.name = req.name;
+    // The name, shape and splits move into the Meta (the engine reads them
+    // there only): no copies per tensor.
+    m.name = std::move(req.name);
     m.type = req.type;
     m.dtype = req.dtype;
-    m.shape = req.shape;
+    m.shape = std::move(req.shape);
     m.op = req.op;
     m.root = req.root;
     m.prescale = req.prescale;
     m.postscale = req.postscale;
     // Ranks agree on host vs GPU; GPU ordinals legitimately differ per rank.
     m.device = req.device < 0 ? -1 : 0;
-    m.splits = req.splits;
-    for (auto d : req.shape)
+    m.splits = std::move(req.splits);
+    for (auto d : m.shape)
       if (d < 0)
-        return Status(Code::kInvalidArgument, strCat("tensor '", req.name,
+        return Status(Code::kInvalidArgument, strCat("tensor '", m.name,
                                                      "' has a negative dimension ",
                                                      m.shapeString()));
     e->req = std::move(req);

@@ -49,7 +49,7 @@ namespace runtime {
 class Coordinator;
 
 struct Entry {
-  Request req;
+  Request req;  // its name, shape and splits have moved into meta
   DoneCallback done;
   Meta meta;
   std::shared_ptr<void> gpu_ready;  // GPU tensors: the input's ready event

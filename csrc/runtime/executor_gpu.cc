@@ -23,7 +23,7 @@ gpu::Buffer bufferOf(const Entry& e) {
 }  // namespace
 
 Status Engine::acceptGpu(Entry& e) {
-  return gpu::acceptTensor(e.req.name, e.req.device, e.req.stream, &e.gpu_ready);
+  return gpu::acceptTensor(e.meta.name, e.req.device, e.req.stream, &e.gpu_ready);
 }
 
 Status Engine::execGpu(const Group& g, const std::vector<std::shared_ptr<Entry>>& es) {
