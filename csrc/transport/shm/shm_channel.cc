@@ -139,8 +139,14 @@ ShmSendChannel::ShmSendChannel(ShmSegment* peer, int peer_rank)
 size_t ShmSendChannel::trySend(const void* data, size_t n) {
   const uint64_t cap = h_->capacity;
   uint64_t tail = h_->tail.load(std::memory_order_acquire);
-  uint64_t space = cap - (head_ - tail);
-  size_t todo = static_cast<size_t>(std::min<uint64_t>(space, n));
+  // align() pads head_ by up to 7 bytes: after a collective that ended
+  // with the inbox full at an unaligned position, head_ is past tail +
+  // capacity until the consumer catches up. That is no space; unchecked,
+  // the subtraction wrapped and the next collective overwrote bytes the
+  // consumer had not read.
+  const uint64_t used = head_ - tail;
+  if (used >= cap) return 0;
+  size_t todo = static_cast<size_t>(std::min<uint64_t>(cap - used, n));
   if (todo == 0) return 0;
   // Copy in at most two pieces: up to the end of the ring, then from its start.
   uint64_t pos = head_ & (cap - 1);
