@@ -156,7 +156,7 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
     // of the batch).
     for (size_t i = 0; i < es.size(); ++i) {
       if (inflight_.emplace(es[i]->meta.name, es[i]).second) continue;
-      const std::string name = es[i]->meta.name;
+      const std::string& name = es[i]->meta.name;
       for (size_t j = 0; j < i; ++j) inflight_.erase(es[j]->meta.name);
       return Status(Code::kInvalidArgument,
                     strCat("a collective named '", name,
