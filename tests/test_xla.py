@@ -4,8 +4,16 @@ and to the same function without XLA, a collective in a while loop, the
 same MismatchError as without XLA on every rank, a DistributedGradientTape
 training step and a Keras fit with jit_compile=True reaching the non-XLA
 weights, and the errors for what XLA
-cannot run (ragged allgather, dynamic shapes, a late import)."""
+cannot run (ragged allgather, dynamic shapes, a late import).
 
+TFRING_TEST_XLA_GPU=1 (benchmarks/gpu_tf_stage.sh run sets it on a GPU
+machine) runs the same checks with the GPU visible: TensorFlow places the
+steps on GPU:0, XLA compiles them for the GPU and the collectives run as
+tfring's "CUDA" custom-call target, both ranks sharing the one GPU (MPS).
+Then every rank must report a GPU, so the checks cannot pass on the CPU
+by accident."""
+
+import importlib.util
 import os
 
 import pytest
@@ -13,15 +21,24 @@ import pytest
 from multiproc import rank_results, run_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", "TFRING_TIMEOUT": "60"}
-CHECKS = ["ops_match_numpy_and_no_xla", "while_loop", "mismatch_same_error_as_without_xla",
+GPU = os.environ.get("TFRING_TEST_XLA_GPU") == "1"
+ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TFRING_TIMEOUT": "60"}
+if GPU:
+    ENV["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"  # ranks share the GPU
+else:
+    ENV["CUDA_VISIBLE_DEVICES"] = ""
+CHECKS = ["placement", "ops_match_numpy_and_no_xla", "while_loop", "mismatch_same_error_as_without_xla",
           "allgather_needs_equal_rows_under_xla", "dynamic_shape_names_the_op",
           "tape_training_matches_no_xla", "keras_fit_jit_matches_no_xla",
           "gradients_match_no_xla"]
 
 
 def _xla_built():
-    state = os.path.join(os.path.dirname(HERE), "tfring", "_tfring_ops.so.xla")
+    # The package imported (a checkout's tfring/, or a build's package
+    # directory on PYTHONPATH), not necessarily this checkout's.
+    spec = importlib.util.find_spec("tfring")
+    pkg = os.path.dirname(spec.origin) if spec else os.path.join(os.path.dirname(HERE), "tfring")
+    state = os.path.join(pkg, "_tfring_ops.so.xla")
     try:
         with open(state) as f:
             return f.read().startswith("on")
@@ -49,6 +66,18 @@ def test_check(size, check):
     outs = rank_results(job(size), check)
     failed = [(r, o.get("error")) for r, o in enumerate(outs) if not o["ok"]]
     assert not failed, "\n".join(f"rank {r}:\n{e}" for r, e in failed)
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_runs_where_asked(size):
+    """Without TFRING_TEST_XLA_GPU every rank runs on the CPU; with it, every
+    rank sees a GPU and its XLA step's collective output lives there."""
+    for r, out in enumerate(rank_results(job(size), "placement")):
+        assert out["ok"], out.get("error")
+        if GPU:
+            assert out["gpus"] and "GPU" in out["device"], (r, out)
+        else:
+            assert not out["gpus"] and "CPU" in out["device"], (r, out)
 
 
 @pytest.mark.parametrize("size", [1, 2])

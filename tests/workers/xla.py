@@ -205,6 +205,17 @@ def _():
     raise AssertionError("a dynamic shape under XLA should raise")
 
 
+@check("placement")
+def _():
+    gpus = [g.name for g in tf.config.list_physical_devices("GPU")]
+    f = tf.function(lambda v: tfring.allreduce(v * 2, op=tfring.Sum, name="placed"),
+                    jit_compile=True)
+    out = f(tf.constant(values([8], 21)))
+    want = np.sum([2 * v.astype(np.float64) for v in every([8], 21)], axis=0)
+    equal("placed allreduce", out.numpy(), want.astype(np.float32))
+    return {"gpus": gpus, "device": out.device}
+
+
 @check("tape_training_matches_no_xla")
 def _():
     import keras
