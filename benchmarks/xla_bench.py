@@ -104,8 +104,12 @@ def worker(args):
 def driver(args):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "xla_bench.json")
-        env = dict(os.environ)
-        env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+        sys.path.insert(0, HERE)
+        from _common import child_env
+
+        # The ranks import the tfring this process would (a build's package
+        # directory on PYTHONPATH, an install), else the checkout.
+        env = child_env()
         env.setdefault("CUDA_VISIBLE_DEVICES", "")
         cmd = [sys.executable, "-m", "tfring.run", "-np", str(args.np), sys.executable,
                os.path.abspath(__file__), "--worker", "--out", out,
