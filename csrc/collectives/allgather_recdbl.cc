@@ -25,7 +25,7 @@ namespace collectives {
 
 void recdblAllgather(RingComm& c, void* out, const std::vector<size_t>& rank_bytes,
                      CollectiveStats* st) {
-  transport::PeerLinks& P = *c.host->peers;
+  transport::PeerLinks& P = c.host->peers();
   const int N = c.size;
   const int rank = c.ring[c.pos];
   const transport::RecursiveLayout L = transport::recursiveLayout(rank, N);

@@ -24,7 +24,7 @@ uint64_t allgatherBytesSent(AllgatherAlgo a) { return g_totals.bytesSent(static_
 AllgatherAlgo chooseAllgather(const RingComm& c, size_t total_bytes) {
   const transport::HostLinks* H = c.host;
   if (!H || c.size == 1) return AllgatherAlgo::kRing;
-  const bool p2p = H->peers != nullptr;
+  const bool p2p = H->want_peers;
   if (H->allgather_algo == "recdbl") return p2p ? AllgatherAlgo::kRecDbl : AllgatherAlgo::kRing;
   if (H->allgather_algo == "ring") return AllgatherAlgo::kRing;
   if (!recursiveAtScale(c)) return AllgatherAlgo::kRing;

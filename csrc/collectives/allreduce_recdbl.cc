@@ -41,7 +41,7 @@ void combineOrdered(char* mine, char* theirs, size_t count, DataType dtype, Redu
 void recdblAllreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
                      ReduceOp op, double postscale, AllreduceStats* st) {
   transport::HostLinks& H = *c.host;
-  transport::PeerLinks& P = *H.peers;
+  transport::PeerLinks& P = H.peers();
   const int N = c.size;
   const int rank = c.ring[c.pos];
   const transport::RecursiveLayout L = transport::recursiveLayout(rank, N);

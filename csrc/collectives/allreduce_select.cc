@@ -107,7 +107,7 @@ const char* allreduceAlgoName(AllreduceAlgo a) {
 
 bool recursiveAtScale(const RingComm& c) {
   const transport::HostLinks* H = c.host;
-  if (!H || c.size < 8 || !H->peers || H->num_hosts < 2) return false;
+  if (!H || c.size < 8 || !H->want_peers || H->num_hosts < 2) return false;
   // At scale the cross-host schemes' H-1 (or 2(H-1)) sequential steps, or
   // the ring's 2(N-1) where hosts are uneven, lose to log2(N) steps.
   const bool cross = H->uniform && (H->local_size == 1 || H->segment);
@@ -127,7 +127,7 @@ AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes) {
     return cross ? AllreduceAlgo::kSmall : AllreduceAlgo::kRing;
   };
   const std::string& a = H->algo;
-  const bool p2p = H->peers != nullptr;
+  const bool p2p = H->want_peers;
   if (a == "recdbl") return p2p ? AllreduceAlgo::kRecDbl : AllreduceAlgo::kRing;
   if (a == "rabenseifner") return p2p ? AllreduceAlgo::kRabenseifner : AllreduceAlgo::kRing;
   if (a == "ring") return AllreduceAlgo::kRing;

@@ -29,7 +29,7 @@ namespace collectives {
 
 void scatterAllgatherBroadcast(RingComm& c, void* data, size_t bytes, int root_rank,
                                CollectiveStats* st) {
-  transport::PeerLinks& P = *c.host->peers;
+  transport::PeerLinks& P = c.host->peers();
   const int N = c.size;
   const int rank = c.ring[c.pos];
   const transport::RecursiveLayout L = transport::recursiveLayout(rank, N);

@@ -28,7 +28,7 @@ uint64_t broadcastBytesSent(BroadcastAlgo a) { return g_totals.bytesSent(static_
 BroadcastAlgo chooseBroadcast(const RingComm& c, size_t bytes) {
   const transport::HostLinks* H = c.host;
   if (!H || c.size == 1) return BroadcastAlgo::kRing;
-  const bool p2p = H->peers != nullptr;
+  const bool p2p = H->want_peers;
   if (H->broadcast_algo == "tree") return p2p ? BroadcastAlgo::kTree : BroadcastAlgo::kRing;
   if (H->broadcast_algo == "scatter_allgather")
     return p2p ? BroadcastAlgo::kScatterAllgather : BroadcastAlgo::kRing;

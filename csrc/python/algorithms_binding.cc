@@ -166,7 +166,7 @@ class DirectAllreduce {
   // allreduce by recursive doubling where the links exist.
   void barrier() {
     float x = 0;
-    comm_.host->algo = comm_.host->peers ? "recdbl" : default_algo_;
+    comm_.host->algo = comm_.host->want_peers ? "recdbl" : default_algo_;
     collectives::allreduce(comm_, &x, &x, 1, DataType::kFloat32, ReduceOp::kSum, 1.0);
     comm_.host->algo = default_algo_;
   }

@@ -44,7 +44,7 @@ Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordin
   transport::setSpinning(spin_auto ? procs <= ncpu : cfg.spin == "1");
   engine_spins_ = spin_auto ? 2 * procs <= ncpu : cfg.spin == "1";
   const transport::HostLinks* H = links_->host();
-  vote_recdbl_ = T.size > 1 && H && H->vote_recdbl && H->peers;
+  vote_recdbl_ = T.size > 1 && H && H->vote_recdbl && H->want_peers;
   vote_host_ = vote_recdbl_ && H->vote_host;
   setVoteWatch();
   // Without a doorbell to ring (the left link is TCP, or there is no link,

@@ -75,9 +75,13 @@ void Engine::setVoteWatch() {
   // ranks 0 (the others hear of a round through the segment).
   vote_links_.clear();
   vote_fds_.clear();
+  vote_closed_at_.clear();
   const transport::HostLinks* H = links_->host();
+  // The links open when first used: the watch covers those open so far,
+  // and is set again when more have opened (peerStartedVote).
+  vote_watch_count_ = vote_recdbl_ ? H->peers().count() : 0;
   if (vote_recdbl_) {
-    transport::PeerLinks& P = *H->peers;
+    transport::PeerLinks& P = H->peers();
     std::vector<int> watch;
     if (vote_host_ && H->local_rank == 0)
       for (int h : transport::recursivePeers(H->cross_rank, H->num_hosts))
@@ -123,7 +127,10 @@ bool Engine::peerStartedVote() {
   // is left alone for kLeftGrace, and only then, or when this rank has
   // work of its own, does a round report it (its exchange fails naming the
   // partner). A killed partner is named sooner by the coordinator.
-  transport::PeerLinks& P = *links_->host()->peers;
+  transport::PeerLinks& P = links_->host()->peers();
+  // A partner opening its link to this idle rank: take it in, and watch it.
+  P.acceptPending();
+  if (P.count() != vote_watch_count_) setVoteWatch();
   const void* p = nullptr;
   for (size_t k = 0; k < vote_links_.size(); ++k) {
     const int i = vote_links_[k];
@@ -212,6 +219,8 @@ void Engine::idleWait() {
       if (vote_recdbl_) {
         for (size_t i = 0; i < vote_fds_.size(); ++i)
           if (vote_closed_at_[i] == 0) fds.push_back({vote_fds_[i], POLLIN, 0});
+        // A partner opening a link (its first vote with this rank).
+        fds.push_back({H->peers().listenFd(), POLLIN, 0});
       } else if (lfd >= 0) {
         fds.push_back({lfd, POLLIN, 0});
       }

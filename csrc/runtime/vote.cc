@@ -132,7 +132,7 @@ VoteStats ringVote(collectives::RingComm& c, int32_t* tally, size_t head,
 void recdblAmong(collectives::RingComm& c, int N, const int* members, int index,
                  int32_t* tally, size_t head, std::vector<int32_t>* tmp, const VoteExtra* x,
                  const char* what, VoteStats* st) {
-  transport::PeerLinks& P = *c.host->peers;
+  transport::PeerLinks& P = c.host->peers();
   auto link = [&](int i) -> transport::PeerLink& { return P.to(members ? members[i] : i); };
   const transport::RecursiveLayout L = transport::recursiveLayout(index, N);
   const size_t words = head + kFreshTallyWords + (x ? x->words : 0);

@@ -68,9 +68,13 @@ struct HostLinks {
   std::unique_ptr<Waiter> cross_waiter;
   std::vector<char> scratch;          // the small cross-host exchange
 
-  // Links to this rank's recursive-doubling partners; null in a job of one
-  // and where no recursive allreduce can run (transport/ring_links.cc).
-  std::unique_ptr<PeerLinks> peers;
+  // Links to this rank's recursive-doubling partners, each opened when
+  // first used (transport/peer_links.h): wanted (the same on every rank)
+  // unless in a job of one or where no recursive algorithm can run
+  // (transport/ring_links.cc); null where not wanted.
+  bool want_peers = false;
+  std::unique_ptr<PeerLinks> peer_links;
+  PeerLinks& peers() const { return *peer_links; }
   std::vector<char> peer_scratch;     // the recursive allreduces' receive buffer
 };
 

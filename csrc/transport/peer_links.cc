@@ -1,10 +1,12 @@
 #include "transport/peer_links.h"
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <map>
 
+#include "common/abort.h"
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/status.h"
@@ -42,107 +44,111 @@ std::vector<int> recursivePeers(int rank, int size) {
   return out;
 }
 
-std::unique_ptr<PeerLinks> PeerLinks::connect(rendezvous::Store& store, int rank, int size,
-                                              const std::vector<std::string>& addrs,
-                                              const std::vector<int>& ports, int listen_fd,
-                                              const std::string& secret,
-                                              const Deadline& deadline,
-                                              const std::vector<int>& extra) {
-  std::unique_ptr<PeerLinks> P(new PeerLinks());
-  std::vector<int> peers = recursivePeers(rank, size);
-  peers.insert(peers.end(), extra.begin(), extra.end());
-  std::sort(peers.begin(), peers.end());
-  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
-  // Connect to every higher peer (handshakes on their own threads), then
-  // accept every lower one: no cycle of ranks can wait on each other.
-  struct Out {
-    int rank, fd;
-    std::string name;
-    std::unique_ptr<wire::HelloClient> hello;
-  };
-  std::vector<Out> outs;
-  std::map<int, int> fds;  // peer -> connected socket
-  auto closeAll = [&]() {
-    for (auto& o : outs) {
-      o.hello.reset();
-      net::closeFd(o.fd);
-    }
-    for (auto& kv : fds) net::closeFd(kv.second);
-  };
-  try {
-    for (int q : peers) {
-      if (q < rank) continue;
-      const int qport = ports[q];
-      Out o{q, -1, strCat("rank ", q, " at ", addrs[q], ":", qport), nullptr};
-      o.fd = net::connectTo(addrs[q], qport, deadline);
-      net::setNoDelay(o.fd);
-      o.hello.reset(new wire::HelloClient(o.fd, wire::kPurposePeer, rank, secret, deadline,
-                                          o.name));
-      outs.push_back(std::move(o));
-    }
-    int lower = 0;
-    for (int q : peers) lower += q < rank;
-    std::string rejected;
-    rendezvous::StoreProbe probe(store);
-    while (static_cast<int>(fds.size()) < lower) {
-      probe.tick();
-      int fd = net::acceptWithDeadline(
-          listen_fd, Deadline::in(std::min(0.2, std::max(0.0, deadline.remaining()))));
-      bool client_failed = false;
-      for (auto& o : outs) client_failed |= o.hello->failed();
-      if (fd < 0 && client_failed) break;
-      if (fd < 0 && !deadline.expired()) continue;
-      if (fd < 0) {
-        std::string missing;
-        for (int q : peers)
-          if (q < rank && !fds.count(q)) missing += strCat(missing.empty() ? "" : ", ", q);
-        fail(Code::kTimeout, "timed out waiting for rank(s) ", missing,
-             " to open their point-to-point links",
-             rejected.empty() ? "" : strCat("; last connection refused: ", rejected));
-      }
-      int who = -1;
-      std::string why;
-      const bool ok = wire::acceptHello(fd, wire::kPurposePeer, secret, deadline, &who, &why);
-      if (!ok || who >= rank || fds.count(who) ||
-          !std::binary_search(peers.begin(), peers.end(), who)) {
-        if (why.empty()) why = strCat("a point-to-point link claimed rank ", who, ", unexpected");
-        TFRING_LOG(kWarning, "point-to-point link: ", why);
-        rejected = why;
-        net::closeFd(fd);
-        continue;
-      }
-      net::setNoDelay(fd);
-      fds[who] = fd;
-    }
-    for (auto& o : outs) {
-      o.hello->finish();
-      o.hello.reset();
-      fds[o.rank] = o.fd;
-      o.fd = -1;
-    }
-    outs.clear();
-  } catch (...) {
-    closeAll();
-    throw;
+PeerLinks::PeerLinks(int rank, std::vector<int> peers, std::vector<std::string> addrs,
+                     std::vector<int> ports, int listen_fd, std::string secret,
+                     double timeout_s)
+    : rank_(rank),
+      peers_(std::move(peers)),
+      addrs_(std::move(addrs)),
+      ports_(std::move(ports)),
+      listen_fd_(listen_fd),
+      secret_(std::move(secret)),
+      timeout_s_(timeout_s) {
+  std::sort(peers_.begin(), peers_.end());
+  peers_.erase(std::unique(peers_.begin(), peers_.end()), peers_.end());
+}
+
+PeerLinks::~PeerLinks() {
+  if (listen_fd_ >= 0) net::closeFd(listen_fd_);
+}
+
+PeerLink* PeerLinks::find(int peer) {
+  for (auto& l : links_)
+    if (l->rank == peer) return l.get();
+  return nullptr;
+}
+
+PeerLink& PeerLinks::add(int peer, int fd) {
+  net::setNoDelay(fd);
+  std::unique_ptr<PeerLink> L(new PeerLink());
+  L->rank = peer;
+  const std::string addr = wire::peerAddress(fd);
+  const int rfd = ::dup(fd);
+  if (rfd < 0) {
+    net::closeFd(fd);
+    fail(Code::kInternal, "dup failed for the link to rank ", peer);
   }
-  for (auto& kv : fds) {
-    std::unique_ptr<PeerLink> L(new PeerLink());
-    L->rank = kv.first;
-    const std::string addr = wire::peerAddress(kv.second);
-    const int rfd = ::dup(kv.second);
-    if (rfd < 0) fail(Code::kInternal, "dup failed for the link to rank ", kv.first);
-    L->send.reset(new TcpSendChannel(kv.second, kv.first, addr));
-    L->recv.reset(new TcpRecvChannel(rfd, kv.first, addr, 1 << 16));
-    L->waiter.reset(new Waiter(nullptr, L->send.get(), L->recv.get()));
-    P->links_.push_back(std::move(L));
+  L->send.reset(new TcpSendChannel(fd, peer, addr));
+  L->recv.reset(new TcpRecvChannel(rfd, peer, addr, 1 << 16));
+  L->waiter.reset(new Waiter(nullptr, L->send.get(), L->recv.get()));
+  links_.push_back(std::move(L));
+  TFRING_LOG(kDebug, "rank ", rank_, ": point-to-point link to rank ", peer, " open");
+  return *links_.back();
+}
+
+void PeerLinks::acceptOne(const Deadline& until) {
+  int fd = net::acceptWithDeadline(listen_fd_, until);
+  if (fd < 0) return;
+  int who = -1;
+  std::string why;
+  // A connected peer answers at once; a stray connection gets 1 s.
+  const bool ok = wire::acceptHello(fd, wire::kPurposePeer, secret_,
+                                    Deadline::in(std::min(1.0, timeout_s_)), &who, &why);
+  if (!ok || who >= rank_ || find(who) ||
+      !std::binary_search(peers_.begin(), peers_.end(), who)) {
+    if (why.empty()) why = strCat("a point-to-point link claimed rank ", who, ", unexpected");
+    TFRING_LOG(kWarning, "point-to-point link: ", why);
+    rejected_ = why;
+    net::closeFd(fd);
+    return;
   }
-  return P;
+  add(who, fd);
+}
+
+void PeerLinks::acceptPending() {
+  // Only connections already queued on the listener: no wait.
+  for (int i = 0; i < 64; ++i) {
+    struct pollfd p = {listen_fd_, POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0 || !(p.revents & POLLIN)) return;
+    acceptOne(Deadline::in(0));
+  }
 }
 
 PeerLink& PeerLinks::to(int peer) {
-  for (auto& l : links_)
-    if (l->rank == peer) return *l;
-  fail(Code::kInternal, "no point-to-point link to rank ", peer);
+  if (PeerLink* l = find(peer)) return *l;
+  if (!std::binary_search(peers_.begin(), peers_.end(), peer))
+    fail(Code::kInternal, "no point-to-point link to rank ", peer);
+  const Deadline deadline = Deadline::in(timeout_s_);
+  if (peer > rank_) {
+    // The lower rank of a pair connects; the peer is at the same step.
+    const std::string name = strCat("rank ", peer, " at ", addrs_[peer], ":", ports_[peer]);
+    int fd = -1;
+    while (fd < 0) {
+      AbortState::get().check();
+      try {
+        fd = net::connectTo(addrs_[peer], ports_[peer],
+                            Deadline::in(std::min(1.0, std::max(0.0, deadline.remaining()))));
+      } catch (const Error& e) {
+        if (e.status().code() != Code::kTimeout || deadline.expired()) throw;
+      }
+    }
+    try {
+      wire::clientHandshake(fd, wire::kPurposePeer, rank_, secret_, deadline, name);
+    } catch (...) {
+      net::closeFd(fd);
+      throw;
+    }
+    return add(peer, fd);
+  }
+  while (!find(peer)) {
+    AbortState::get().check();
+    if (deadline.expired())
+      fail(Code::kTimeout, "timed out waiting for rank ", peer,
+           " to open its point-to-point link",
+           rejected_.empty() ? "" : strCat("; last connection refused: ", rejected_));
+    acceptOne(Deadline::in(std::min(0.2, std::max(0.0, deadline.remaining()))));
+  }
+  return *find(peer);
 }
 
 void exchange(PeerLink& L, const void* send, size_t sbytes, void* recv, size_t rbytes,

@@ -1,18 +1,28 @@
 // PeerLinks: direct TCP connections between ranks that are not ring
-// neighbours, for the latency-optimal allreduce algorithms (recursive
-// doubling and Rabenseifner, collectives/allreduce_recdbl.cc and
-// allreduce_rabenseifner.cc).
+// neighbours, for the latency-optimal algorithms (recursive doubling and
+// Rabenseifner, collectives/allreduce_recdbl.cc and
+// allreduce_rabenseifner.cc, the recursive-doubling allgather, the tree
+// broadcasts) and the agreement round's recursive-doubling vote.
 //
 // Those algorithms pair ranks by the bits of a "virtual rank" (see
 // recursiveLayout below), so each rank talks to at most log2(N) + 1 peers:
 // one per bit of the largest power of two p <= N, plus the partner it folds
-// with when N is not a power of two. Setup (RingLinks::connect, at init):
-// every rank listens on one more port, published in its peer record with
-// its ring port; for each pair the lower rank connects and the higher one
-// accepts, and every connection is authenticated with the job secret
-// (wire::kPurposePeer). Each connection carries both directions.
+// with when N is not a power of two. Every rank listens on one more port,
+// published in its peer record with its ring port (RingLinks::connect).
+//
+// A link is opened when first used, as NCCL connects its peers: to(q)
+// connects if this is the lower rank of the pair, and accepts otherwise
+// (taking in, on the way, any other peer's connection that arrives first).
+// Both ranks of a pair reach the step that uses their link, so neither waits
+// for a rank that is waiting on it. Init opens none: at 128 ranks on 32
+// hosts only the hosts' local ranks 0 ever link (the host vote), and the
+// other ranks' start-up skips about 8 handshakes each. Every connection is
+// authenticated with the job secret (wire::kPurposePeer) and carries both
+// directions.
 #pragma once
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,22 +66,42 @@ struct PeerLink {
 class PeerLinks {
  public:
   // addrs[q], ports[q]: where rank q's point-to-point listener is;
-  // listen_fd is this rank's (the caller closes it). Every rank of the job
-  // calls this at the same point of init; the store only tells whether the
-  // job is still alive while it waits. Links go to this rank's
-  // recursivePeers and to `extra` (a relation every rank states
-  // symmetrically: q lists this rank when this rank lists q).
-  static std::unique_ptr<PeerLinks> connect(rendezvous::Store& store, int rank, int size,
-                                            const std::vector<std::string>& addrs,
-                                            const std::vector<int>& ports, int listen_fd,
-                                            const std::string& secret, const Deadline& deadline,
-                                            const std::vector<int>& extra = {});
-  // The link to `peer`; throws kInternal if there is none.
+  // listen_fd is this rank's (owned from now on). `peers`: the ranks this
+  // one may link with (recursivePeers and the relations every rank states
+  // symmetrically: q lists this rank when this rank lists q). Connecting
+  // waits at most timeout_s, and ends once the job has failed.
+  PeerLinks(int rank, std::vector<int> peers, std::vector<std::string> addrs,
+            std::vector<int> ports, int listen_fd, std::string secret, double timeout_s);
+  ~PeerLinks();
+  PeerLinks(const PeerLinks&) = delete;
+  PeerLinks& operator=(const PeerLinks&) = delete;
+
+  // The link to `peer`, opened first if needed; throws kInternal if `peer`
+  // is not one of this rank's peers, and names it when it cannot connect.
   PeerLink& to(int peer);
+  // The links open so far, in the order they opened (indices stay valid).
   int count() const { return static_cast<int>(links_.size()); }
   PeerLink& at(int i) { return *links_[i]; }
+  // Readable when a peer is connecting; acceptPending() takes such
+  // connections in without waiting for more. Both for an idle engine, so a
+  // partner opening a link is not left waiting for this rank's next call.
+  int listenFd() const { return listen_fd_; }
+  void acceptPending();
 
  private:
+  PeerLink* find(int peer);
+  PeerLink& add(int peer, int fd);
+  // Accepts and authenticates one connection if one comes before `until`.
+  void acceptOne(const Deadline& until);
+
+  int rank_;
+  std::vector<int> peers_;  // sorted
+  std::vector<std::string> addrs_;
+  std::vector<int> ports_;
+  int listen_fd_;
+  std::string secret_;
+  double timeout_s_;
+  std::string rejected_;  // the last connection refused, for timeouts
   std::vector<std::unique_ptr<PeerLink>> links_;
 };
 

@@ -475,8 +475,14 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     std::vector<int> extra;
     if (H.vote_host && T.local_rank == 0)
       for (int h : recursivePeers(H.cross_rank, H.num_hosts)) extra.push_back(H.leaders[h]);
-    H.peers =
-        PeerLinks::connect(store, rank, size, addrs, ports, p2p_listen.fd, secret, deadline, extra);
+    std::vector<int> peers = recursivePeers(rank, size);
+    peers.insert(peers.end(), extra.begin(), extra.end());
+    // Nothing connects here: each link opens when first used. The
+    // listener stays open for them (owned by the links from now on).
+    H.want_peers = true;
+    H.peer_links.reset(new PeerLinks(rank, std::move(peers), std::move(addrs), std::move(ports),
+                                     p2p_listen.fd, secret, cfg.timeout_s));
+    p2p_listen.fd = -1;
   }
 
   mark("peer links");
