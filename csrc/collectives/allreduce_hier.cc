@@ -72,6 +72,7 @@ void hierAllreduce(RingComm& c, const void* in, void* out, size_t count, DataTyp
   const Deadline deadline = Deadline::in(c.timeout_s);
   const char* what = small ? "allreduce (small, across hosts)" : "allreduce (hierarchical)";
 
+  H.openCross();
   RingComm X;  // the cross ring: positions are host indices
   X.size = H.num_hosts;
   X.pos = H.cross_rank;

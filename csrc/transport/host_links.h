@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,10 +63,17 @@ struct HostLinks {
   std::unique_ptr<HostWake> wake;
   uint64_t step = 0;                  // segment steps taken so far
 
-  // Null unless num_hosts > 1 and uniform.
+  // Null unless num_hosts > 1 and uniform, and until openCross() opened
+  // them (the hierarchical allreduce's first run; every rank runs it).
   std::unique_ptr<SendChannel> cross_send;
   std::unique_ptr<RecvChannel> cross_recv;
   std::unique_ptr<Waiter> cross_waiter;
+  std::function<void()> open_cross;  // set where the cross ring is wanted
+  void openCross() {
+    if (cross_send || !open_cross) return;
+    open_cross();
+    open_cross = nullptr;
+  }
   std::vector<char> scratch;          // the small cross-host exchange
 
   // Links to this rank's recursive-doubling partners, each opened when

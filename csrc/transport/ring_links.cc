@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 
+#include "common/abort.h"
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/wire.h"
@@ -394,55 +395,86 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
 
   mark("ring links");
 
-  // 4b. Cross ring links, the same way: connect right, accept left.
+  // 4b. Cross ring links, the same way: connect right, accept left; opened
+  // when the hierarchical allreduce first runs (HostLinks::openCross), as
+  // the point-to-point links are: every rank of the job runs it together,
+  // so each cross ring closes then, and a job that never reduces across
+  // hosts this way (small tensors ride in the vote) never opens it.
   if (want_cross) {
     const int nh = H.num_hosts;
     const int xr = H.cross_ranks[(H.cross_rank + 1) % nh];
     const int xl = H.cross_ranks[(H.cross_rank + nh - 1) % nh];
+    const std::string xaddr = T.peers[xr].addr;
     const int xport = T.peers[xr].cross_port;
-    std::string xr_name = strCat("rank ", xr, " at ", T.peers[xr].addr, ":", xport);
-    int xr_fd = net::connectTo(T.peers[xr].addr, xport, deadline);
-    net::setNoDelay(xr_fd);
-    net::setBufferSizes(xr_fd, 4 << 20);
-    wire::HelloClient xr_hello(xr_fd, wire::kPurposeCross, rank, secret, deadline, xr_name);
-    int xl_fd = -1;
-    std::string rejected;
-    rendezvous::StoreProbe probe(store);
-    while (xl_fd < 0) {
-      probe.tick();
-      int fd = net::acceptWithDeadline(
-          cross_listen.fd, Deadline::in(std::min(0.2, std::max(0.0, deadline.remaining()))));
-      if (fd < 0 && xr_hello.failed()) break;
-      if (fd < 0 && !deadline.expired()) continue;
-      if (fd < 0)
-        fail(Code::kTimeout, "timed out waiting for rank ", xl,
-             " (left cross-host neighbour) to connect",
-             rejected.empty() ? "" : strCat("; last connection refused: ", rejected));
-      int who = -1;
-      std::string why;
-      if (!wire::acceptHello(fd, wire::kPurposeCross, secret, deadline, &who, &why) ||
-          who != xl) {
-        if (why.empty())
-          why = strCat("a cross-host connection claimed rank ", who, ", expected ", xl);
-        TFRING_LOG(kWarning, "cross-host link: ", why);
-        rejected = why;
-        net::closeFd(fd);
-        continue;
+    const std::string xl_addr = T.peers[xl].addr;
+    auto listener = std::make_shared<Listener>();
+    listener->fd = cross_listen.fd;
+    cross_listen.fd = -1;
+    const double timeout_s = cfg.timeout_s;
+    HostLinks* hp = &H;
+    H.open_cross = [=]() {
+      HostLinks& H = *hp;
+      const Deadline deadline = Deadline::in(timeout_s);
+      std::string xr_name = strCat("rank ", xr, " at ", xaddr, ":", xport);
+      int xr_fd = -1;
+      while (xr_fd < 0) {
+        AbortState::get().check();
+        try {
+          xr_fd = net::connectTo(xaddr, xport,
+                                 Deadline::in(std::min(1.0, std::max(0.0, deadline.remaining()))));
+        } catch (const Error& e) {
+          if (e.status().code() != Code::kTimeout || deadline.expired()) throw;
+        }
       }
-      xl_fd = fd;
-    }
-    try {
-      xr_hello.finish();
-    } catch (...) {
-      net::closeFd(xr_fd);
-      if (xl_fd >= 0) net::closeFd(xl_fd);
-      throw;
-    }
-    net::setNoDelay(xl_fd);
-    net::setBufferSizes(xl_fd, 4 << 20);
-    H.cross_send.reset(new TcpSendChannel(xr_fd, xr, strCat(T.peers[xr].addr, ":", xport)));
-    H.cross_recv.reset(new TcpRecvChannel(xl_fd, xl, strCat(T.peers[xl].addr), 1 << 20));
-    H.cross_waiter.reset(new Waiter(nullptr, H.cross_send.get(), H.cross_recv.get()));
+      net::setNoDelay(xr_fd);
+      net::setBufferSizes(xr_fd, 4 << 20);
+      wire::HelloClient xr_hello(xr_fd, wire::kPurposeCross, rank, secret, deadline, xr_name);
+      int xl_fd = -1;
+      std::string rejected;
+      while (xl_fd < 0) {
+        try {
+          AbortState::get().check();
+        } catch (...) {
+          net::closeFd(xr_fd);
+          throw;
+        }
+        int fd = net::acceptWithDeadline(
+            listener->fd, Deadline::in(std::min(0.2, std::max(0.0, deadline.remaining()))));
+        if (fd < 0 && xr_hello.failed()) break;
+        if (fd < 0 && !deadline.expired()) continue;
+        if (fd < 0) {
+          net::closeFd(xr_fd);
+          fail(Code::kTimeout, "timed out waiting for rank ", xl,
+               " (left cross-host neighbour) to connect",
+               rejected.empty() ? "" : strCat("; last connection refused: ", rejected));
+        }
+        int who = -1;
+        std::string why;
+        if (!wire::acceptHello(fd, wire::kPurposeCross, secret, deadline, &who, &why) ||
+            who != xl) {
+          if (why.empty())
+            why = strCat("a cross-host connection claimed rank ", who, ", expected ", xl);
+          TFRING_LOG(kWarning, "cross-host link: ", why);
+          rejected = why;
+          net::closeFd(fd);
+          continue;
+        }
+        xl_fd = fd;
+      }
+      try {
+        xr_hello.finish();
+      } catch (...) {
+        net::closeFd(xr_fd);
+        if (xl_fd >= 0) net::closeFd(xl_fd);
+        throw;
+      }
+      net::setNoDelay(xl_fd);
+      net::setBufferSizes(xl_fd, 4 << 20);
+      H.cross_send.reset(new TcpSendChannel(xr_fd, xr, strCat(xaddr, ":", xport)));
+      H.cross_recv.reset(new TcpRecvChannel(xl_fd, xl, xl_addr, 1 << 20));
+      H.cross_waiter.reset(new Waiter(nullptr, H.cross_send.get(), H.cross_recv.get()));
+      TFRING_LOG(kDebug, "rank ", rank, ": cross-host ring open");
+    };
   }
   mark("cross ring");
 
