@@ -566,6 +566,7 @@ def test_control_plane_bench(tmp_path):
     assert row["np"] == 4 and row["hosts"] == 2 and row["per_host"] == 2, row
     assert row["allreduce_ok"], row
     assert 0 <= row["init_after_last_s"] <= row["init_slowest_s"] + 1e-9, row
+    assert row["first_call_after_last_s"] >= row["init_after_last_s"], row
     assert row["threads_max"] == 2, row  # the engine thread and the reader
     for role in ("leader", "other"):
         assert row[f"cpu_per_call_us_{role}"] > 0, row
