@@ -455,5 +455,17 @@ bool secretsEqual(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+int connectInSlices(const std::string& host, int port, const Deadline& deadline,
+                    const std::function<void()>& between) {
+  for (;;) {
+    between();
+    try {
+      return connectTo(host, port, Deadline::in(std::min(1.0, std::max(0.0, deadline.remaining()))));
+    } catch (const Error& e) {
+      if (e.status().code() != Code::kTimeout || deadline.expired()) throw;
+    }
+  }
+}
+
 }  // namespace net
 }  // namespace tfring

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "common/clock.h"
@@ -25,6 +26,12 @@ int acceptWithDeadline(int listen_fd, const Deadline& deadline);
 // kPeerFailure once the host has not answered at all (no SYN-ACK, host
 // unreachable) for 80% of TFRING_HEARTBEAT_TIMEOUT: it is down or cut off.
 int connectTo(const std::string& host, int port, const Deadline& deadline);
+
+// connectTo in slices of at most 1 s, calling `between` before each: it
+// throws to stop early (the job failed, the caller gave up), so a peer that
+// is gone does not hold the caller until the deadline.
+int connectInSlices(const std::string& host, int port, const Deadline& deadline,
+                    const std::function<void()>& between);
 
 // Full sends/receives on a blocking or non-blocking fd, honouring the
 // deadline. recvAll throws kPeerFailure on EOF, naming `peer`.

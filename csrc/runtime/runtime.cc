@@ -134,17 +134,11 @@ std::unique_ptr<Comm> connectComm(rendezvous::Store* store, int rank, int size,
       try {
         // In slices, so a failure of the links (which stops this thread)
         // is not held up by a coordinator that will never answer.
-        int fd = -1;
-        while (fd < 0) {
-          try {
-            fd = net::connectTo(addr, port,
-                                Deadline::in(std::min(1.0, std::max(0.0, deadline.remaining()))));
-          } catch (const Error& e) {
-            if (e.status().code() != Code::kTimeout || stop_accepting.load() ||
-                deadline.expired())
-              throw;
-          }
-        }
+        // (The links' own error is what init reports then.)
+        const int fd = net::connectInSlices(addr, port, deadline, [&] {
+          if (stop_accepting.load())
+            fail(Code::kAborted, "the coordinator connection was given up: the links failed");
+        });
         ctrl = fd;
         net::setNoDelay(fd);
         setKeepAlive(fd, c->cfg.heartbeat_timeout_s);

@@ -122,16 +122,8 @@ PeerLink& PeerLinks::to(int peer) {
   if (peer > rank_) {
     // The lower rank of a pair connects; the peer is at the same step.
     const std::string name = strCat("rank ", peer, " at ", addrs_[peer], ":", ports_[peer]);
-    int fd = -1;
-    while (fd < 0) {
-      AbortState::get().check();
-      try {
-        fd = net::connectTo(addrs_[peer], ports_[peer],
-                            Deadline::in(std::min(1.0, std::max(0.0, deadline.remaining()))));
-      } catch (const Error& e) {
-        if (e.status().code() != Code::kTimeout || deadline.expired()) throw;
-      }
-    }
+    const int fd = net::connectInSlices(addrs_[peer], ports_[peer], deadline,
+                                        [] { AbortState::get().check(); });
     try {
       wire::clientHandshake(fd, wire::kPurposePeer, rank_, secret_, deadline, name);
     } catch (...) {

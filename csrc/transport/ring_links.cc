@@ -416,34 +416,30 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
       HostLinks& H = *hp;
       const Deadline deadline = Deadline::in(timeout_s);
       std::string xr_name = strCat("rank ", xr, " at ", xaddr, ":", xport);
-      int xr_fd = -1;
-      while (xr_fd < 0) {
-        AbortState::get().check();
-        try {
-          xr_fd = net::connectTo(xaddr, xport,
-                                 Deadline::in(std::min(1.0, std::max(0.0, deadline.remaining()))));
-        } catch (const Error& e) {
-          if (e.status().code() != Code::kTimeout || deadline.expired()) throw;
-        }
-      }
+      const int xr_fd = net::connectInSlices(xaddr, xport, deadline,
+                                             [] { AbortState::get().check(); });
       net::setNoDelay(xr_fd);
       net::setBufferSizes(xr_fd, 4 << 20);
-      wire::HelloClient xr_hello(xr_fd, wire::kPurposeCross, rank, secret, deadline, xr_name);
+      auto xr_hello = std::make_unique<wire::HelloClient>(xr_fd, wire::kPurposeCross, rank,
+                                                          secret, deadline, xr_name);
+      // Giving up: the handshake's thread ends before its socket closes.
+      auto abandon = [&]() {
+        xr_hello.reset();
+        net::closeFd(xr_fd);
+      };
       int xl_fd = -1;
       std::string rejected;
       while (xl_fd < 0) {
-        try {
+        if (AbortState::get().aborted()) {
+          abandon();
           AbortState::get().check();
-        } catch (...) {
-          net::closeFd(xr_fd);
-          throw;
         }
         int fd = net::acceptWithDeadline(
             listener->fd, Deadline::in(std::min(0.2, std::max(0.0, deadline.remaining()))));
-        if (fd < 0 && xr_hello.failed()) break;
+        if (fd < 0 && xr_hello->failed()) break;
         if (fd < 0 && !deadline.expired()) continue;
         if (fd < 0) {
-          net::closeFd(xr_fd);
+          abandon();
           fail(Code::kTimeout, "timed out waiting for rank ", xl,
                " (left cross-host neighbour) to connect",
                rejected.empty() ? "" : strCat("; last connection refused: ", rejected));
@@ -462,7 +458,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
         xl_fd = fd;
       }
       try {
-        xr_hello.finish();
+        xr_hello->finish();
       } catch (...) {
         net::closeFd(xr_fd);
         if (xl_fd >= 0) net::closeFd(xl_fd);
