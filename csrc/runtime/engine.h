@@ -210,6 +210,7 @@ class Engine {
   bool vote_host_ = false;
   uint64_t vote_round_ = 0;        // host-vote rounds so far, the same on every rank
   int vote_watch_count_ = 0;  // the peer links open when vote_links_ was set
+  bool vote_watch_complete_ = true;  // every link the vote uses is watched
   std::vector<int> vote_links_;    // indices of the watched links in the peer links
   std::vector<int> vote_fds_;  // the links' sockets, for the idle wait
   // When each of those links was found closed while idle (0: open); see

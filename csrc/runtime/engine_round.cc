@@ -78,8 +78,10 @@ void Engine::setVoteWatch() {
   vote_closed_at_.clear();
   const transport::HostLinks* H = links_->host();
   // The links open when first used: the watch covers those open so far,
-  // and is set again when more have opened (peerStartedVote).
+  // and is set again when more have opened (peerStartedVote) until every
+  // link the vote uses is watched.
   vote_watch_count_ = vote_recdbl_ ? H->peers().count() : 0;
+  vote_watch_complete_ = true;
   if (vote_recdbl_) {
     transport::PeerLinks& P = H->peers();
     std::vector<int> watch;
@@ -92,6 +94,9 @@ void Engine::setVoteWatch() {
       vote_links_.push_back(i);
       vote_fds_.push_back(P.at(i).recv->pollFd());
     }
+    // Flat: every partner votes; the host vote: local rank 0's partners.
+    const size_t wanted = vote_host_ ? watch.size() : static_cast<size_t>(P.peerCount());
+    vote_watch_complete_ = vote_links_.size() == wanted;
   }
   vote_closed_at_.assign(vote_fds_.size(), 0);
 }
@@ -129,8 +134,11 @@ bool Engine::peerStartedVote() {
   // partner). A killed partner is named sooner by the coordinator.
   transport::PeerLinks& P = links_->host()->peers();
   // A partner opening its link to this idle rank: take it in, and watch it.
-  P.acceptPending();
-  if (P.count() != vote_watch_count_) setVoteWatch();
+  // (Checked on every look for a round, so only while a link is missing.)
+  if (!vote_watch_complete_) {
+    P.acceptPending();
+    if (P.count() != vote_watch_count_) setVoteWatch();
+  }
   const void* p = nullptr;
   for (size_t k = 0; k < vote_links_.size(); ++k) {
     const int i = vote_links_[k];
@@ -220,7 +228,7 @@ void Engine::idleWait() {
         for (size_t i = 0; i < vote_fds_.size(); ++i)
           if (vote_closed_at_[i] == 0) fds.push_back({vote_fds_[i], POLLIN, 0});
         // A partner opening a link (its first vote with this rank).
-        fds.push_back({H->peers().listenFd(), POLLIN, 0});
+        if (!vote_watch_complete_) fds.push_back({H->peers().listenFd(), POLLIN, 0});
       } else if (lfd >= 0) {
         fds.push_back({lfd, POLLIN, 0});
       }

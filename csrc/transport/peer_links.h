@@ -21,8 +21,6 @@
 // directions.
 #pragma once
 
-#include <atomic>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,6 +79,8 @@ class PeerLinks {
   PeerLink& to(int peer);
   // The links open so far, in the order they opened (indices stay valid).
   int count() const { return static_cast<int>(links_.size()); }
+  // The ranks this one may link with.
+  int peerCount() const { return static_cast<int>(peers_.size()); }
   PeerLink& at(int i) { return *links_[i]; }
   // Readable when a peer is connecting; acceptPending() takes such
   // connections in without waiting for more. Both for an idle engine, so a
