@@ -15,9 +15,10 @@ consecutive ranks take one host name, so they link as hosts do). Each rank recor
 
 - ``arrive``: the wall clock right before ``tfring.basics.init()``,
   ``done``: right after it returns, ``first_done``: after the first
-  allreduce (which opens the links it needs: they open on first use). "init after the last arrival" is
-  max(done) - max(arrive): the rendezvous itself, without the seconds N
-  Python processes take to start on a small machine;
+  allreduce (which opens the links it needs: they open on first use).
+  "init after the last arrival" is max(done) - max(arrive): the
+  rendezvous itself, without the seconds N Python processes take to start
+  on a small machine;
 - /proc/self: open fds (sockets among them), threads and VmRSS, before
   init and after it (the difference is what the job costs a rank);
 - ``--iters`` float32 sum allreduces of ``--size`` bytes (TFRING_ALLREDUCE_ALGO
@@ -255,7 +256,8 @@ def table(rows, size):
         z = r["rank0"]
         lines.append(
             f"| {r['np']} | {r['hosts']} x {r['per_host']} | {r['init_after_last_s']:.3f} "
-            f"| {r['first_call_after_last_s']:.3f} | {r['init_slowest_s']:.2f} | {r['fds_max']} / {r['sockets_max']} / "
+            f"| {r['first_call_after_last_s']:.3f} | {r['init_slowest_s']:.2f} "
+            f"| {r['fds_max']} / {r['sockets_max']} / "
             f"{r['threads_max']} | {r['rss_max'] / 2**20:.1f} | {z['fds']} / {z['sockets']} / "
             f"{z['threads']} | {r.get('store_sockets_peak', '-')} / "
             f"{r.get('store_threads_peak', '-')} "

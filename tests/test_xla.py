@@ -27,7 +27,8 @@ if GPU:
     ENV["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"  # ranks share the GPU
 else:
     ENV["CUDA_VISIBLE_DEVICES"] = ""
-CHECKS = ["placement", "ops_match_numpy_and_no_xla", "while_loop", "mismatch_same_error_as_without_xla",
+CHECKS = ["placement", "ops_match_numpy_and_no_xla", "while_loop",
+          "mismatch_same_error_as_without_xla",
           "allgather_needs_equal_rows_under_xla", "dynamic_shape_names_the_op",
           "tape_training_matches_no_xla", "keras_fit_jit_matches_no_xla",
           "gradients_match_no_xla"]
