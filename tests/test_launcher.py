@@ -587,12 +587,23 @@ def test_mpirun_command_flags(tmp_path, monkeypatch):
         fake,
         "-np",
         "2",
+        "--map-by",
+        "slot:PE=1",
         "--bind-to",
-        "none",
+        "core",
         "python",
         "x.py",
     ]
-    assert "--oversubscribe" in mpi.mpirun_command(3, ["x"], mpirun=fake)
+    # More ranks than cores: oversubscribed and unbound.
+    three = mpi.mpirun_command(3, ["x"], mpirun=fake)
+    assert "--oversubscribe" in three
+    assert three[three.index("--bind-to") + 1] == "none" and "--map-by" not in three
+    assert mpi.mpirun_command(1, ["x"], mpirun=fake)[3:7] == [
+        "--map-by", "slot:PE=2", "--bind-to", "core"]
+    monkeypatch.setenv("TFRING_BIND", "none")
+    assert mpi.mpirun_command(2, ["x"], mpirun=fake)[3:5] == ["--bind-to", "none"]
+    monkeypatch.delenv("TFRING_BIND")
+    assert "--bind-to" not in mpi.mpirun_command(2, ["x"], mpirun=fake, bind_to=None)
     (tmp_path / "mpirun").write_text("#!/bin/sh\n")
     (tmp_path / "mpirun").chmod(0o755)
     monkeypatch.setenv("TFRING_MPIRUN", fake)

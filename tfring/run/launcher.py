@@ -48,7 +48,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from tfring.run import horovodrun
+from tfring.run import affinity, horovodrun
 from tfring.run.hostfile import parse_hostfile
 
 __all__ = [
@@ -583,6 +583,14 @@ def build_parser():
     p.add_argument(
         "-p", "--ssh-port", type=int, default=None, help="ssh port for remote hosts"
     )
+    p.add_argument(
+        "--bind-to",
+        choices=affinity.MODES,
+        default=os.environ.get("TFRING_BIND", "auto"),
+        help="auto (default): bind each rank on this host to its own slice of "
+        "the cores when there are at least as many cores as ranks; none: "
+        "leave every rank free to use every core (env TFRING_BIND)",
+    )
     horovodrun.add_options(p)
     p.add_argument(
         "command", nargs=argparse.REMAINDER, help="the program every rank runs"
@@ -735,7 +743,8 @@ def _run_once(parser, args, attempt):
                 break  # a signal arrived while starting: start no more ranks
             stdin_data = None if spec.local else (secret + "\n").encode()
             try:
-                job.spawn(spec.rank, argv, env, cwd, output_dir, stdin_data)
+                proc = job.spawn(spec.rank, argv, env, cwd, output_dir, stdin_data)
+                _bind_local(args, spec, proc, relay)
             except OSError as e:
                 relay.message(
                     f"cannot start rank {spec.rank} ({shlex.join(argv)}): {e}"
@@ -758,6 +767,22 @@ def _run_once(parser, args, attempt):
         if server is not None:
             with contextlib.suppress(Exception):  # the job is over either way
                 server.stop()
+
+
+def _bind_local(args, spec, proc, relay):
+    """Binds a rank started on this host to its slice of the cores
+    (--bind-to, see tfring/run/affinity.py). It runs at once after the
+    exec, before the program has started any thread of its own."""
+    if not spec.local or args.bind_to == "none":
+        return
+    cpus = affinity.slice_for(spec.local_rank, spec.local_size)
+    if cpus is None:
+        return
+    if affinity.bind(proc.pid, cpus):
+        if args.verbose:
+            relay.message(f"rank {spec.rank} bound to CPUs {affinity.describe(cpus)}")
+    elif args.verbose:
+        relay.message(f"rank {spec.rank}: could not bind to CPUs {affinity.describe(cpus)}")
 
 
 def _hosts(args):

