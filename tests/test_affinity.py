@@ -1,0 +1,91 @@
+"""Binding local ranks to their own cores (tfring/run/affinity.py): the
+slices on made-up topologies, and what tfring-run's ranks really get."""
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tfring.run import affinity
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _topology(monkeypatch, cores, threads):
+    """CPU c is hyperthread c // cores of core c % cores, as Linux numbers
+    a one-package machine with SMT."""
+    def read(path):
+        cpu = int(path.split("/cpu")[-1].split("/")[0])
+        if path.endswith("physical_package_id"):
+            return "0"
+        if cpu >= cores * threads:
+            raise OSError(path)
+        return str(cpu % cores)
+    monkeypatch.setattr(affinity, "_read", read)
+
+
+def test_hyperthreads_of_a_core_stay_together(monkeypatch):
+    _topology(monkeypatch, cores=4, threads=2)
+    cpus = range(8)
+    assert affinity.core_groups(cpus) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert affinity.slice_for(0, 2, cpus) == [0, 1, 4, 5]
+    assert affinity.slice_for(1, 2, cpus) == [2, 3, 6, 7]
+
+
+@pytest.mark.parametrize("cores,ranks", [(4, 3), (16, 5), (7, 7), (2, 1)])
+def test_slices_are_disjoint_cover_every_core_and_differ_by_one(monkeypatch, cores, ranks):
+    _topology(monkeypatch, cores=cores, threads=1)
+    slices = [affinity.slice_for(r, ranks, range(cores)) for r in range(ranks)]
+    flat = [c for s in slices for c in s]
+    assert sorted(flat) == list(range(cores))
+    assert len(set(flat)) == cores
+    sizes = [len(s) for s in slices]
+    assert max(sizes) - min(sizes) <= 1
+    # Contiguous: a rank's cores are neighbours (one cache, one NUMA node).
+    for s in slices:
+        assert s == list(range(s[0], s[0] + len(s)))
+
+
+def test_more_ranks_than_cores_binds_nothing(monkeypatch):
+    _topology(monkeypatch, cores=2, threads=2)
+    assert affinity.slice_for(0, 3, range(4)) is None
+    with pytest.raises(ValueError, match="local rank 2"):
+        affinity.slice_for(2, 2, range(4))
+
+
+def test_without_topology_each_cpu_is_a_core(monkeypatch):
+    def read(path):
+        raise OSError(path)
+    monkeypatch.setattr(affinity, "_read", read)
+    assert affinity.slice_for(1, 2, [5, 6, 7, 8]) == [7, 8]
+    assert affinity.describe([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
+
+
+def _masks(*launch):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("TFRING_BIND", None)
+    prog = "import os; print(sorted(os.sched_getaffinity(0)))"
+    out = subprocess.run([sys.executable, "-m", "tfring.run", *launch, sys.executable, "-c", prog],
+                         env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    masks = {}
+    for line in out.splitlines():
+        rank, _, mask = line.partition("<stdout>: ")
+        masks[int(rank.strip("[]"))] = ast.literal_eval(mask)
+    return masks
+
+
+@pytest.mark.skipif(len(affinity.core_groups(affinity.allowed_cpus())) < 2,
+                    reason="needs two cores")
+def test_tfring_run_binds_local_ranks_to_disjoint_cores():
+    mine = affinity.allowed_cpus()
+    bound = _masks("-np", "2")
+    assert set(bound) == {0, 1}
+    assert bound[0] == affinity.slice_for(0, 2) and bound[1] == affinity.slice_for(1, 2)
+    assert not set(bound[0]) & set(bound[1])
+    assert _masks("--bind-to", "none", "-np", "2") == {0: mine, 1: mine}
+    # More ranks than cores: all share every core.
+    many = len(affinity.core_groups(mine)) + 1
+    assert _masks("-np", str(many)) == {r: mine for r in range(many)}
