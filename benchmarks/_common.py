@@ -315,6 +315,16 @@ def mpi_module():
     return mpi
 
 
+def affinity_module():
+    """tfring.run.affinity (the cores tfring-run binds each rank to)."""
+    try:
+        from tfring.run import affinity
+    except ImportError:
+        sys.path.insert(0, REPO)
+        from tfring.run import affinity
+    return affinity
+
+
 def tfring_path():
     """Directory holding the tfring package this interpreter imports (an
     install, or a build's package dir on PYTHONPATH), else the checkout."""

@@ -38,6 +38,8 @@ import sys
 import tempfile
 import time
 
+from _common import affinity_module
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "synthetic_benchmark.py")
 
@@ -122,6 +124,13 @@ def run_mwms(workers, args, timeout):
                     [sys.executable, EXAMPLE, "--backend", "mwms", *args],
                     env=env, cwd=cwd, stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE, text=True))
+                # The workers get the cores tfring-run would give its ranks,
+                # so both run with the same placement.
+                affinity = affinity_module()
+                cpus = (None if os.environ.get("TFRING_BIND") == "none"
+                        else affinity.slice_for(i, workers))
+                if cpus:
+                    affinity.bind(procs[-1].pid, cpus)
             outs, deadline = [], time.monotonic() + timeout
             for p in procs:
                 out, err = p.communicate(
