@@ -89,3 +89,19 @@ def test_tfring_run_binds_local_ranks_to_disjoint_cores():
     # More ranks than cores: all share every core.
     many = len(affinity.core_groups(mine)) + 1
     assert _masks("-np", str(many)) == {r: mine for r in range(many)}
+
+
+def test_remote_ranks_bind_through_their_own_interpreter():
+    cmd = ["python3", "train.py", "--x"]
+    assert affinity.wrap_remote(cmd, 1, 4) == [
+        "python3", "-m", "tfring.run.affinity", "1", "4", "--", "python3", "train.py", "--x"]
+    assert affinity.wrap_remote(["./train.sh"], 0, 2) == ["./train.sh"]
+    # What the remote host runs: bound to its slice, then the command itself.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    prog = "import os; print(sorted(os.sched_getaffinity(0)))"
+    for r in (0, 1):
+        out = subprocess.run(affinity.wrap_remote([sys.executable, "-c", prog], r, 2), env=env,
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        want = affinity.slice_for(r, 2) or affinity.allowed_cpus()
+        assert ast.literal_eval(out) == want

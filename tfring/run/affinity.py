@@ -96,3 +96,32 @@ def describe(cpus):
     if run:
         out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
     return ",".join(out)
+
+
+def wrap_remote(command, local_rank, local_size):
+    """``command`` for a rank started on another host: when it is a Python
+    interpreter, that interpreter first runs this module, which binds the
+    process to its slice of that host's cores and then execs ``command``
+    (unchanged otherwise: another program is started unbound)."""
+    if not command or not os.path.basename(command[0]).startswith("python"):
+        return list(command)
+    return [command[0], "-m", "tfring.run.affinity", str(local_rank), str(local_size),
+            "--", *command]
+
+
+def main(argv):
+    """python -m tfring.run.affinity LOCAL_RANK LOCAL_SIZE -- COMMAND...:
+    binds this process to the rank's slice of the cores, then execs COMMAND
+    (which keeps the binding)."""
+    if len(argv) < 4 or argv[2] != "--":
+        raise SystemExit("usage: python -m tfring.run.affinity LOCAL_RANK LOCAL_SIZE -- COMMAND...")
+    cpus = slice_for(int(argv[0]), int(argv[1]))
+    if cpus:
+        bind(os.getpid(), cpus)
+    os.execvp(argv[3], argv[3:])
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

@@ -735,7 +735,9 @@ def _run_once(parser, args, attempt):
                 remote_env = dict(forwarded)
                 remote_env.update(user_env)
                 remote_env.update(renv)
-                argv = ssh_command(spec.host, cwd, remote_env, command, args.ssh_port,
+                remote_command = (command if args.bind_to == "none" else
+                                  affinity.wrap_remote(command, spec.local_rank, spec.local_size))
+                argv = ssh_command(spec.host, cwd, remote_env, remote_command, args.ssh_port,
                                    ssh_args)
             if args.verbose:
                 relay.message(f"rank {spec.rank}: {shlex.join(argv)}")
