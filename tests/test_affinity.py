@@ -105,3 +105,21 @@ def test_remote_ranks_bind_through_their_own_interpreter():
                              capture_output=True, text=True, timeout=60, check=True).stdout
         want = affinity.slice_for(r, 2) or affinity.allowed_cpus()
         assert ast.literal_eval(out) == want
+
+
+@pytest.mark.skipif(len(affinity.core_groups(affinity.allowed_cpus())) < 2,
+                    reason="needs two cores")
+def test_elastic_workers_get_their_slots_cores():
+    # The workers exit at once (the job then fails after --elastic-timeout):
+    # only the masks they printed matter here.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("TFRING_BIND", None)
+    prog = "import os; print(sorted(os.sched_getaffinity(0)))"
+    out = subprocess.run([sys.executable, "-m", "tfring.run", "--min-np", "2", "--max-np", "2",
+                          "--elastic-timeout", "2", "-H", "localhost:2",
+                          sys.executable, "-c", prog],
+                         env=env, capture_output=True, text=True, timeout=60).stdout
+    masks = sorted(ast.literal_eval(line.partition("<stdout>: ")[2])
+                   for line in out.splitlines() if "<stdout>: " in line)
+    assert masks == sorted([affinity.slice_for(0, 2), affinity.slice_for(1, 2)])

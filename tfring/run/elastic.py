@@ -40,7 +40,7 @@ import threading
 import time
 
 from tfring.elastic._worker import POISON
-from tfring.run import discovery
+from tfring.run import affinity, discovery
 from tfring.run.launcher import (
     EXIT_TIMEOUT,
     FORWARDED_SIGNALS,
@@ -77,8 +77,9 @@ def requested(args):
 
 
 class Worker:
-    def __init__(self, wid, host, proc):
+    def __init__(self, wid, host, proc, slot=0):
         self.wid, self.host, self.proc = wid, host, proc
+        self.slot = slot  # which of the host's slots (and slice of its cores)
         self.state = STARTING
         self.stop_at = None  # SIGKILL time once asked to stop
 
@@ -207,15 +208,16 @@ class Driver:
         for host, slots in self.hosts.items():
             if not self._usable(host, now):
                 continue
-            used = sum(1 for w in alive if w.host == host)
-            while used < slots and len(alive) < self.max_np:
-                w = self._spawn(host)
+            taken = {w.slot for w in alive if w.host == host}
+            while len(taken) < slots and len(alive) < self.max_np:
+                slot = min(set(range(slots)) - taken)
+                w = self._spawn(host, slot, slots)
                 if w is None:
                     return
                 alive.append(w)
-                used += 1
+                taken.add(slot)
 
-    def _spawn(self, host):
+    def _spawn(self, host, slot=0, slots=1):
         wid = self.next_wid
         self.next_wid += 1
         env = {"TFRING_ELASTIC_ID": str(wid), "TFRING_STORE_ADDR": self.store_addr,
@@ -234,7 +236,9 @@ class Driver:
             remote.update(env)
             full = dict(os.environ)
             ssh_args = ("-i", self.args.ssh_identity_file) if self.args.ssh_identity_file else ()
-            argv = ssh_command(host, os.getcwd(), remote, self.command, self.args.ssh_port,
+            command = (self.command if self.args.bind_to == "none"
+                       else affinity.wrap_remote(self.command, slot, slots))
+            argv = ssh_command(host, os.getcwd(), remote, command, self.args.ssh_port,
                                ssh_args)
             stdin_data = (self.secret + "\n").encode()
         try:
@@ -243,7 +247,13 @@ class Driver:
             self.log(f"cannot start a worker on {host} ({shlex.join(argv)}): {e}")
             self._host_failed(host, f"cannot start a worker: {e}")
             return None
-        w = Worker(wid, host, proc)
+        # A worker on this host gets its slot's slice of the cores, as
+        # tfring-run binds its ranks (tfring/run/affinity.py).
+        cpus = (affinity.slice_for(slot, slots)
+                if is_local_host(host) and self.args.bind_to != "none" else None)
+        if cpus:
+            affinity.bind(proc.pid, cpus)
+        w = Worker(wid, host, proc, slot)
         self.workers[wid] = w
         self.log(f"started {w}")
         return w
