@@ -21,6 +21,11 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
   skipEmpty();
   if (si < ns || ri < nr) c.waiter->begin(Deadline::in(c.timeout_s), what);
 
+  // One pass moves up to `chunk` bytes each way, over as many steps as it
+  // takes: a fused batch of small tensors is one step per tensor, and
+  // publishing each (a store to a cache line the peer polls, and its
+  // doorbell) cost more than copying 16 KiB. The pass publishes once per
+  // channel at its end (flush), before it may go idle.
   while (si < ns || ri < nr) {
     uint32_t ticket = c.waiter->ticket();
     bool moved = false;
@@ -28,43 +33,60 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
 
     // Send what is ready: all of an unchained step, or as much of a chained
     // step as its producing recv step has completed.
-    if (si < ns) {
+    for (size_t budget = chunk; si < ns && budget > 0;) {
       const SendStep& s = prog.sends[si];
       size_t ready = s.bytes;
       if (s.chained_to >= 0) {
         size_t src = static_cast<size_t>(s.chained_to);
         ready = ri > src ? s.bytes : (ri == src ? std::min(ro, s.bytes) : 0);
       }
-      if (ready > so) {
-        size_t n = c.right->trySend(s.data + so, std::min(ready - so, chunk));
-        if (n) { so += n; moved = true; } else { send_waits_on_channel = true; }
+      if (ready <= so) break;
+      size_t n = c.right->trySendDeferred(s.data + so, std::min(ready - so, budget));
+      if (!n) {
+        send_waits_on_channel = true;
+        break;
       }
+      so += n;
+      budget -= n;
+      moved = true;
+      if (so < s.bytes) break;  // the channel is full or the rest is not ready
+      ++si;
+      so = 0;
+      while (si < ns && so == prog.sends[si].bytes) ++si;
     }
+    c.right->flush();
 
     // Receive: copies go straight into place; reductions read the bytes
     // where the channel holds them and fold whole elements into data.
-    if (ri < nr) {
+    for (size_t budget = chunk; ri < nr && budget > 0;) {
       const RecvStep& r = prog.recvs[ri];
-      size_t want = std::min(r.bytes - ro, chunk);
+      size_t want = std::min(r.bytes - ro, budget);
+      size_t n = 0;
       if (!r.reduce) {
-        size_t n = c.left->tryRecv(r.data + ro, want);
-        if (n) { ro += n; moved = true; }
+        n = c.left->tryRecvDeferred(r.data + ro, want);
       } else {
         const void* p = nullptr;
-        size_t n = c.left->peek(&p, want);
+        n = c.left->peek(&p, want);
         n -= n % esize;
         if (n) {
           if (r.src && r.src != r.data)
             kernels::reduce3(r.data + ro, r.src + ro, p, n / esize, prog.dtype, prog.op);
           else
             kernels::reduce(r.data + ro, p, n / esize, prog.dtype, prog.op);
-          c.left->consume(n);
+          c.left->consumeDeferred(n);
           if (r.scale != 1.0) kernels::scale(r.data + ro, n / esize, prog.dtype, r.scale);
-          ro += n;
-          moved = true;
         }
       }
+      if (!n) break;
+      ro += n;
+      budget -= n;
+      moved = true;
+      if (ro < r.bytes) break;  // nothing more has arrived yet
+      ++ri;
+      ro = 0;
+      while (ri < nr && ro == prog.recvs[ri].bytes) ++ri;
     }
+    c.left->flush();
 
     skipEmpty();
     if (moved) {

@@ -20,6 +20,12 @@ class SendChannel {
   virtual ~SendChannel() = default;
   // Queues up to n bytes for the peer; returns how many were taken.
   virtual size_t trySend(const void* data, size_t n) = 0;
+  // trySend whose bytes the peer may only see at the next flush(): a
+  // progress loop moving many small pieces publishes them (and wakes the
+  // peer) once per pass instead of once per piece. By default the same as
+  // trySend.
+  virtual size_t trySendDeferred(const void* data, size_t n) { return trySend(data, n); }
+  virtual void flush() {}
   // Called by both ends at the same point of the stream (the end of every
   // collective): the next message starts 8-byte aligned in the stream, so a
   // receiver can always view whole elements of any dtype.
@@ -40,6 +46,11 @@ class RecvChannel {
   // when that is all there is). The bytes stay valid until consume().
   virtual size_t peek(const void** data, size_t max) = 0;
   virtual void consume(size_t n) = 0;
+  // consume / tryRecv whose freed space the producer may only reuse after
+  // the next flush() (see SendChannel::trySendDeferred).
+  virtual void consumeDeferred(size_t n) { consume(n); }
+  virtual size_t tryRecvDeferred(void* data, size_t n) { return tryRecv(data, n); }
+  virtual void flush() {}
   virtual void align() = 0;
   virtual int pollFd() const { return -1; }
   virtual void checkPeer() {}

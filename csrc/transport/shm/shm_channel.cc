@@ -133,18 +133,23 @@ ShmSegment::~ShmSegment() {
 
 ShmSendChannel::ShmSendChannel(ShmSegment* peer, int peer_rank)
     : peer_(peer), h_(peer->header()), peer_rank_(peer_rank) {
-  head_ = h_->head.load(std::memory_order_relaxed);
+  head_ = published_ = h_->head.load(std::memory_order_relaxed);
+  tail_seen_ = h_->tail.load(std::memory_order_acquire);
 }
 
-size_t ShmSendChannel::trySend(const void* data, size_t n) {
+// Copies into free space without showing it to the consumer. The free
+// space is computed from the last tail seen, reloaded (a cache line the
+// consumer writes) only when that is not enough for all n bytes.
+size_t ShmSendChannel::trySendDeferred(const void* data, size_t n) {
   const uint64_t cap = h_->capacity;
-  uint64_t tail = h_->tail.load(std::memory_order_acquire);
   // align() pads head_ by up to 7 bytes: after a collective that ended
   // with the inbox full at an unaligned position, head_ is past tail +
   // capacity until the consumer catches up. That is no space; unchecked,
   // the subtraction wrapped and the next collective overwrote bytes the
   // consumer had not read.
-  const uint64_t used = head_ - tail;
+  if (head_ - tail_seen_ >= cap || cap - (head_ - tail_seen_) < n)
+    tail_seen_ = h_->tail.load(std::memory_order_acquire);
+  const uint64_t used = head_ - tail_seen_;
   if (used >= cap) return 0;
   size_t todo = static_cast<size_t>(std::min<uint64_t>(cap - used, n));
   if (todo == 0) return 0;
@@ -154,13 +159,25 @@ size_t ShmSendChannel::trySend(const void* data, size_t n) {
   std::memcpy(peer_->data() + pos, data, first);
   if (todo > first) std::memcpy(peer_->data(), static_cast<const char*>(data) + first, todo - first);
   head_ += todo;
+  return todo;
+}
+
+void ShmSendChannel::flush() {
+  if (head_ == published_) return;
+  published_ = head_;
   h_->head.store(head_, std::memory_order_release);
   h_->bell.ring();
-  return todo;
+}
+
+size_t ShmSendChannel::trySend(const void* data, size_t n) {
+  size_t done = trySendDeferred(data, n);
+  flush();
+  return done;
 }
 
 void ShmSendChannel::align() {
   head_ = (head_ + 7) & ~uint64_t(7);
+  published_ = head_;
   h_->head.store(head_, std::memory_order_release);
 }
 
@@ -176,29 +193,41 @@ std::string ShmSendChannel::describe() const { return strCat("rank ", peer_rank_
 
 ShmRecvChannel::ShmRecvChannel(ShmSegment* self, ShmSegment* left, int left_rank)
     : self_(self), left_(left), h_(self->header()), left_rank_(left_rank) {
-  tail_ = h_->tail.load(std::memory_order_relaxed);
+  tail_ = published_ = h_->tail.load(std::memory_order_relaxed);
+  head_seen_ = h_->head.load(std::memory_order_acquire);
 }
 
+// The head last seen is reloaded (a cache line the producer writes) only
+// when it does not already show `max` bytes.
 size_t ShmRecvChannel::peek(const void** data, size_t max) {
   const uint64_t cap = h_->capacity;
-  uint64_t head = h_->head.load(std::memory_order_acquire);
+  if (head_seen_ <= tail_ || head_seen_ - tail_ < max)
+    head_seen_ = h_->head.load(std::memory_order_acquire);
   // head < tail_ happens briefly after align(): we rounded tail_ up before
   // the producer rounded head up. Nothing is readable then.
-  if (head <= tail_) return 0;
-  uint64_t avail = head - tail_;
+  if (head_seen_ <= tail_) return 0;
+  uint64_t avail = head_seen_ - tail_;
   uint64_t pos = tail_ & (cap - 1);
   size_t n = static_cast<size_t>(std::min<uint64_t>({avail, cap - pos, max}));
   *data = self_->data() + pos;
   return n;
 }
 
-void ShmRecvChannel::consume(size_t n) {
-  tail_ += n;
+void ShmRecvChannel::consumeDeferred(size_t n) { tail_ += n; }
+
+void ShmRecvChannel::flush() {
+  if (tail_ == published_) return;
+  published_ = tail_;
   h_->tail.store(tail_, std::memory_order_release);
   left_->header()->bell.ring();
 }
 
-size_t ShmRecvChannel::tryRecv(void* data, size_t n) {
+void ShmRecvChannel::consume(size_t n) {
+  consumeDeferred(n);
+  flush();
+}
+
+size_t ShmRecvChannel::tryRecvDeferred(void* data, size_t n) {
   size_t done = 0;
   while (done < n) {
     const void* p;
@@ -208,15 +237,18 @@ size_t ShmRecvChannel::tryRecv(void* data, size_t n) {
     done += k;
     tail_ += k;
   }
-  if (done) {
-    h_->tail.store(tail_, std::memory_order_release);
-    left_->header()->bell.ring();
-  }
+  return done;
+}
+
+size_t ShmRecvChannel::tryRecv(void* data, size_t n) {
+  size_t done = tryRecvDeferred(data, n);
+  flush();
   return done;
 }
 
 void ShmRecvChannel::align() {
   tail_ = (tail_ + 7) & ~uint64_t(7);
+  published_ = tail_;
   h_->tail.store(tail_, std::memory_order_release);
 }
 

@@ -83,6 +83,8 @@ class ShmSendChannel : public SendChannel {
   // `peer` is the right neighbour's segment; `self` is ours (unused here).
   ShmSendChannel(ShmSegment* peer, int peer_rank);
   size_t trySend(const void* data, size_t n) override;
+  size_t trySendDeferred(const void* data, size_t n) override;
+  void flush() override;
   void align() override;
   void checkPeer() override;
   std::string describe() const override;
@@ -91,7 +93,9 @@ class ShmSendChannel : public SendChannel {
   ShmSegment* peer_;
   ShmHeader* h_;
   int peer_rank_;
-  uint64_t head_;  // our copy of head; we are the only writer
+  uint64_t head_;       // our copy of head; we are the only writer
+  uint64_t published_;  // the head the consumer has been shown
+  uint64_t tail_seen_;  // a tail the consumer has published (never ahead of it)
 };
 
 class ShmRecvChannel : public RecvChannel {
@@ -101,6 +105,9 @@ class ShmRecvChannel : public RecvChannel {
   size_t tryRecv(void* data, size_t n) override;
   size_t peek(const void** data, size_t max) override;
   void consume(size_t n) override;
+  void consumeDeferred(size_t n) override;
+  size_t tryRecvDeferred(void* data, size_t n) override;
+  void flush() override;
   void align() override;
   void checkPeer() override;
   std::string describe() const override;
@@ -110,7 +117,9 @@ class ShmRecvChannel : public RecvChannel {
   ShmSegment* left_;
   ShmHeader* h_;
   int left_rank_;
-  uint64_t tail_;  // our copy of tail; we are the only writer
+  uint64_t tail_;       // our copy of tail; we are the only writer
+  uint64_t published_;  // the tail the producer has been shown
+  uint64_t head_seen_;  // a head the producer has published (never ahead of it)
 };
 
 // Whether a process is still alive (pid on this host).
