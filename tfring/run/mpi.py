@@ -163,8 +163,8 @@ def mpirun_command(
         oversubscribe = int(np) > cores
     if oversubscribe:
         cmd.append("--oversubscribe")
-    if bind_to == "auto":
-        bind_to = os.environ.get("TFRING_BIND", "auto")
+    if bind_to == "auto" and os.environ.get("TFRING_BIND") == "none":
+        bind_to = "none"
     if bind_to == "auto":
         if int(np) <= cores:
             cmd += ["--map-by", f"slot:PE={cores // int(np)}", "--bind-to", "core"]
