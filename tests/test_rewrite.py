@@ -20,6 +20,7 @@ import pytest
 from tf_util import JOB_TIMEOUT, RANK_ENV, tf_available
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 
 
 pytestmark = pytest.mark.skipif(
@@ -114,3 +115,23 @@ def test_gradient_buckets_start_small_and_large_tensors_go_alone():
         assert total <= 25 * M or len(r) == 1, (r, total)
     assert plan([100] * 5, 64 * M) == [[0, 1, 2, 3, 4]]  # a small model: one op
     assert plan([2 * M, M], 512 << 10) == [[0], [1]]  # an explicit threshold caps every bucket
+
+
+def test_tape_in_a_function_reduces_buckets_in_backprop_order():
+    # One grouped op per bucket, as tfring.rewrite builds: the head's small
+    # gradient (produced first) goes alone in the first bucket, so it starts
+    # while the rest of backprop runs; the three 1.44 MB gradients share
+    # one op, not one op (and one hand-off back to TF) each.
+    import json
+    import subprocess
+
+    env = dict(os.environ)
+    env.update(RANK_ENV)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, os.path.join(HERE, "workers", "tape_buckets.py")],
+                         env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT,
+                         check=True).stdout
+    ops = json.loads(out.strip().splitlines()[-1])
+    grouped = [o["shapes"] for o in ops if o["type"] == "RingGroupedAllreduce"]
+    assert grouped == [[[600, 10]], [[600, 600]] * 3], ops
+    assert not [o for o in ops if o["type"] == "RingAllreduce"], ops
