@@ -8,6 +8,10 @@
 namespace tfring {
 namespace collectives {
 
+namespace {
+constexpr size_t kPublishBytes = 64 << 10;
+}  // namespace
+
 void runRing(RingComm& c, const RingProgram& prog, const char* what) {
   const size_t esize = dtypeSize(prog.dtype);
   const size_t chunk = std::max<size_t>(c.chunk_bytes - c.chunk_bytes % 8, 8);
@@ -24,8 +28,9 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
   // One pass moves up to `chunk` bytes each way, over as many steps as it
   // takes: a fused batch of small tensors is one step per tensor, and
   // publishing each (a store to a cache line the peer polls, and its
-  // doorbell) cost more than copying 16 KiB. The pass publishes once per
-  // channel at its end (flush), before it may go idle.
+  // doorbell) cost more than copying 16 KiB. A pass publishes once per
+  // kPublishBytes moved and at its end (flush), before it may go idle, so
+  // large steps still reach the peer piece by piece as before.
   while (si < ns || ri < nr) {
     uint32_t ticket = c.waiter->ticket();
     bool moved = false;
@@ -33,6 +38,7 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
 
     // Send what is ready: all of an unchained step, or as much of a chained
     // step as its producing recv step has completed.
+    size_t unpublished = 0;
     for (size_t budget = chunk; si < ns && budget > 0;) {
       const SendStep& s = prog.sends[si];
       size_t ready = s.bytes;
@@ -49,6 +55,11 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
       so += n;
       budget -= n;
       moved = true;
+      unpublished += n;
+      if (unpublished >= kPublishBytes) {
+        c.right->flush();
+        unpublished = 0;
+      }
       if (so < s.bytes) break;  // the channel is full or the rest is not ready
       ++si;
       so = 0;
@@ -58,6 +69,7 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
 
     // Receive: copies go straight into place; reductions read the bytes
     // where the channel holds them and fold whole elements into data.
+    unpublished = 0;
     for (size_t budget = chunk; ri < nr && budget > 0;) {
       const RecvStep& r = prog.recvs[ri];
       size_t want = std::min(r.bytes - ro, budget);
@@ -81,6 +93,11 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
       ro += n;
       budget -= n;
       moved = true;
+      unpublished += n;
+      if (unpublished >= kPublishBytes) {
+        c.left->flush();
+        unpublished = 0;
+      }
       if (ro < r.bytes) break;  // nothing more has arrived yet
       ++ri;
       ro = 0;
