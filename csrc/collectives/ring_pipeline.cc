@@ -9,7 +9,7 @@ namespace tfring {
 namespace collectives {
 
 namespace {
-constexpr size_t kPublishBytes = 64 << 10;
+constexpr size_t kPublishBytes = 256 << 10;
 }  // namespace
 
 void runRing(RingComm& c, const RingProgram& prog, const char* what) {
