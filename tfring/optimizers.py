@@ -21,7 +21,7 @@ import tensorflow as tf
 from tfring import Average, basics
 from tfring import ops as _ops
 from tfring.compression import Compression
-from tfring.rewrite.collectives import _buckets, _fusion_bytes
+from tfring.rewrite.collectives import reduce_gradients
 
 __all__ = ["DistributedGradientTape", "DistributedOptimizer",
            "PartialDistributedGradientTape"]
@@ -98,28 +98,11 @@ class _GradientReducer:
             # backprop, and a bucket of many small gradients is one op (one
             # kernel, one hand-off back to TF) instead of one per gradient.
             # Sparse gradients go alone (allgathered, see tfring.allreduce).
-            reduced = [None] * len(present)
-            dense = []
             with tf.name_scope(self.name):
-                for k, i in enumerate(present):
-                    if isinstance(grads[i], tf.IndexedSlices):
-                        reduced[k] = _ops.allreduce(
-                            grads[i], op, compression=self.compression,
-                            prescale_factor=pre, postscale_factor=post,
-                            **extra)
-                    else:
-                        dense.append((k, tf.convert_to_tensor(grads[i])))
-                dense.reverse()
-                limit = _fusion_bytes(None)
-                start = 0
-                for run in _buckets([t for _, t in dense], limit):
-                    ks = [k for k, _ in dense[start:start + len(run)]]
-                    start += len(run)
-                    out_run = _ops.grouped_allreduce(
-                        run, op, compression=self.compression,
-                        prescale_factor=pre, postscale_factor=post, **extra)
-                    for k, r in zip(ks, out_run):
-                        reduced[k] = r
+                reduced = reduce_gradients(
+                    [grads[i] for i in present], op,
+                    compression=self.compression, prescale_factor=pre,
+                    postscale_factor=post, process_set=self.process_set)
         for i, r in zip(present, reduced):
             out[i] = r
         return out

@@ -39,17 +39,21 @@ def _buckets(tensors, limit):
 
 def reduce_gradients(grads, op=Average, compression=Compression.none,
                      fusion_threshold=None, sparse_as_dense=False,
-                     prescale_factor=1.0, postscale_factor=1.0):
+                     prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=None):
     """Allreduces a list of gradients (None entries stay None), fused into
     RingGroupedAllreduce ops of at most `fusion_threshold` bytes. The list
     is bucketed from its end, since backprop produces the gradients of the
     last layers first. tf.IndexedSlices are allgathered (see
-    tfring.allreduce) unless sparse_as_dense."""
+    tfring.allreduce) unless sparse_as_dense. `process_set`, if given, is
+    passed to every op."""
     grads = list(grads)
     out = [None] * len(grads)
     dense = []
     scales = {"prescale_factor": prescale_factor,
               "postscale_factor": postscale_factor}
+    if process_set is not None:
+        scales["process_set"] = process_set
     for i, g in enumerate(grads):
         if g is None:
             continue
