@@ -9,7 +9,28 @@ namespace tfring {
 namespace collectives {
 
 namespace {
-constexpr size_t kPublishBytes = 256 << 10;
+
+// Shows a channel's deferred moves to the peer once per 256 KiB moved, and
+// when flushed at the end of a pass.
+template <typename Channel>
+class Publisher {
+ public:
+  explicit Publisher(Channel* ch) : ch_(ch) {}
+  void moved(size_t n) {
+    pending_ += n;
+    if (pending_ >= kPublishBytes) flush();
+  }
+  void flush() {
+    ch_->flush();
+    pending_ = 0;
+  }
+
+ private:
+  static constexpr size_t kPublishBytes = 256 << 10;
+  Channel* ch_;
+  size_t pending_ = 0;
+};
+
 }  // namespace
 
 void runRing(RingComm& c, const RingProgram& prog, const char* what) {
@@ -29,7 +50,7 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
   // takes: a fused batch of small tensors is one step per tensor, and
   // publishing each (a store to a cache line the peer polls, and its
   // doorbell) cost more than copying 16 KiB. A pass publishes once per
-  // kPublishBytes moved and at its end (flush), before it may go idle, so
+  // 256 KiB moved and at its end (Publisher), before it may go idle, so
   // large steps still reach the peer piece by piece as before.
   while (si < ns || ri < nr) {
     uint32_t ticket = c.waiter->ticket();
@@ -38,7 +59,7 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
 
     // Send what is ready: all of an unchained step, or as much of a chained
     // step as its producing recv step has completed.
-    size_t unpublished = 0;
+    Publisher<transport::SendChannel> sent(c.right);
     for (size_t budget = chunk; si < ns && budget > 0;) {
       const SendStep& s = prog.sends[si];
       size_t ready = s.bytes;
@@ -55,21 +76,15 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
       so += n;
       budget -= n;
       moved = true;
-      unpublished += n;
-      if (unpublished >= kPublishBytes) {
-        c.right->flush();
-        unpublished = 0;
-      }
+      sent.moved(n);
       if (so < s.bytes) break;  // the channel is full or the rest is not ready
-      ++si;
-      so = 0;
-      while (si < ns && so == prog.sends[si].bytes) ++si;
+      skipEmpty();
     }
-    c.right->flush();
+    sent.flush();
 
     // Receive: copies go straight into place; reductions read the bytes
     // where the channel holds them and fold whole elements into data.
-    unpublished = 0;
+    Publisher<transport::RecvChannel> received(c.left);
     for (size_t budget = chunk; ri < nr && budget > 0;) {
       const RecvStep& r = prog.recvs[ri];
       size_t want = std::min(r.bytes - ro, budget);
@@ -93,17 +108,11 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
       ro += n;
       budget -= n;
       moved = true;
-      unpublished += n;
-      if (unpublished >= kPublishBytes) {
-        c.left->flush();
-        unpublished = 0;
-      }
+      received.moved(n);
       if (ro < r.bytes) break;  // nothing more has arrived yet
-      ++ri;
-      ro = 0;
-      while (ri < nr && ro == prog.recvs[ri].bytes) ++ri;
+      skipEmpty();
     }
-    c.left->flush();
+    received.flush();
 
     skipEmpty();
     if (moved) {
