@@ -39,6 +39,19 @@ def test_tcp_all_dtypes(n):
     assert {r["transport"] for r in res} == {"tcp"}
 
 
+@pytest.mark.parametrize("n,transport", [(2, "auto"), (3, "auto"), (2, "tcp")])
+def test_large_allreduces_in_rounds_with_default_buffers(n, transport):
+    # Default chunk and shared-memory sizes: a chunk is reduced straight into
+    # the right link as soon as it arrives (with the tiny buffers above the
+    # send stream is mostly still busy then), average's scale included. Over
+    # TCP the rounds run without that forwarding.
+    env = {"TFRING_TRANSPORT": transport}
+    res = check_ok(run_ranks(n, "collectives.py", ["big"], env=env, timeout=240))
+    for r, out in enumerate(res):
+        assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"][:20])
+    assert len({out["digest"] for out in res}) == 1, "ranks ended with different results"
+
+
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 def test_seven_ranks_oversubscribed(transport):
     _run(7, transport, "full")

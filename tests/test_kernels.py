@@ -575,3 +575,26 @@ def test_bfloat16_travels_as_uint16():
     np.testing.assert_array_equal(bf16_bits_to_f32(a), [1.5, 3.0, 7.0])
     K.scale(a, 2.0, dtype="bfloat16")
     np.testing.assert_array_equal(bf16_bits_to_f32(a), [3.0, 6.0, 14.0])
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 1023, 1024, 1025, 4096 + 13, 100_003])
+def test_copy_streaming_every_alignment(nbytes):
+    # The streaming copy (a large allreduce's output, kernels/cpu/copy.h)
+    # aligns its stores to the destination: every byte offset of either side
+    # lands exactly, and the bytes around the range are left alone.
+    rng = np.random.default_rng(nbytes)
+    src = rng.integers(0, 256, nbytes + 64, dtype=np.uint8)
+    for doff in range(0, 17, 3):
+        for soff in range(0, 17, 5):
+            dst = np.full(nbytes + 64, 0xA5, np.uint8)
+            K.copy_streaming(dst, src, dst_offset=doff, src_offset=soff, nbytes=nbytes)
+            want = np.full(nbytes + 64, 0xA5, np.uint8)
+            want[doff:doff + nbytes] = src[soff:soff + nbytes]
+            assert np.array_equal(dst, want), (doff, soff)
+
+
+def test_copy_streaming_rejects_ranges_past_the_end():
+    with pytest.raises(ValueError, match="past the end"):
+        K.copy_streaming(np.zeros(8, np.uint8), np.zeros(16, np.uint8), nbytes=12)
+    with pytest.raises(ValueError, match="past the end"):
+        K.copy_streaming(np.zeros(8, np.uint8), np.zeros(8, np.uint8), dst_offset=9)

@@ -87,12 +87,6 @@ void ringAllreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dt
     return;
   }
   const SpanMap map(spans, es);
-  auto off = evenSplit(count, N);
-  // Virtual byte range of segment i.
-  auto seg = [&](int i) {
-    i = ((i % N) + N) % N;
-    return std::make_pair(off[i] * es, off[i + 1] * es);
-  };
   const int p = c.pos;
   RingProgram prog;
   prog.dtype = dtype;
@@ -114,17 +108,38 @@ void ringAllreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dt
       ++j;
     });
   };
-  int prev = -1;  // first piece of the previous receive step
-  for (int k = 0; k < N - 1; ++k) {  // reduce-scatter
-    // Step 0 sends straight from the input; each receive folds the input's
-    // copy of its segment with what arrived, writing the output.
-    addSend(seg(p - k), k == 0, k == 0 ? -1 : prev);
-    prev = addRecv(seg(p - k - 1), true, k == N - 2 ? postscale : 1.0);
-  }
-  for (int k = 0; k < N - 1; ++k) {  // allgather
-    addSend(seg(p + 1 - k), false, prev);
-    prev = addRecv(seg(p - k), false, 1.0);
-  }
+  // The 2(N-1) steps over elements [begin, end), cut into N segments.
+  auto addRound = [&](size_t begin, size_t end) {
+    auto off = evenSplit(end - begin, N);
+    auto seg = [&](int i) {  // virtual byte range of segment i
+      i = ((i % N) + N) % N;
+      return std::make_pair((begin + off[i]) * es, (begin + off[i + 1]) * es);
+    };
+    int prev = -1;  // first piece of the previous receive step
+    for (int k = 0; k < N - 1; ++k) {  // reduce-scatter
+      // Step 0 sends straight from the input; each receive folds the
+      // input's copy of its segment with what arrived, writing the output.
+      addSend(seg(p - k), k == 0, k == 0 ? -1 : prev);
+      prev = addRecv(seg(p - k - 1), true, k == N - 2 ? postscale : 1.0);
+    }
+    for (int k = 0; k < N - 1; ++k) {  // allgather
+      addSend(seg(p + 1 - k), false, prev);
+      prev = addRecv(seg(p - k), false, 1.0);
+    }
+  };
+  // A large buffer on one host runs as rounds of N chunks, one after the
+  // other in each link's stream. Then what a rank sends next is, as soon as
+  // it is reduced, the chunk it just received: runRing reduces it straight
+  // into the right link (forwarding) and never reads it back from the
+  // output. In one round over the whole buffer the send stream is still
+  // busy with the reduce-scatter's first segment when those bytes arrive,
+  // so they went to the output and were copied out again later, from
+  // memory. Every rank of the job decides alike (sizes and host count are
+  // job-wide), which the streams' order requires.
+  const size_t round = static_cast<size_t>(N) * std::max<size_t>(kRingRoundSegmentBytes / es, 1);
+  const bool rounds = c.host && c.host->num_hosts == 1 && count * es >= kRingRoundsMinBytes;
+  for (size_t b = 0; b < count; b += rounds ? round : count)
+    addRound(b, rounds ? std::min(count, b + round) : count);
   runRing(c, prog, "allreduce");
 }
 

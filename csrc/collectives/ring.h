@@ -37,6 +37,12 @@ struct RingComm {
 RingComm makeRingComm(const transport::RingLinks& links, transport::Waiter* waiter,
                       const Config& cfg);
 
+// A ring allreduce of at least kRingRoundsMinBytes on one host runs as
+// rounds of N segments of kRingRoundSegmentBytes each (allreduce_ring.cc).
+// Constants, not settings: every rank must cut the same rounds.
+constexpr size_t kRingRoundsMinBytes = 8 << 20;
+constexpr size_t kRingRoundSegmentBytes = 512 << 10;
+
 // Splits `count` elements into `parts` nearly equal pieces (the first
 // count % parts get one more). Returns element offsets, parts+1 entries.
 std::vector<size_t> evenSplit(size_t count, int parts);

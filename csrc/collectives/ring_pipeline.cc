@@ -1,8 +1,10 @@
 #include "collectives/ring_pipeline.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/clock.h"
+#include "kernels/cpu/copy.h"
 #include "kernels/cpu/reduce.h"
 
 namespace tfring {
@@ -31,6 +33,12 @@ class Publisher {
   size_t pending_ = 0;
 };
 
+// A collective whose receive steps write at least this much output writes
+// it with streaming stores (kernels/cpu/copy.h): the caller reads it back
+// only after the rest of the buffer went through the cache. Below it the
+// output stays cached for the caller (an optimizer update, say).
+constexpr size_t kStreamOutputBytes = 8 << 20;
+
 }  // namespace
 
 void runRing(RingComm& c, const RingProgram& prog, const char* what) {
@@ -52,6 +60,16 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
   // doorbell) cost more than copying 16 KiB. A pass publishes once per
   // 256 KiB moved and at its end (Publisher), before it may go idle, so
   // large steps still reach the peer piece by piece as before.
+  size_t out_bytes = 0;
+  for (const RecvStep& r : prog.recvs) out_bytes += r.bytes;
+  const bool stream = out_bytes >= kStreamOutputBytes;
+  auto copyOut = [stream](void* dst, const void* src, size_t n) {
+    if (stream)
+      kernels::copyStreaming(dst, src, n);
+    else
+      std::memcpy(dst, src, n);
+  };
+
   while (si < ns || ri < nr) {
     uint32_t ticket = c.waiter->ticket();
     bool moved = false;
@@ -84,15 +102,48 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
 
     // Receive: copies go straight into place; reductions read the bytes
     // where the channel holds them and fold whole elements into data.
+    //
+    // Forwarding: when the current send step is chained to this receive
+    // step and waits exactly where it stands (the next segment of a ring
+    // allreduce or allgather), the bytes are reduced or copied straight into
+    // the right link's buffer and copied from there into place, instead of
+    // into place and then out again by the send loop. The right link may be
+    // full or not support it (TCP): then the plain path runs and the send
+    // loop copies as before.
     Publisher<transport::RecvChannel> received(c.left);
     for (size_t budget = chunk; ri < nr && budget > 0;) {
       const RecvStep& r = prog.recvs[ri];
       size_t want = std::min(r.bytes - ro, budget);
       size_t n = 0;
-      if (!r.reduce) {
-        n = c.left->tryRecvDeferred(r.data + ro, want);
+      void* q = nullptr;
+      size_t room = 0;
+      if (si < ns && prog.sends[si].chained_to == static_cast<int>(ri) &&
+          prog.sends[si].data + so == r.data + ro)
+        room = c.right->reserve(&q, std::min(want, prog.sends[si].bytes - so));
+      const void* p = nullptr;
+      if (room) {
+        n = c.left->peek(&p, std::min(want, room));
+        n -= n % esize;
+      }
+      if (n) {
+        char* dst = static_cast<char*>(q);
+        if (r.reduce) {
+          kernels::reduce3(dst, r.src ? r.src + ro : r.data + ro, p, n / esize, prog.dtype,
+                           prog.op);
+          if (r.scale != 1.0) kernels::scale(dst, n / esize, prog.dtype, r.scale);
+          copyOut(r.data + ro, dst, n);
+        } else {
+          std::memcpy(dst, p, n);
+          copyOut(r.data + ro, p, n);
+        }
+        c.left->consumeDeferred(n);
+        c.right->commitDeferred(n);
+        so += n;
+        sent.moved(n);
+      } else if (!r.reduce) {
+        n = stream ? c.left->tryRecvStreamingDeferred(r.data + ro, want)
+                   : c.left->tryRecvDeferred(r.data + ro, want);
       } else {
-        const void* p = nullptr;
         n = c.left->peek(&p, want);
         n -= n % esize;
         if (n) {
@@ -113,6 +164,7 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
       skipEmpty();
     }
     received.flush();
+    sent.flush();
 
     skipEmpty();
     if (moved) {

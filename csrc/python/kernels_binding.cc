@@ -4,6 +4,8 @@
 //   reduce(dst, src, op, dtype=None)      dst = op(dst, src), in place
 //   reduce3(dst, a, b, op, dtype=None)    dst = op(a, b); dst may be a or b
 //   scale(arr, factor, dtype=None)        arr *= factor, in place
+//   copy_streaming(dst, src, dst_offset=0, src_offset=0, nbytes=None)
+//                                         bytes copied with streaming stores
 //   isa() -> str                          kernel set in use
 //   set_isa(name)                         force "scalar" | "avx2" | "avx512"
 //                                         ("" = back to the startup choice)
@@ -22,12 +24,14 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "common/types.h"
 #include "gpu/device.h"
+#include "kernels/cpu/copy.h"
 #include "kernels/cpu/reduce.h"
 #include "python/bindings.h"
 
@@ -221,6 +225,25 @@ double pyCudaBenchPack(const py::object& fused, const py::list& parts, int iters
                            [&] { gpu::launchBatchedCopy(device, copies, st); });
 }
 
+// Byte offsets let tests reach every alignment of either side.
+void pyCopyStreaming(py::array dst, const py::array& src, size_t dst_offset, size_t src_offset,
+                     const py::object& nbytes) {
+  if (!(dst.flags() & py::array::c_style) || !(src.flags() & py::array::c_style))
+    throw py::value_error("copy_streaming: arrays must be C-contiguous");
+  if (!dst.writeable()) throw py::value_error("copy_streaming: dst is read-only");
+  const size_t dn = static_cast<size_t>(dst.nbytes()), sn = static_cast<size_t>(src.nbytes());
+  if (dst_offset > dn || src_offset > sn)
+    throw py::value_error("copy_streaming: offset past the end of an array");
+  const size_t n = nbytes.is_none() ? std::min(dn - dst_offset, sn - src_offset)
+                                    : nbytes.cast<size_t>();
+  if (dst_offset + n > dn || src_offset + n > sn)
+    throw py::value_error("copy_streaming: nbytes past the end of an array");
+  char* d = static_cast<char*>(dst.mutable_data()) + dst_offset;
+  const char* s = static_cast<const char*>(src.data()) + src_offset;
+  py::gil_scoped_release nogil;
+  kernels::copyStreaming(d, s, n);
+}
+
 }  // namespace
 
 void bindKernels(pybind11::module_& m) {
@@ -233,6 +256,10 @@ void bindKernels(pybind11::module_& m) {
         arg("dtype") = py::none(), "dst = op(a, b) elementwise; dst may be a or b.");
   k.def("scale", &pyScale, arg("arr"), arg("factor"), arg("dtype") = py::none(),
         "arr *= factor in place (integers: in double, truncated toward zero).");
+  k.def("copy_streaming", &pyCopyStreaming, arg("dst"), arg("src"), arg("dst_offset") = 0,
+        arg("src_offset") = 0, arg("nbytes") = py::none(),
+        "Copies nbytes (default: all that fits) from src+src_offset to dst+dst_offset "
+        "with streaming stores.");
   k.def("isa", &kernels::isaName, "The kernel set in use: avx512, avx2 or scalar.");
   k.def("set_isa", &pySetIsa, arg("name"),
         "Force a kernel set (scalar, avx2, avx512); '' restores the startup choice.");

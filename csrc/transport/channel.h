@@ -25,6 +25,18 @@ class SendChannel {
   // peer) once per pass instead of once per piece. By default the same as
   // trySend.
   virtual size_t trySendDeferred(const void* data, size_t n) { return trySend(data, n); }
+  // Zero-copy view of up to `max` contiguous free bytes where the peer will
+  // read them, for a producer that writes its bytes in place (a ring step
+  // that reduces straight into the link) instead of copying them in. 0 when
+  // there is no room, and always 0 on channels with no such buffer (TCP).
+  // commitDeferred(n) then queues the first n bytes written there, shown to
+  // the peer at the next flush().
+  virtual size_t reserve(void** data, size_t max) {
+    (void)data;
+    (void)max;
+    return 0;
+  }
+  virtual void commitDeferred(size_t n) { (void)n; }
   virtual void flush() {}
   // Called by both ends at the same point of the stream (the end of every
   // collective): the next message starts 8-byte aligned in the stream, so a
@@ -50,6 +62,9 @@ class RecvChannel {
   // the next flush() (see SendChannel::trySendDeferred).
   virtual void consumeDeferred(size_t n) { consume(n); }
   virtual size_t tryRecvDeferred(void* data, size_t n) { return tryRecv(data, n); }
+  // tryRecvDeferred into a destination that should not stay in the cache
+  // (kernels/cpu/copy.h): shared memory copies out with streaming stores.
+  virtual size_t tryRecvStreamingDeferred(void* data, size_t n) { return tryRecvDeferred(data, n); }
   virtual void flush() {}
   virtual void align() = 0;
   virtual int pollFd() const { return -1; }

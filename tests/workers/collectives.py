@@ -33,12 +33,61 @@ def check(what, got, want, tol):
         failures.append(f"{what}: mismatch at {bad.tolist()}: got {got[bad]} want {want[bad]}")
 
 
+# Above 8 MiB on one host the ring runs in rounds of N segments and reduces
+# each arriving chunk straight into the next link, writing the output with
+# streaming stores (collectives/allreduce_ring.cc, ring_pipeline.cc). Odd
+# counts end rounds and elements mid-way; average scales the forwarded
+# bytes; out=x reduces in place; the batch fuses tensors whose spans cross
+# round boundaries.
+def big_allreduces():
+    global salt
+    big = [("float32", "sum", 2_500_003), ("float16", "average", 4_200_001),
+           ("int32", "max", 2_100_007)]
+    for dtype, op, count in big:
+        salt += 1
+        x, dt = make_input(dtype, count, rank, salt, op)
+        want = reference([make_input(dtype, count, r, salt, op)[0] for r in range(n)],
+                         dtype, op, n)
+        y = _core.allreduce(x, op=op, name=f"ar.big.{dtype}", dtype=dt)
+        check(f"allreduce big {dtype} {op} n={count}", to_f64(y, dtype), want,
+              tolerance(dtype, n))
+        outs.append(y)
+        if dtype == "float32":
+            _core.allreduce(x, op=op, name="ar.big.inplace", out=x)
+            check("allreduce big in place", to_f64(x, dtype), want, tolerance(dtype, n))
+            outs.append(x)
+    hs, wants = [], []
+    for i, count in enumerate((700_001, 1_300_003, 5, 900_017)):
+        salt += 1
+        x, _ = make_input("float32", count, rank, salt, "sum")
+        hs.append(_core.allreduce_async(x, op="average", name=f"ar.big.batch.{i}"))
+        wants.append(reference([make_input("float32", count, r, salt, "sum")[0]
+                                for r in range(n)], "float32", "average", n))
+    for i, (h, want) in enumerate(zip(hs, wants)):
+        y = h.wait(120)
+        check(f"allreduce big batch tensor {i}", y, want, tolerance("float32", n))
+        outs.append(y)
+
+
+def finish():
+    report({"failures": failures, "digest": digest(outs), "exact_digest": digest(exact),
+            "transport": _core.transport(), "local_rank": basics.local_rank(),
+            "local_size": basics.local_size(), "cross_rank": basics.cross_rank(),
+            "cross_size": basics.cross_size()})
+    basics.shutdown()
+
+
+salt = 0
+if mode == "big":
+    big_allreduces()
+    finish()
+    sys.exit(0)
+
 counts = [0, 1, max(n - 1, 1), 2 * n + 1, 1000] if mode == "full" else [0, 1, 2 * n + 1, 1000]
 dtypes = DTYPES if mode == "full" else ["float32", "int32", "bfloat16"]
 ops = OPS
 
 # Allreduce: every dtype x op x count.
-salt = 0
 for dtype in dtypes:
     for op in ops:
         for count in counts:
@@ -57,6 +106,9 @@ x = np.arange(100_003, dtype=np.float64) * (rank + 1)
 y = _core.allreduce(x, op="sum", name="ar.large", prescale=0.5, postscale=3.0)
 check("allreduce large with scales", y, np.arange(100_003) * sum(range(1, n + 1)) * 1.5, 1e-12)
 outs.append(y)
+
+if mode == "full":
+    big_allreduces()
 
 # Allgather: a different first dimension per rank (rank r has r+1 rows, or 0).
 for dtype in dtypes + ["bool"]:
@@ -94,7 +146,4 @@ for dtype in dtypes:
             check(f"reducescatter {dtype} {op} rows={rows}", to_f64(y, dtype),
                   full[start:start + mine], tolerance(dtype, n))
 
-report({"failures": failures, "digest": digest(outs), "exact_digest": digest(exact), "transport": _core.transport(),
-        "local_rank": basics.local_rank(), "local_size": basics.local_size(),
-        "cross_rank": basics.cross_rank(), "cross_size": basics.cross_size()})
-basics.shutdown()
+finish()

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/status.h"
+#include "kernels/cpu/copy.h"
 
 namespace tfring {
 namespace transport {
@@ -137,21 +138,25 @@ ShmSendChannel::ShmSendChannel(ShmSegment* peer, int peer_rank)
   tail_seen_ = h_->tail.load(std::memory_order_acquire);
 }
 
-// Copies into free space without showing it to the consumer. The free
-// space is computed from the last tail seen, reloaded (a cache line the
-// consumer writes) only when that is not enough for all n bytes.
-size_t ShmSendChannel::trySendDeferred(const void* data, size_t n) {
+uint64_t ShmSendChannel::freeBytes(size_t want) {
   const uint64_t cap = h_->capacity;
   // align() pads head_ by up to 7 bytes: after a collective that ended
   // with the inbox full at an unaligned position, head_ is past tail +
   // capacity until the consumer catches up. That is no space; unchecked,
   // the subtraction wrapped and the next collective overwrote bytes the
   // consumer had not read.
-  if (head_ - tail_seen_ >= cap || cap - (head_ - tail_seen_) < n)
+  if (head_ - tail_seen_ >= cap || cap - (head_ - tail_seen_) < want)
     tail_seen_ = h_->tail.load(std::memory_order_acquire);
   const uint64_t used = head_ - tail_seen_;
-  if (used >= cap) return 0;
-  size_t todo = static_cast<size_t>(std::min<uint64_t>(cap - used, n));
+  return used >= cap ? 0 : cap - used;
+}
+
+// Copies into free space without showing it to the consumer. The free
+// space is computed from the last tail seen, reloaded (a cache line the
+// consumer writes) only when that is not enough for all n bytes.
+size_t ShmSendChannel::trySendDeferred(const void* data, size_t n) {
+  const uint64_t cap = h_->capacity;
+  size_t todo = static_cast<size_t>(std::min<uint64_t>(freeBytes(n), n));
   if (todo == 0) return 0;
   // Copy in at most two pieces: up to the end of the ring, then from its start.
   uint64_t pos = head_ & (cap - 1);
@@ -161,6 +166,17 @@ size_t ShmSendChannel::trySendDeferred(const void* data, size_t n) {
   head_ += todo;
   return todo;
 }
+
+// The contiguous part of the free space: up to the end of the ring.
+size_t ShmSendChannel::reserve(void** data, size_t max) {
+  const uint64_t cap = h_->capacity;
+  const uint64_t pos = head_ & (cap - 1);
+  const size_t n = static_cast<size_t>(std::min<uint64_t>({freeBytes(max), cap - pos, max}));
+  *data = peer_->data() + pos;
+  return n;
+}
+
+void ShmSendChannel::commitDeferred(size_t n) { head_ += n; }
 
 void ShmSendChannel::flush() {
   if (head_ == published_) return;
@@ -227,17 +243,26 @@ void ShmRecvChannel::consume(size_t n) {
   flush();
 }
 
-size_t ShmRecvChannel::tryRecvDeferred(void* data, size_t n) {
+template <typename Copy>
+size_t ShmRecvChannel::recvWith(void* data, size_t n, Copy copy) {
   size_t done = 0;
   while (done < n) {
     const void* p;
     size_t k = peek(&p, n - done);
     if (k == 0) break;
-    std::memcpy(static_cast<char*>(data) + done, p, k);
+    copy(static_cast<char*>(data) + done, p, k);
     done += k;
     tail_ += k;
   }
   return done;
+}
+
+size_t ShmRecvChannel::tryRecvDeferred(void* data, size_t n) {
+  return recvWith(data, n, [](void* d, const void* s, size_t k) { std::memcpy(d, s, k); });
+}
+
+size_t ShmRecvChannel::tryRecvStreamingDeferred(void* data, size_t n) {
+  return recvWith(data, n, kernels::copyStreaming);
 }
 
 size_t ShmRecvChannel::tryRecv(void* data, size_t n) {

@@ -84,12 +84,17 @@ class ShmSendChannel : public SendChannel {
   ShmSendChannel(ShmSegment* peer, int peer_rank);
   size_t trySend(const void* data, size_t n) override;
   size_t trySendDeferred(const void* data, size_t n) override;
+  size_t reserve(void** data, size_t max) override;
+  void commitDeferred(size_t n) override;
   void flush() override;
   void align() override;
   void checkPeer() override;
   std::string describe() const override;
 
  private:
+  // Free bytes by the last tail seen, reloading it when fewer than `want`.
+  uint64_t freeBytes(size_t want);
+
   ShmSegment* peer_;
   ShmHeader* h_;
   int peer_rank_;
@@ -107,12 +112,16 @@ class ShmRecvChannel : public RecvChannel {
   void consume(size_t n) override;
   void consumeDeferred(size_t n) override;
   size_t tryRecvDeferred(void* data, size_t n) override;
+  size_t tryRecvStreamingDeferred(void* data, size_t n) override;
   void flush() override;
   void align() override;
   void checkPeer() override;
   std::string describe() const override;
 
  private:
+  template <typename Copy>
+  size_t recvWith(void* data, size_t n, Copy copy);
+
   ShmSegment* self_;
   ShmSegment* left_;
   ShmHeader* h_;
