@@ -7,10 +7,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "common/types.h"
 #include "common/env.h"
+#include "collectives/store_tuner.h"
 #include "transport/channel.h"
 #include "transport/ring_links.h"
 #include "transport/host_links.h"
@@ -31,6 +33,9 @@ struct RingComm {
   // The host segment and cross-host ring for the host-aware allreduce
   // algorithms (collectives/allreduce.h); null means ring only.
   transport::HostLinks* host = nullptr;
+  // How large collectives write into `right` (store_tuner.h); shared by
+  // copies of this comm, null for a ring built for one call.
+  std::shared_ptr<StoreTuner> tuner;
 };
 
 // The ring of a job's links, as every collective sees it.

@@ -25,6 +25,12 @@ class SendChannel {
   // peer) once per pass instead of once per piece. By default the same as
   // trySend.
   virtual size_t trySendDeferred(const void* data, size_t n) { return trySend(data, n); }
+  // trySendDeferred for the bulk of a large collective: shared memory
+  // copies in with streaming stores (kernels/cpu/copy.h), so the peer reads
+  // the bytes from memory rather than out of this core's cache.
+  virtual size_t trySendStreamingDeferred(const void* data, size_t n) {
+    return trySendDeferred(data, n);
+  }
   // Zero-copy view of up to `max` contiguous free bytes where the peer will
   // read them, for a producer that writes its bytes in place (a ring step
   // that reduces straight into the link) instead of copying them in. 0 when

@@ -11,7 +11,13 @@
 namespace tfring {
 namespace kernels {
 
-void copyStreaming(void* dst, const void* src, size_t n) {
+void streamFence() {
+#ifdef TFRING_STREAM_STORES
+  _mm_sfence();
+#endif
+}
+
+void copyStreaming(void* dst, const void* src, size_t n, bool fence) {
 #ifdef TFRING_STREAM_STORES
   // Below a few lines the fence costs more than the read for ownership.
   if (n < 1024) {
@@ -39,7 +45,7 @@ void copyStreaming(void* dst, const void* src, size_t n) {
     _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
   }
   std::memcpy(d + i, s + i, n - i);
-  _mm_sfence();
+  if (fence) _mm_sfence();
 #else
   std::memcpy(dst, src, n);
 #endif

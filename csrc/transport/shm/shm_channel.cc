@@ -154,17 +154,27 @@ uint64_t ShmSendChannel::freeBytes(size_t want) {
 // Copies into free space without showing it to the consumer. The free
 // space is computed from the last tail seen, reloaded (a cache line the
 // consumer writes) only when that is not enough for all n bytes.
-size_t ShmSendChannel::trySendDeferred(const void* data, size_t n) {
+template <typename Copy>
+size_t ShmSendChannel::sendWith(const void* data, size_t n, Copy copy) {
   const uint64_t cap = h_->capacity;
   size_t todo = static_cast<size_t>(std::min<uint64_t>(freeBytes(n), n));
   if (todo == 0) return 0;
   // Copy in at most two pieces: up to the end of the ring, then from its start.
   uint64_t pos = head_ & (cap - 1);
   size_t first = static_cast<size_t>(std::min<uint64_t>(todo, cap - pos));
-  std::memcpy(peer_->data() + pos, data, first);
-  if (todo > first) std::memcpy(peer_->data(), static_cast<const char*>(data) + first, todo - first);
+  copy(peer_->data() + pos, data, first);
+  if (todo > first) copy(peer_->data(), static_cast<const char*>(data) + first, todo - first);
   head_ += todo;
   return todo;
+}
+
+size_t ShmSendChannel::trySendDeferred(const void* data, size_t n) {
+  return sendWith(data, n, [](void* d, const void* s, size_t k) { std::memcpy(d, s, k); });
+}
+
+size_t ShmSendChannel::trySendStreamingDeferred(const void* data, size_t n) {
+  return sendWith(data, n,
+                  [](void* d, const void* s, size_t k) { kernels::copyStreaming(d, s, k); });
 }
 
 // The contiguous part of the free space: up to the end of the ring.
@@ -262,7 +272,8 @@ size_t ShmRecvChannel::tryRecvDeferred(void* data, size_t n) {
 }
 
 size_t ShmRecvChannel::tryRecvStreamingDeferred(void* data, size_t n) {
-  return recvWith(data, n, kernels::copyStreaming);
+  return recvWith(data, n,
+                  [](void* d, const void* s, size_t k) { kernels::copyStreaming(d, s, k); });
 }
 
 size_t ShmRecvChannel::tryRecv(void* data, size_t n) {

@@ -84,6 +84,7 @@ class ShmSendChannel : public SendChannel {
   ShmSendChannel(ShmSegment* peer, int peer_rank);
   size_t trySend(const void* data, size_t n) override;
   size_t trySendDeferred(const void* data, size_t n) override;
+  size_t trySendStreamingDeferred(const void* data, size_t n) override;
   size_t reserve(void** data, size_t max) override;
   void commitDeferred(size_t n) override;
   void flush() override;
@@ -94,6 +95,8 @@ class ShmSendChannel : public SendChannel {
  private:
   // Free bytes by the last tail seen, reloading it when fewer than `want`.
   uint64_t freeBytes(size_t want);
+  template <typename Copy>
+  size_t sendWith(const void* data, size_t n, Copy copy);
 
   ShmSegment* peer_;
   ShmHeader* h_;
