@@ -236,6 +236,14 @@ void bindRuntime(py::module_& m) {
   m.def("cross_size", &runtime::crossSize);
   m.def("is_homogeneous", &runtime::isHomogeneous);
   m.def("transport", &runtime::transportName);
+  m.def("ring_store_modes", []() {
+    const auto m = runtime::storeModes();
+    py::dict d;
+    d["ordinary_s_per_byte"] = m.ordinary_s_per_byte;
+    d["streaming_s_per_byte"] = m.streaming_s_per_byte;
+    d["calls"] = m.calls;
+    return d;
+  });
   m.def("config", []() {
     const Config& c = runtime::config();
     py::dict d;

@@ -122,6 +122,8 @@ class Engine {
   bool startTimeline(const std::string& path) { return timeline_.open(path, topology().rank); }
   void stopTimeline() { timeline_.close(); }
   std::string transportName() const { return links_->transportName(); }
+  // The right link's store tuner (collectives/store_tuner.h).
+  collectives::StoreTuner* storeTuner() const { return comm_.tuner.get(); }
 
  private:
   // engine.cc

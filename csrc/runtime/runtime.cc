@@ -308,6 +308,14 @@ bool isHomogeneous() {
 const Config& config() { return G().cfg; }
 std::string transportName() { return G().transport; }
 
+StoreModes storeModes() {
+  StoreModes m;
+  Global& g = G();
+  if (!g.initialized || !g.engine || !g.engine->storeTuner()) return m;
+  g.engine->storeTuner()->snapshot(&m.ordinary_s_per_byte, &m.streaming_s_per_byte, &m.calls);
+  return m;
+}
+
 Status enqueue(Request req, DoneCallback done) {
   std::vector<Request> reqs;
   std::vector<DoneCallback> dones;

@@ -45,6 +45,16 @@ const Config& config();
 // "shm", "tcp" or "shm+tcp": what the ring links in this job use.
 std::string transportName();
 
+// How this rank's large ring collectives write into the right link
+// (collectives/store_tuner.h): the averaged seconds per byte with ordinary
+// and with streaming stores (0 while unmeasured) and how many collectives
+// chose. All 0 before init or in a job of one.
+struct StoreModes {
+  double ordinary_s_per_byte = 0, streaming_s_per_byte = 0;
+  uint64_t calls = 0;
+};
+StoreModes storeModes();
+
 // Starts writing the timeline (timeline.h) to `path` while the job runs,
 // replacing one already being written; a path without "{rank}" is written
 // by rank 0 only. kAborted when not initialized, kInvalidArgument when the
