@@ -33,9 +33,10 @@ struct RingComm {
   // The host segment and cross-host ring for the host-aware allreduce
   // algorithms (collectives/allreduce.h); null means ring only.
   transport::HostLinks* host = nullptr;
-  // How large collectives write into `right` (store_tuner.h); shared by
-  // copies of this comm, null for a ring built for one call.
-  std::shared_ptr<StoreTuner> tuner;
+  // How large collectives write into `right` (store_tuner.h), from 8 MiB of
+  // output and from 256 KiB (ring_pipeline.cc); shared by copies of this
+  // comm, null for a ring built for one call.
+  std::shared_ptr<StoreTuner> tuner, tuner_mid;
 };
 
 // The ring of a job's links, as every collective sees it.

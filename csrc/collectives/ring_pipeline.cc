@@ -33,17 +33,19 @@ class Publisher {
   size_t pending_ = 0;
 };
 
-// A collective whose receive steps write at least this much output moves
-// its bulk with streaming stores (kernels/cpu/copy.h): into the output,
-// which the caller reads back only after the rest of the buffer went
-// through the cache, and into the right link, whose reader then takes the
-// bytes from memory instead of from this core's cache (twice as fast when
-// the two cores are far apart). Below it everything stays cached for the
-// neighbour and the caller (an optimizer update, say).
+// A collective whose receive steps write at least this much output writes
+// it with streaming stores (kernels/cpu/copy.h): the caller reads it back
+// only after the rest of the buffer went through the cache. Below it the
+// output stays cached for the caller (an optimizer update, say).
 constexpr size_t kStreamOutputBytes = 8 << 20;
 
-// Forwarding a streamed reduction goes through a block that stays in L1:
-// reduced there, then streamed to the link and to the output.
+// From this much output on, a collective lets its link's StoreTuner choose
+// how it writes into the right neighbour's ring (store_tuner.h): one tuner
+// for collectives that stream their output, one for those between.
+constexpr size_t kTuneLinkBytes = 256 << 10;
+
+// Forwarding a reduction that streams into the link goes through a block
+// that stays in L1: reduced there, then copied to the link and the output.
 constexpr size_t kForwardBlockBytes = 16 << 10;
 
 }  // namespace
@@ -70,8 +72,10 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
   size_t out_bytes = 0;
   for (const RecvStep& r : prog.recvs) out_bytes += r.bytes;
   const bool stream = out_bytes >= kStreamOutputBytes;
-  const bool link_stream = stream && c.tuner && c.tuner->begin();
-  const double started = stream ? nowSeconds() : 0;
+  StoreTuner* tuner = stream ? c.tuner.get() : out_bytes >= kTuneLinkBytes ? c.tuner_mid.get()
+                                                                           : nullptr;
+  const bool link_stream = tuner && tuner->begin();
+  const double started = tuner ? nowSeconds() : 0;
 
 
   while (si < ns || ri < nr) {
@@ -142,7 +146,10 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
                              prog.dtype, prog.op);
             if (r.scale != 1.0) kernels::scale(block, b / esize, prog.dtype, r.scale);
             kernels::copyStreaming(dst + o, block, b, false);
-            kernels::copyStreaming(r.data + ro + o, block, b, false);
+            if (stream)
+              kernels::copyStreaming(r.data + ro + o, block, b, false);
+            else
+              std::memcpy(r.data + ro + o, block, b);
           }
           kernels::streamFence();
         } else if (r.reduce) {
@@ -158,9 +165,10 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
           else
             std::memcpy(dst, p, n);
           if (stream)
-            kernels::copyStreaming(r.data + ro, p, n);
+            kernels::copyStreaming(r.data + ro, p, n, false);
           else
-            std::memcpy(r.data + ro, p, n);  // (the streamed copy fences)
+            std::memcpy(r.data + ro, p, n);
+          if (link_stream || stream) kernels::streamFence();
         }
         c.left->consumeDeferred(n);
         c.right->commitDeferred(n);
@@ -203,7 +211,7 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
     c.right->align();
     c.left->align();
   }
-  if (stream && c.tuner) c.tuner->end(link_stream, nowSeconds() - started, out_bytes);
+  if (tuner) tuner->end(link_stream, nowSeconds() - started, out_bytes);
 }
 
 RingComm makeRingComm(const transport::RingLinks& links, transport::Waiter* waiter,
@@ -220,6 +228,7 @@ RingComm makeRingComm(const transport::RingLinks& links, transport::Waiter* wait
   c.timeout_s = cfg.timeout_s;
   c.host = links.host();
   c.tuner = std::make_shared<StoreTuner>();
+  c.tuner_mid = std::make_shared<StoreTuner>();
   return c;
 }
 
