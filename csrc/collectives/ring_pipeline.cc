@@ -227,8 +227,8 @@ RingComm makeRingComm(const transport::RingLinks& links, transport::Waiter* wait
   c.chunk_bytes = static_cast<size_t>(cfg.chunk_bytes);
   c.timeout_s = cfg.timeout_s;
   c.host = links.host();
-  c.tuner = std::make_shared<StoreTuner>();
-  c.tuner_mid = std::make_shared<StoreTuner>();
+  c.tuner = std::make_shared<StoreTuner>(1.3);
+  c.tuner_mid = std::make_shared<StoreTuner>(2.0);
   return c;
 }
 

@@ -236,13 +236,19 @@ void bindRuntime(py::module_& m) {
   m.def("cross_size", &runtime::crossSize);
   m.def("is_homogeneous", &runtime::isHomogeneous);
   m.def("transport", &runtime::transportName);
+  // {"large": {...}, "medium": {...}}: runtime::storeModes for ring
+  // collectives from 8 MiB of output and from 256 KiB.
   m.def("ring_store_modes", []() {
-    const auto m = runtime::storeModes();
-    py::dict d;
-    d["ordinary_s_per_byte"] = m.ordinary_s_per_byte;
-    d["streaming_s_per_byte"] = m.streaming_s_per_byte;
-    d["calls"] = m.calls;
-    return d;
+    py::dict out;
+    for (bool large : {true, false}) {
+      const auto m = runtime::storeModes(large);
+      py::dict d;
+      d["ordinary_s_per_byte"] = m.ordinary_s_per_byte;
+      d["streaming_s_per_byte"] = m.streaming_s_per_byte;
+      d["calls"] = m.calls;
+      out[large ? "large" : "medium"] = d;
+    }
+    return out;
   });
   m.def("config", []() {
     const Config& c = runtime::config();

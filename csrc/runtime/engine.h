@@ -122,8 +122,11 @@ class Engine {
   bool startTimeline(const std::string& path) { return timeline_.open(path, topology().rank); }
   void stopTimeline() { timeline_.close(); }
   std::string transportName() const { return links_->transportName(); }
-  // The right link's store tuner (collectives/store_tuner.h).
-  collectives::StoreTuner* storeTuner() const { return comm_.tuner.get(); }
+  // The right link's store tuners (collectives/store_tuner.h): for
+  // collectives from 8 MiB of output, and from 256 KiB.
+  collectives::StoreTuner* storeTuner(bool large) const {
+    return large ? comm_.tuner.get() : comm_.tuner_mid.get();
+  }
 
  private:
   // engine.cc

@@ -308,11 +308,12 @@ bool isHomogeneous() {
 const Config& config() { return G().cfg; }
 std::string transportName() { return G().transport; }
 
-StoreModes storeModes() {
+StoreModes storeModes(bool large) {
   StoreModes m;
   Global& g = G();
-  if (!g.initialized || !g.engine || !g.engine->storeTuner()) return m;
-  g.engine->storeTuner()->snapshot(&m.ordinary_s_per_byte, &m.streaming_s_per_byte, &m.calls);
+  if (!g.initialized || !g.engine || !g.engine->storeTuner(large)) return m;
+  g.engine->storeTuner(large)->snapshot(&m.ordinary_s_per_byte, &m.streaming_s_per_byte,
+                                        &m.calls);
   return m;
 }
 

@@ -45,7 +45,8 @@ const Config& config();
 // "shm", "tcp" or "shm+tcp": what the ring links in this job use.
 std::string transportName();
 
-// How this rank's large ring collectives write into the right link
+// How this rank's ring collectives of 8 MiB of output or more (large) or
+// of 256 KiB or more (not large) write into the right link
 // (collectives/store_tuner.h): the averaged seconds per byte with ordinary
 // and with streaming stores (0 while unmeasured) and how many collectives
 // chose. All 0 before init or in a job of one.
@@ -53,7 +54,7 @@ struct StoreModes {
   double ordinary_s_per_byte = 0, streaming_s_per_byte = 0;
   uint64_t calls = 0;
 };
-StoreModes storeModes();
+StoreModes storeModes(bool large);
 
 // Starts writing the timeline (timeline.h) to `path` while the job runs,
 // replacing one already being written; a path without "{rank}" is written
