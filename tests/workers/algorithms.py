@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from common import DTYPES, OPS, compare, digest, make_input, reference, report, to_f64, tolerance
+from common import DTYPES, OPS, averaged_batch, compare, digest, make_input, reference, report, to_f64, tolerance
 
 import tfring.basics as basics
 from tfring import _core
@@ -89,18 +89,11 @@ outs.append(y)
 
 # Fused batches through the engine: several tensors in flight at once.
 for batch in range(3):
-    hs, wants = [], []
-    for i in range(6):
-        count = [1, 5, 64, 300, threshold // 4, 2 * threshold // 4 + 1][i]
-        salt += 1
-        x, _ = make_input("float32", count, rank, salt, "sum")
-        hs.append(_core.allreduce_async(x, op="average", name=f"fused.{batch}.{i}"))
-        wants.append(reference([make_input("float32", count, r, salt, "sum")[0]
-                                for r in range(n)], "float32", "average", n))
-    for i, (h, want) in enumerate(zip(hs, wants)):
-        y = h.wait(60)
+    counts = [1, 5, 64, 300, threshold // 4, 2 * threshold // 4 + 1]
+    for i, y, want in averaged_batch(_core, counts, rank, n, salt, f"fused.{batch}", 60):
         check(f"fused batch {batch} tensor {i}", y, want, 1e-6 * n)
         outs.append(y)
+    salt += len(counts)
 
 # Back-to-back calls: every call reuses a segment bank two steps later.
 acc = []

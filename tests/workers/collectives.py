@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from common import DTYPES, OPS, digest, make_input, reference, report, to_f64, tolerance
+from common import DTYPES, OPS, averaged_batch, digest, make_input, reference, report, to_f64, tolerance
 
 import tfring.basics as basics
 from tfring import _core
@@ -56,17 +56,11 @@ def big_allreduces():
             _core.allreduce(x, op=op, name="ar.big.inplace", out=x)
             check("allreduce big in place", to_f64(x, dtype), want, tolerance(dtype, n))
             outs.append(x)
-    hs, wants = [], []
-    for i, count in enumerate((700_001, 1_300_003, 5, 900_017)):
-        salt += 1
-        x, _ = make_input("float32", count, rank, salt, "sum")
-        hs.append(_core.allreduce_async(x, op="average", name=f"ar.big.batch.{i}"))
-        wants.append(reference([make_input("float32", count, r, salt, "sum")[0]
-                                for r in range(n)], "float32", "average", n))
-    for i, (h, want) in enumerate(zip(hs, wants)):
-        y = h.wait(120)
+    counts = (700_001, 1_300_003, 5, 900_017)
+    for i, y, want in averaged_batch(_core, counts, rank, n, salt, "ar.big.batch", 120):
         check(f"allreduce big batch tensor {i}", y, want, tolerance("float32", n))
         outs.append(y)
+    salt += len(counts)
 
 
 report_extra = {}

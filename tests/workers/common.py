@@ -132,6 +132,20 @@ def reference(inputs, dtype, op, n):
     return r
 
 
+def averaged_batch(core, counts, rank, n, salt, name, timeout):
+    """Submits one float32 tensor per count with allreduce_async (average)
+    so the engine may fuse them, waits for each; yields (index, result,
+    float64 reference). Salts follow `salt` + 1, + 2, ..."""
+    hs, wants = [], []
+    for i, count in enumerate(counts):
+        x, _ = make_input("float32", count, rank, salt + i + 1, "sum")
+        hs.append(core.allreduce_async(x, op="average", name=f"{name}.{i}"))
+        wants.append(reference([make_input("float32", count, r, salt + i + 1, "sum")[0]
+                                for r in range(n)], "float32", "average", n))
+    for i, (h, want) in enumerate(zip(hs, wants)):
+        yield i, h.wait(timeout), want
+
+
 def tolerance(dtype, n):
     return {"float16": 2e-3 * n, "bfloat16": 1e-2 * n, "float32": 1e-6 * n,
             "float64": 1e-12 * n}.get(dtype, 0)
