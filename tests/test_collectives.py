@@ -41,7 +41,8 @@ def test_tcp_all_dtypes(n):
 
 @pytest.mark.parametrize("n,transport", [(2, "auto"), (3, "auto"), (2, "tcp")])
 def test_large_allreduces_in_rounds_with_default_buffers(n, transport):
-    # Default chunk and shared-memory sizes: a chunk is reduced straight into
+    # Default chunk and shared-memory sizes (and a large allgather and
+    # reducescatter after the allreduces): a chunk is reduced straight into
     # the right link as soon as it arrives (with the tiny buffers above the
     # send stream is mostly still busy then), average's scale included. Over
     # TCP the rounds run without that forwarding.

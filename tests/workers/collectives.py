@@ -63,6 +63,23 @@ def big_allreduces():
     salt += len(counts)
 
 
+# The other ring collectives above 8 MiB: their copies forward into the
+# next link and stream into the output the same way.
+def big_others():
+    rows = [1_200_000 + 7 * k for k in range(n)]
+    x = np.arange(rows[rank] * 3, dtype=np.float32).reshape(rows[rank], 3) + 1000 * rank
+    y = _core.allgather(x, name="ag.big")
+    want = np.concatenate([np.arange(rows[k] * 3, dtype=np.float32).reshape(rows[k], 3)
+                           + 1000 * k for k in range(n)])
+    check("allgather big", y, want, 0)
+    outs.append(y)
+    x = np.arange(2_400_000 * n, dtype=np.float64).reshape(-1, 2) * (rank + 1)
+    y = _core.reducescatter(x, op="sum", name="rs.big")
+    full = np.arange(2_400_000 * n, dtype=np.float64).reshape(-1, 2) * (n * (n + 1) // 2)
+    per = full.shape[0] // n
+    check("reducescatter big", y, full[rank * per:(rank + 1) * per], 0)  # (own slice)
+
+
 report_extra = {}
 
 
@@ -83,6 +100,7 @@ if mode == "big":
     big_allreduces()
     report_extra = {"modes_before": modes_before, "modes_small": modes_small,
                     "modes": _core.ring_store_modes()}
+    big_others()
     finish()
     sys.exit(0)
 
