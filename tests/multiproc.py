@@ -6,6 +6,7 @@ import json
 import os
 import re
 import secrets
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -44,6 +45,9 @@ def run_ranks(n, worker, args=(), env=None, timeout=120, per_rank_env=None):
                 "TFRING_TIMEOUT": "60",
                 "TFRING_RESULT": os.path.join(outdir, f"{tag}.{r}.json"),
                 "PYTHONUNBUFFERED": "1",
+                # A hung rank is sent SIGABRT below: this prints every
+                # thread's Python stack first.
+                "PYTHONFAULTHANDLER": "1",
                 "OMP_NUM_THREADS": "1",
             })
             if env:
@@ -58,9 +62,19 @@ def run_ranks(n, worker, args=(), env=None, timeout=120, per_rank_env=None):
             try:
                 out, err = p.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
+                # Every rank still running dumps its threads' Python stacks
+                # (SIGABRT under PYTHONFAULTHANDLER), so the failure shows
+                # where each one waited.
                 for q in procs:
-                    q.kill()
-                outs = [q.communicate()[1][-2000:] for q in procs]
+                    if q.poll() is None:
+                        q.send_signal(signal.SIGABRT)
+                outs = []
+                for q in procs:
+                    try:
+                        outs.append(q.communicate(timeout=10)[1][-6000:])
+                    except subprocess.TimeoutExpired:
+                        q.kill()
+                        outs.append(q.communicate()[1][-6000:])
                 raise AssertionError(f"rank {r} hung past {timeout} s; stderr tails: {outs}")
             path = os.path.join(outdir, f"{tag}.{r}.json")
             res = None

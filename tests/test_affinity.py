@@ -109,13 +109,18 @@ def test_remote_ranks_bind_through_their_own_interpreter():
 
 @pytest.mark.skipif(len(affinity.core_groups(affinity.allowed_cpus())) < 2,
                     reason="needs two cores")
-def test_elastic_workers_get_their_slots_cores():
-    # The workers exit at once (the job then fails after --elastic-timeout):
-    # only the masks they printed matter here.
+def test_elastic_workers_get_their_slots_cores(tmp_path):
+    # Each worker prints its mask, then waits (up to 30 s) until both have
+    # printed, so a worker that exits first cannot end the job before a slow
+    # one has started; then they exit (the job fails after
+    # --elastic-timeout): only the masks they printed matter here.
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("TFRING_BIND", None)
-    prog = "import os; print(sorted(os.sched_getaffinity(0)))"
+    prog = ("import os, time; print(sorted(os.sched_getaffinity(0)), flush=True); "
+            f"d = {str(tmp_path)!r}; open(os.path.join(d, str(os.getpid())), 'w').close(); "
+            "t = time.time() + 30\n"
+            "while len(os.listdir(d)) < 2 and time.time() < t: time.sleep(0.05)")
     out = subprocess.run([sys.executable, "-m", "tfring.run", "--min-np", "2", "--max-np", "2",
                           "--elastic-timeout", "2", "-H", "localhost:2",
                           sys.executable, "-c", prog],

@@ -48,6 +48,47 @@ constexpr size_t kTuneLinkBytes = 256 << 10;
 // that stays in L1: reduced there, then copied to the link and the output.
 constexpr size_t kForwardBlockBytes = 16 << 10;
 
+// Moves n received bytes at `in` (the left link's inbox) into both the
+// right link's free space `link` and their place in r.data + ro: reduced
+// with the local operand first where r reduces. `stream_out` and
+// `stream_link` pick streaming stores for each destination.
+void forwardPiece(const RingProgram& prog, const RecvStep& r, size_t ro, const void* in,
+                  char* link, size_t n, bool stream_out, bool stream_link) {
+  const size_t esize = dtypeSize(prog.dtype);
+  char* out = r.data + ro;
+  auto toOut = [&](char* dst, const void* src, size_t k) {
+    if (stream_out)
+      kernels::copyStreaming(dst, src, k, false);
+    else
+      std::memcpy(dst, src, k);
+  };
+  if (!r.reduce) {
+    if (stream_link)
+      kernels::copyStreaming(link, in, n, false);
+    else
+      std::memcpy(link, in, n);
+    toOut(out, in, n);
+  } else if (!stream_link) {
+    // The link's space is as good a place to reduce into as any: the
+    // result stays in this core's cache for the copy into place.
+    kernels::reduce3(link, r.src ? r.src + ro : out, in, n / esize, prog.dtype, prog.op);
+    if (r.scale != 1.0) kernels::scale(link, n / esize, prog.dtype, r.scale);
+    toOut(out, link, n);
+  } else {
+    alignas(64) static thread_local char block[kForwardBlockBytes];
+    const char* a = r.src ? r.src + ro : out;
+    for (size_t o = 0; o < n; o += kForwardBlockBytes) {
+      const size_t b = std::min(kForwardBlockBytes, n - o);
+      kernels::reduce3(block, a + o, static_cast<const char*>(in) + o, b / esize, prog.dtype,
+                       prog.op);
+      if (r.scale != 1.0) kernels::scale(block, b / esize, prog.dtype, r.scale);
+      kernels::copyStreaming(link + o, block, b, false);
+      toOut(out + o, block, b);
+    }
+  }
+  if (stream_out || stream_link) kernels::streamFence();
+}
+
 }  // namespace
 
 void runRing(RingComm& c, const RingProgram& prog, const char* what) {
@@ -63,21 +104,22 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
   skipEmpty();
   if (si < ns || ri < nr) c.waiter->begin(Deadline::in(c.timeout_s), what);
 
-  // One pass moves up to `chunk` bytes each way, over as many steps as it
-  // takes: a fused batch of small tensors is one step per tensor, and
-  // publishing each (a store to a cache line the peer polls, and its
-  // doorbell) cost more than copying 16 KiB. A pass publishes once per
-  // 256 KiB moved and at its end (Publisher), before it may go idle, so
-  // large steps still reach the peer piece by piece as before.
   size_t out_bytes = 0;
   for (const RecvStep& r : prog.recvs) out_bytes += r.bytes;
+  // Large outputs are streamed; how to write into the link is the tuner's
+  // choice (store_tuner.h), timed over the whole collective.
   const bool stream = out_bytes >= kStreamOutputBytes;
   StoreTuner* tuner = stream ? c.tuner.get() : out_bytes >= kTuneLinkBytes ? c.tuner_mid.get()
                                                                            : nullptr;
   const bool link_stream = tuner && tuner->begin();
   const double started = tuner ? nowSeconds() : 0;
 
-
+  // One pass moves up to `chunk` bytes each way, over as many steps as it
+  // takes: a fused batch of small tensors is one step per tensor, and
+  // publishing each (a store to a cache line the peer polls, and its
+  // doorbell) cost more than copying 16 KiB. A pass publishes once per
+  // 256 KiB moved and at its end (Publisher), before it may go idle, so
+  // large steps still reach the peer piece by piece as before.
   while (si < ns || ri < nr) {
     uint32_t ticket = c.waiter->ticket();
     bool moved = false;
@@ -96,7 +138,7 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
       if (ready <= so) break;
       const size_t want = std::min(ready - so, budget);
       size_t n = link_stream ? c.right->trySendStreamingDeferred(s.data + so, want)
-                        : c.right->trySendDeferred(s.data + so, want);
+                             : c.right->trySendDeferred(s.data + so, want);
       if (!n) {
         send_waits_on_channel = true;
         break;
@@ -136,40 +178,7 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
         n -= n % esize;
       }
       if (n) {
-        char* dst = static_cast<char*>(q);
-        const char* a = r.src ? r.src + ro : r.data + ro;
-        if (r.reduce && link_stream) {
-          alignas(64) static thread_local char block[kForwardBlockBytes];
-          for (size_t o = 0; o < n; o += kForwardBlockBytes) {
-            const size_t b = std::min(kForwardBlockBytes, n - o);
-            kernels::reduce3(block, a + o, static_cast<const char*>(p) + o, b / esize,
-                             prog.dtype, prog.op);
-            if (r.scale != 1.0) kernels::scale(block, b / esize, prog.dtype, r.scale);
-            kernels::copyStreaming(dst + o, block, b, false);
-            if (stream)
-              kernels::copyStreaming(r.data + ro + o, block, b, false);
-            else
-              std::memcpy(r.data + ro + o, block, b);
-          }
-          kernels::streamFence();
-        } else if (r.reduce) {
-          kernels::reduce3(dst, a, p, n / esize, prog.dtype, prog.op);
-          if (r.scale != 1.0) kernels::scale(dst, n / esize, prog.dtype, r.scale);
-          if (stream)
-            kernels::copyStreaming(r.data + ro, dst, n);
-          else
-            std::memcpy(r.data + ro, dst, n);
-        } else {
-          if (link_stream)
-            kernels::copyStreaming(dst, p, n, false);
-          else
-            std::memcpy(dst, p, n);
-          if (stream)
-            kernels::copyStreaming(r.data + ro, p, n, false);
-          else
-            std::memcpy(r.data + ro, p, n);
-          if (link_stream || stream) kernels::streamFence();
-        }
+        forwardPiece(prog, r, ro, p, static_cast<char*>(q), n, stream, link_stream);
         c.left->consumeDeferred(n);
         c.right->commitDeferred(n);
         so += n;
