@@ -128,7 +128,7 @@ y = _core.allreduce(x, op="sum", name="ar.large", prescale=0.5, postscale=3.0)
 check("allreduce large with scales", y, np.arange(100_003) * sum(range(1, n + 1)) * 1.5, 1e-12)
 outs.append(y)
 
-if mode == "full":
+if mode == "full" and n <= 4:  # (seven oversubscribed ranks: CI time)
     big_allreduces()
 
 # Allgather: a different first dimension per rank (rank r has r+1 rows, or 0).
