@@ -6,6 +6,12 @@ training alone, so the VM's drift between jobs cancels out.
     python benchmarks/entry_points.py --model resnet50 --batch-size 8 \
         --image-size 224 --steps 3 --reps 3
     python benchmarks/entry_points.py --entries tape,fit --json out.json
+    python benchmarks/entry_points.py --gpu --model resnet50 --batch-size 64 \
+        --image-size 224                                  # ranks share GPU 0
+
+With --gpu the ranks train on GPU 0 (share it under MPS: see
+benchmarks/gpu_run.sh's STEP_BENCH), the batch is made on the GPU, and
+the floor is the TF op's allreduce of a GPU tensor of the gradients' size.
 
 Entry points (each has its own model and optimizer, built alike):
   tape      tf.function step with tfring.DistributedGradientTape
@@ -52,6 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--entries", default=",".join(ENTRIES))
     p.add_argument("--timeout", type=int, default=1200)
     p.add_argument("--json", default="")
+    p.add_argument("--gpu", action="store_true",
+                   help="train on GPU 0 (every rank), floor on a GPU tensor")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="then profile this many steps of each variant with "
                    "TensorFlow's profiler on rank 0 and print where the "
@@ -83,6 +91,13 @@ def worker(args):
 
     import tfring
 
+    if args.gpu:
+        gpus = tf.config.list_physical_devices("GPU")
+        if not gpus:
+            raise SystemExit("--gpu: TensorFlow sees no GPU (is it a CUDA "
+                             "build, and CUDA_VISIBLE_DEVICES unset?)")
+        for g in gpus:  # ranks share the GPU: none may take all its memory
+            tf.config.experimental.set_memory_growth(g, True)
     tfring.init()
     rank, local_size = tfring.rank(), tfring.local_size()
     threads = max(1, (os.cpu_count() or 1) // local_size)
@@ -97,8 +112,9 @@ def worker(args):
         shape = (args.batch_size, 64)
     else:
         shape = (args.batch_size, args.image_size, args.image_size, 3)
-    images = tf.constant(rng.uniform(size=shape).astype(np.float32))
-    labels = tf.constant(rng.integers(0, args.classes, args.batch_size))
+    with tf.device("/GPU:0" if args.gpu else "/CPU:0"):
+        images = tf.identity(rng.uniform(size=shape).astype(np.float32))
+        labels = tf.identity(rng.integers(0, args.classes, args.batch_size))
     from_logits = args.model != "resnet50"
 
     def make():
@@ -148,7 +164,9 @@ def worker(args):
             opt = tk.DistributedOptimizer(opt)
             callbacks.append(tk.callbacks.BroadcastGlobalVariablesCallback(0))
         model.compile(optimizer=opt, loss=loss_fn)
-        data = tf.data.Dataset.from_tensors((images, labels)).repeat()
+        with tf.device("/CPU:0"):  # tf.data's tensors live on the host
+            data = tf.data.Dataset.from_tensors(
+                (tf.identity(images), tf.identity(labels))).repeat()
         ends, hooks = [], {}
 
         class Clock(keras.callbacks.Callback):
@@ -264,7 +282,8 @@ def worker(args):
     params = int(sum(np.prod(v.shape) for v in
                      build_model(args.model, args.image_size,
                                  args.classes, args.layers).trainable_variables))
-    floor = core_floor(4 * params)
+    floor = (gpu_floor(tf, tfring, 4 * params) if args.gpu
+             else core_floor(4 * params))
     # Each data-parallel model must be the same on every rank.
     from tfring import _core
 
@@ -293,6 +312,25 @@ def core_floor(nbytes):
     for _ in range(5):
         t0 = time.perf_counter()
         _core.allreduce(buf, op="sum", name="floor", out=buf)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def gpu_floor(tf, tfring, nbytes):
+    """The TF op's allreduce of a GPU tensor of `nbytes`, median of 5; the
+    one-element result read back to the host marks its end."""
+    with tf.device("/GPU:0"):
+        buf = tf.ones([nbytes // 4], tf.float32)
+
+    @tf.function
+    def reduce(x):
+        return tfring.allreduce(x, op=tfring.Sum, name="floor")[:1]
+
+    float(reduce(buf)[0])
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        float(reduce(buf)[0])
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -335,7 +373,8 @@ def main():
            os.path.abspath(__file__), "--worker", *sys.argv[1:]]
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    if not args.gpu:
+        env.setdefault("CUDA_VISIBLE_DEVICES", "")
     with tempfile.TemporaryDirectory() as cwd:
         proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True,
                               text=True, timeout=args.timeout + 60,
@@ -349,7 +388,8 @@ def main():
         if i >= 0:
             results.append(json.loads(line[i + len("RESULT "):]))
     summary = summarize(results, args)
-    print(f"{args.model}, {args.np} ranks: gradients "
+    print(f"{args.model}, {args.np} ranks{' on GPU 0' if args.gpu else ''}, "
+          f"batch {args.batch_size} a rank: gradients "
           f"{summary['gradient_bytes'] / 1e6:.1f} MB, core allreduce floor "
           f"{summary['floor_s'] * 1e3:.1f} ms; medians of {args.reps} "
           f"alternated blocks of {args.steps} steps")

@@ -16,6 +16,9 @@
 #               /tmp/nvidia-mps when one runs, left running)
 #   tests       tests/test_gpu.py (or $GPU_TESTS), under MPS when it
 #               started, else time-sliced
+#   steps       training steps on the GPU, when STEP_BENCH is set: for each
+#               ';'-separated argument list in it, benchmarks/entry_points.py
+#               --gpu ARGS (its ranks share GPU 0), under MPS when it started
 #   bench-mps   benchmarks/gpu_bench.py --mode mps
 #   mps-stop    echo quit | nvidia-cuda-mps-control (also on any exit)
 #   bench-timeslice  benchmarks/gpu_bench.py --mode timeslice, MPS stopped
@@ -26,7 +29,8 @@
 # (default "--algos ring,auto,host") are added for one mode), OUT (if set: test_gpu.log,
 # gpu_bench_mps.json, gpu_bench_timeslice.json and the MPS logs are written
 # there), SKIP_TESTS=1 / SKIP_BENCH=1 / SKIP_MPS=1, GPU_TESTS (test files,
-# default tests/test_gpu.py). TFRING_TF_PYTHONPATH (where TensorFlow is
+# default tests/test_gpu.py), STEP_BENCH and STEP_BENCH_TIMEOUT (seconds
+# per list, default 900; step_bench.log and step_bench_N.json in OUT). TFRING_TF_PYTHONPATH (where TensorFlow is
 # importable from; benchmarks/gpu_tf_stage.sh run sets it): build the
 # TensorFlow op library too (build-gpu-tf-run/; never the carried build,
 # which has none), its GPU kernels registered as TFRING_TF_GPU says
@@ -248,6 +252,26 @@ run_bench() {
     ${BENCH_ARGS:-} $extra ${json[@]+"${json[@]}"})
 }
 
+# Training steps through every entry point on the GPU (needs the op
+# library: TFRING_TF_PYTHONPATH). One entry_points.py job per list.
+run_steps() {
+  local mode=$1 args i=0 rc=0 lists json
+  IFS=';' read -ra lists <<< "$STEP_BENCH"
+  for args in "${lists[@]}"; do
+    [[ -n "${args// /}" ]] || continue
+    i=$((i + 1))
+    json=()
+    [[ -n "$OUTDIR" ]] && json=(--json "$OUTDIR/step_bench_$i.json")
+    log "steps $i ($mode): entry_points.py --gpu $args"
+    # shellcheck disable=SC2086  # args is a list of words
+    (cd /tmp && with_mode "$mode" timeout "${STEP_BENCH_TIMEOUT:-900}" "$PY" \
+      "$ROOT/benchmarks/entry_points.py" --gpu $args ${json[@]+"${json[@]}"}) 2>&1 \
+      | if [[ -n "$OUTDIR" ]]; then tee -a "$OUTDIR/step_bench.log"; else cat; fi
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+  done
+  return $rc
+}
+
 MODE=timeslice
 if step mps-start mps_start; then
   MODE=mps
@@ -260,6 +284,10 @@ if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
   step "tests ($MODE)" run_tests "$MODE" "$@"
 else
   note tests "skipped (SKIP_TESTS=1)"
+fi
+
+if [[ -n "${STEP_BENCH:-}" ]]; then
+  step "steps ($MODE)" run_steps "$MODE"
 fi
 
 if [[ "${SKIP_BENCH:-0}" == 1 ]]; then

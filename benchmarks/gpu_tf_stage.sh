@@ -20,6 +20,10 @@
 #   bash benchmarks/gpu_tf_stage.sh probe
 #       which CUDA 12 libraries TensorFlow needs load, from the machine's
 #       own libraries and with the staged ones ($OUT/tf_probe.json).
+#   bash benchmarks/gpu_tf_stage.sh prebuild
+#       start the CUDA build of tfring's core (no op library yet) in the
+#       background, detached, unless one runs: call it with each transfer so
+#       that `run` only builds the op library ($STAGE/prebuild.log).
 #   bash benchmarks/gpu_tf_stage.sh run [pytest args...]
 #       with $TARGET on PYTHONPATH and its CUDA libraries on
 #       LD_LIBRARY_PATH: the probe, TensorFlow's view of the GPU, then
@@ -98,6 +102,26 @@ probe)
   json=()
   [[ -n "${OUT:-}" ]] && mkdir -p "$OUT" && json=(--json "$OUT/tf_probe.json")
   exec "$PY" "$HELPER" probe --target "$TARGET" ${json[@]+"${json[@]}"}
+  ;;
+prebuild)
+  # The same configuration as gpu_run.sh's TensorFlow build, the op library
+  # off: `run` reconfigures it on and ninja builds only what that adds.
+  # Detached (setsid): it goes on between device calls.
+  if pgrep -f "cmake --build $ROOT/build-gpu-tf-run" >/dev/null; then
+    log "prebuild: a build is running"; exit 0
+  fi
+  mkdir -p "$STAGE"
+  pybind=$("$PY" -c "import pybind11; print(pybind11.get_cmake_dir())" 2>/dev/null) \
+    || { log "prebuild: no pybind11"; exit 2; }
+  gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+  setsid nohup bash -c '"$@"' _ sh -c "cmake -S '$ROOT' -B '$ROOT/build-gpu-tf-run' ${gen[*]} \
+      -DCMAKE_BUILD_TYPE=Release -DTFRING_WITH_CUDA=ON -DTFRING_WITH_TF=OFF \
+      -DTFRING_OUTPUT_DIR='$ROOT/build-gpu-tf-run/pkg/tfring' -Dpybind11_DIR='$pybind' \
+      -DPython_EXECUTABLE='$(command -v "$PY")' && \
+    cmake --build $ROOT/build-gpu-tf-run -j $(nproc)" \
+    >>"$STAGE/prebuild.log" 2>&1 </dev/null &
+  log "prebuild: started (log $STAGE/prebuild.log)"
+  exit 0
   ;;
 run)
   ;;
