@@ -31,7 +31,7 @@ CHECKS = ["placement", "ops_match_numpy_and_no_xla", "while_loop",
           "mismatch_same_error_as_without_xla",
           "allgather_needs_equal_rows_under_xla", "dynamic_shape_names_the_op",
           "tape_training_matches_no_xla", "keras_fit_jit_matches_no_xla",
-          "gradients_match_no_xla"]
+          "gradients_match_no_xla", "calls_chained_where_they_block"]
 
 
 def _xla_built():
@@ -53,10 +53,11 @@ pytestmark = pytest.mark.skipif(not _xla_built(),
 _jobs = {}
 
 
-def job(size):
-    if size not in _jobs:
-        _jobs[size] = run_ranks(size, "xla.py", ["main"], env=ENV, timeout=300)
-    return _jobs[size]
+def job(size, order=None):
+    if (size, order) not in _jobs:
+        env = dict(ENV, TFRING_XLA_ORDER=order) if order else ENV
+        _jobs[(size, order)] = run_ranks(size, "xla.py", ["main"], env=env, timeout=300)
+    return _jobs[(size, order)]
 
 
 @pytest.mark.parametrize("check", CHECKS)
@@ -67,6 +68,17 @@ def test_check(size, check):
     outs = rank_results(job(size), check)
     failed = [(r, o.get("error")) for r, o in enumerate(outs) if not o["ok"]]
     assert not failed, "\n".join(f"rank {r}:\n{e}" for r, e in failed)
+
+
+def test_every_check_passes_with_the_calls_chained():
+    """TFRING_XLA_ORDER=chain on the CPU: the chain the CUDA target always
+    gets (each call blocks there, so XLA's per-rank schedule must not
+    reorder them) changes no result, and the calls form one chain."""
+    results = job(2, "chain")
+    failed = [(r, c, o.get("error")) for c in CHECKS
+              for r, o in enumerate(rank_results(results, c)) if not o["ok"]]
+    assert not failed, "\n".join(f"rank {r} {c}:\n{e}" for r, c, e in failed)
+    assert all(o["chained"] for o in rank_results(results, "calls_chained_where_they_block"))
 
 
 @pytest.mark.parametrize("size", [1, 2])

@@ -16,11 +16,14 @@
 // before the handler returned (every rank was ready and tryDrive ran them),
 // the future is returned complete; otherwise a completer thread fulfils it.
 //
-// CUDA: XLA:GPU runs custom calls on its host thread in program order, the
-// same order on every rank. The handler hands the engine XLA's stream (the
-// input is read after the work queued on it) and drives the engine until
-// the output is complete on the device (runtime.h's stream contract), then
-// returns; XLA's later kernels on that stream see the result.
+// CUDA: XLA:GPU runs custom calls on its host thread in program order. The
+// handler hands the engine XLA's stream (the input is read after the work
+// queued on it) and drives the engine until the output is complete on the
+// device (runtime.h's stream contract), then returns; XLA's later kernels on
+// that stream see the result. Program order can differ by rank (autotuning
+// changes the module), so there the XLA kernels chain the calls through an
+// extra s32[] operand and result (xla_ops.cc); `ordered = 1` says a call
+// has them, and the handlers leave them alone.
 //
 // Errors reach TensorFlow with the engine's code: a shape that differs by
 // rank fails with FailedPreconditionError and the same message as without
@@ -258,12 +261,20 @@ Attrs reduceAttrs(std::string_view name, int32_t op, double pre, double post) {
   return a;
 }
 
+// The collective's buffers: every argument/result pair but a chained
+// call's last, its order value (xla_ops.cc).
+size_t dataPairs(const ffi::RemainingArgs& args, int32_t ordered) {
+  return args.size() > 0 && ordered ? args.size() - 1 : args.size();
+}
+
 // One allreduce request per buffer pair (a grouped op names them
 // "<name>.<i>"), for the host and the GPU targets alike.
 Status allreduceRequests(const Attrs& a, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                         int32_t grouped, std::vector<runtime::Request>* reqs) {
-  reqs->resize(args.size());
-  for (size_t i = 0; i < args.size(); ++i) {
+                         int32_t grouped, int32_t ordered,
+                         std::vector<runtime::Request>* reqs) {
+  const size_t n = dataPairs(args, ordered);
+  reqs->resize(n);
+  for (size_t i = 0; i < n; ++i) {
     auto in = args.get<ffi::AnyBuffer>(i);
     auto out = rets.get<ffi::AnyBuffer>(i);
     if (!in.has_value() || !out.has_value())
@@ -278,6 +289,21 @@ Status allreduceRequests(const Attrs& a, ffi::RemainingArgs args, ffi::Remaining
   return Status();
 }
 
+// The one request of an allgather, broadcast or reducescatter.
+Status oneRequest(CollectiveType type, const Attrs& a, ffi::RemainingArgs args,
+                  ffi::RemainingRets rets, int32_t ordered, runtime::Request* req) {
+  auto in = args.get<ffi::AnyBuffer>(0);
+  auto out = rets.get<ffi::AnyBuffer>(0);
+  if (dataPairs(args, ordered) != 1 || !in.has_value() || !out.has_value())
+    return Status(Code::kInternal, strCat("tfring: ", collectiveName(type), " of tensor '",
+                                          a.name, "': XLA passed ", args.size(),
+                                          " buffers, not one"));
+  Status err;
+  if (!fill(type, a, a.name, *in, (*out)->untyped_data(), req, &err)) return err;
+  if (type == CollectiveType::kAllgather) allgatherShape(req);
+  return Status();
+}
+
 ffi::Future failed(const Status& s) {
   ffi::Promise p;
   ffi::Future f(p);
@@ -287,46 +313,42 @@ ffi::Future failed(const Status& s) {
 
 ffi::Future hostAllreduce(ffi::RemainingArgs args, ffi::RemainingRets rets,
                           std::string_view name, int32_t op, double pre, double post,
-                          int32_t grouped) {
+                          int32_t grouped, int32_t ordered) {
   std::vector<runtime::Request> reqs;
-  Status err = allreduceRequests(reduceAttrs(name, op, pre, post), args, rets, grouped, &reqs);
+  Status err = allreduceRequests(reduceAttrs(name, op, pre, post), args, rets, grouped,
+                                 ordered, &reqs);
   if (!err.ok()) return failed(err);
   return submitAsync(std::move(reqs), false);
 }
 
-ffi::Future hostAllgather(ffi::AnyBuffer in, ffi::Result<ffi::AnyBuffer> out,
-                          std::string_view name) {
-  Attrs a;
-  a.name = std::string(name);
+ffi::Future hostOne(CollectiveType type, const Attrs& a, ffi::RemainingArgs args,
+                    ffi::RemainingRets rets, int32_t ordered) {
   std::vector<runtime::Request> reqs(1);
-  Status err;
-  if (!fill(CollectiveType::kAllgather, a, a.name, in, out->untyped_data(), &reqs[0], &err))
-    return failed(err);
-  allgatherShape(&reqs[0]);
-  return submitAsync(std::move(reqs), true);
+  Status err = oneRequest(type, a, args, rets, ordered, &reqs[0]);
+  if (!err.ok()) return failed(err);
+  return submitAsync(std::move(reqs), type == CollectiveType::kAllgather);
 }
 
-ffi::Future hostBroadcast(ffi::AnyBuffer in, ffi::Result<ffi::AnyBuffer> out,
-                          std::string_view name, int32_t root) {
+ffi::Future hostAllgather(ffi::RemainingArgs args, ffi::RemainingRets rets,
+                          std::string_view name, int32_t ordered) {
+  Attrs a;
+  a.name = std::string(name);
+  return hostOne(CollectiveType::kAllgather, a, args, rets, ordered);
+}
+
+ffi::Future hostBroadcast(ffi::RemainingArgs args, ffi::RemainingRets rets,
+                          std::string_view name, int32_t root, int32_t ordered) {
   Attrs a;
   a.name = std::string(name);
   a.root = root;
-  std::vector<runtime::Request> reqs(1);
-  Status err;
-  if (!fill(CollectiveType::kBroadcast, a, a.name, in, out->untyped_data(), &reqs[0], &err))
-    return failed(err);
-  return submitAsync(std::move(reqs), false);
+  return hostOne(CollectiveType::kBroadcast, a, args, rets, ordered);
 }
 
-ffi::Future hostReducescatter(ffi::AnyBuffer in, ffi::Result<ffi::AnyBuffer> out,
-                              std::string_view name, int32_t op, double pre, double post) {
-  Attrs a = reduceAttrs(name, op, pre, post);
-  std::vector<runtime::Request> reqs(1);
-  Status err;
-  if (!fill(CollectiveType::kReducescatter, a, a.name, in, out->untyped_data(), &reqs[0],
-            &err))
-    return failed(err);
-  return submitAsync(std::move(reqs), false);
+ffi::Future hostReducescatter(ffi::RemainingArgs args, ffi::RemainingRets rets,
+                              std::string_view name, int32_t op, double pre, double post,
+                              int32_t ordered) {
+  return hostOne(CollectiveType::kReducescatter, reduceAttrs(name, op, pre, post), args,
+                 rets, ordered);
 }
 
 XLA_FFI_DEFINE_HANDLER(kHostAllreduce, hostAllreduce,
@@ -337,26 +359,30 @@ XLA_FFI_DEFINE_HANDLER(kHostAllreduce, hostAllreduce,
                            .Attr<int32_t>("reduce_op")
                            .Attr<double>("prescale")
                            .Attr<double>("postscale")
-                           .Attr<int32_t>("grouped"));
+                           .Attr<int32_t>("grouped")
+                           .Attr<int32_t>("ordered"));
 XLA_FFI_DEFINE_HANDLER(kHostAllgather, hostAllgather,
                        ffi::Ffi::Bind()
-                           .Arg<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Attr<std::string_view>("tensor_name"));
+                           .RemainingArgs()
+                           .RemainingRets()
+                           .Attr<std::string_view>("tensor_name")
+                           .Attr<int32_t>("ordered"));
 XLA_FFI_DEFINE_HANDLER(kHostBroadcast, hostBroadcast,
                        ffi::Ffi::Bind()
-                           .Arg<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
+                           .RemainingArgs()
+                           .RemainingRets()
                            .Attr<std::string_view>("tensor_name")
-                           .Attr<int32_t>("root"));
+                           .Attr<int32_t>("root")
+                           .Attr<int32_t>("ordered"));
 XLA_FFI_DEFINE_HANDLER(kHostReducescatter, hostReducescatter,
                        ffi::Ffi::Bind()
-                           .Arg<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
+                           .RemainingArgs()
+                           .RemainingRets()
                            .Attr<std::string_view>("tensor_name")
                            .Attr<int32_t>("reduce_op")
                            .Attr<double>("prescale")
-                           .Attr<double>("postscale"));
+                           .Attr<double>("postscale")
+                           .Attr<int32_t>("ordered"));
 
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), "tfring_allreduce", "Host", kHostAllreduce);
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), "tfring_allgather", "Host", kHostAllgather);
@@ -410,44 +436,45 @@ void onGpu(std::vector<runtime::Request>* reqs, int32_t device, CUstream_st* str
 
 ffi::Error gpuAllreduce(CUstream_st* stream, int32_t device, ffi::RemainingArgs args,
                         ffi::RemainingRets rets, std::string_view name, int32_t op,
-                        double pre, double post, int32_t grouped) {
+                        double pre, double post, int32_t grouped, int32_t ordered) {
   std::vector<runtime::Request> reqs;
-  Status err = allreduceRequests(reduceAttrs(name, op, pre, post), args, rets, grouped, &reqs);
+  Status err = allreduceRequests(reduceAttrs(name, op, pre, post), args, rets, grouped,
+                                 ordered, &reqs);
   if (!err.ok()) return toFfiError(err);
   onGpu(&reqs, device, stream);
   return submitBlocking(std::move(reqs), false);
 }
 
-ffi::Error gpuOne(CollectiveType type, CUstream_st* stream, int32_t device,
-                  const ffi::AnyBuffer& in, void* out, const Attrs& a) {
+ffi::Error gpuOne(CollectiveType type, CUstream_st* stream, int32_t device, const Attrs& a,
+                  ffi::RemainingArgs args, ffi::RemainingRets rets, int32_t ordered) {
   std::vector<runtime::Request> reqs(1);
-  Status err;
-  if (!fill(type, a, a.name, in, out, &reqs[0], &err)) return toFfiError(err);
-  if (type == CollectiveType::kAllgather) allgatherShape(&reqs[0]);
+  Status err = oneRequest(type, a, args, rets, ordered, &reqs[0]);
+  if (!err.ok()) return toFfiError(err);
   onGpu(&reqs, device, stream);
   return submitBlocking(std::move(reqs), type == CollectiveType::kAllgather);
 }
 
-ffi::Error gpuAllgather(CUstream_st* stream, int32_t device, ffi::AnyBuffer in,
-                        ffi::Result<ffi::AnyBuffer> out, std::string_view name) {
+ffi::Error gpuAllgather(CUstream_st* stream, int32_t device, ffi::RemainingArgs args,
+                        ffi::RemainingRets rets, std::string_view name, int32_t ordered) {
   Attrs a;
   a.name = std::string(name);
-  return gpuOne(CollectiveType::kAllgather, stream, device, in, out->untyped_data(), a);
+  return gpuOne(CollectiveType::kAllgather, stream, device, a, args, rets, ordered);
 }
 
-ffi::Error gpuBroadcast(CUstream_st* stream, int32_t device, ffi::AnyBuffer in,
-                        ffi::Result<ffi::AnyBuffer> out, std::string_view name, int32_t root) {
+ffi::Error gpuBroadcast(CUstream_st* stream, int32_t device, ffi::RemainingArgs args,
+                        ffi::RemainingRets rets, std::string_view name, int32_t root,
+                        int32_t ordered) {
   Attrs a;
   a.name = std::string(name);
   a.root = root;
-  return gpuOne(CollectiveType::kBroadcast, stream, device, in, out->untyped_data(), a);
+  return gpuOne(CollectiveType::kBroadcast, stream, device, a, args, rets, ordered);
 }
 
-ffi::Error gpuReducescatter(CUstream_st* stream, int32_t device, ffi::AnyBuffer in,
-                            ffi::Result<ffi::AnyBuffer> out, std::string_view name,
-                            int32_t op, double pre, double post) {
-  return gpuOne(CollectiveType::kReducescatter, stream, device, in, out->untyped_data(),
-                reduceAttrs(name, op, pre, post));
+ffi::Error gpuReducescatter(CUstream_st* stream, int32_t device, ffi::RemainingArgs args,
+                            ffi::RemainingRets rets, std::string_view name, int32_t op,
+                            double pre, double post, int32_t ordered) {
+  return gpuOne(CollectiveType::kReducescatter, stream, device,
+                reduceAttrs(name, op, pre, post), args, rets, ordered);
 }
 
 #define TFRING_GPU_BIND \
@@ -460,23 +487,27 @@ XLA_FFI_DEFINE_HANDLER(kGpuAllreduce, gpuAllreduce,
                            .Attr<int32_t>("reduce_op")
                            .Attr<double>("prescale")
                            .Attr<double>("postscale")
-                           .Attr<int32_t>("grouped"));
+                           .Attr<int32_t>("grouped")
+                           .Attr<int32_t>("ordered"));
 XLA_FFI_DEFINE_HANDLER(kGpuAllgather, gpuAllgather,
-                       TFRING_GPU_BIND.Arg<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Attr<std::string_view>("tensor_name"));
-XLA_FFI_DEFINE_HANDLER(kGpuBroadcast, gpuBroadcast,
-                       TFRING_GPU_BIND.Arg<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
+                       TFRING_GPU_BIND.RemainingArgs()
+                           .RemainingRets()
                            .Attr<std::string_view>("tensor_name")
-                           .Attr<int32_t>("root"));
+                           .Attr<int32_t>("ordered"));
+XLA_FFI_DEFINE_HANDLER(kGpuBroadcast, gpuBroadcast,
+                       TFRING_GPU_BIND.RemainingArgs()
+                           .RemainingRets()
+                           .Attr<std::string_view>("tensor_name")
+                           .Attr<int32_t>("root")
+                           .Attr<int32_t>("ordered"));
 XLA_FFI_DEFINE_HANDLER(kGpuReducescatter, gpuReducescatter,
-                       TFRING_GPU_BIND.Arg<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
+                       TFRING_GPU_BIND.RemainingArgs()
+                           .RemainingRets()
                            .Attr<std::string_view>("tensor_name")
                            .Attr<int32_t>("reduce_op")
                            .Attr<double>("prescale")
-                           .Attr<double>("postscale"));
+                           .Attr<double>("postscale")
+                           .Attr<int32_t>("ordered"));
 
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), "tfring_allreduce", "CUDA", kGpuAllreduce);
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), "tfring_allgather", "CUDA", kGpuAllgather);

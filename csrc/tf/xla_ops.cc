@@ -16,17 +16,34 @@
 //
 // The calls are side-effecting: XLA never merges, drops or hoists them,
 // exactly like the stateful TF ops they compile.
+//
+// Order. Where a custom call blocks its thread until the collective is done
+// (the CUDA target), every rank must reach the calls in the same order, and
+// XLA does not promise that: its schedule follows the compiled module, which
+// differs by rank where autotuning picks different fusions (seen on an H200:
+// model.fit with two gradient buckets, each rank blocked in the other's).
+// So there the calls of one computation form a chain: each takes the
+// previous call's extra s32[] result as its last operand and returns a new
+// one, in the order tf2xla compiles the ops (a topological order, stable by
+// node name, the same on every rank). A data dependency fixes the order in
+// every schedule. The host target is asynchronous (its calls can be in
+// flight together in any order), so it is left free unless TFRING_XLA_ORDER
+// says "chain" ("free" turns the chain off everywhere).
 #include <cctype>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
 #include "tensorflow/compiler/tf2xla/xla_op_registry.h"
 #include "xla/hlo/builder/xla_builder.h"
 #include "xla/shape.h"
+#include "xla/shape_util.h"
 
 #include "common/types.h"
 #include "runtime/runtime.h"
@@ -64,6 +81,52 @@ std::string mlirDouble(double v) {
 
 std::string mlirInt(int64_t v) { return std::to_string(v) + " : i32"; }
 
+// TFRING_XLA_ORDER: "auto" (default: chain where the calls block, every
+// XLA device but the CPU), "chain" (everywhere), "free" (nowhere).
+bool chainCalls(const std::string& xla_device) {
+  const char* env = std::getenv("TFRING_XLA_ORDER");
+  const std::string mode = env && *env ? env : "auto";
+  if (mode == "chain") return true;
+  if (mode == "free") return false;
+  return xla_device != "XLA_CPU_JIT";
+}
+
+// The last chained call's order value, per XlaBuilder (one computation: a
+// while loop's body has its own). A builder's address can be reused after
+// it is gone, so an entry counts only if its builder has the same name and
+// the op is still an s32[] there; otherwise the chain starts again.
+class CallChain {
+ public:
+  static xla::XlaOp previous(xla::XlaBuilder* b) {
+    std::lock_guard<std::mutex> lk(mu());
+    auto it = links().find(b);
+    if (it != links().end() && it->second.builder_name == b->name()) {
+      absl::StatusOr<xla::Shape> shape = b->GetShape(it->second.op);
+      if (shape.ok() && *shape == orderShape()) return it->second.op;
+    }
+    return xla::ConstantR0<int32_t>(b, 0);
+  }
+  static void record(xla::XlaBuilder* b, xla::XlaOp op) {
+    std::lock_guard<std::mutex> lk(mu());
+    links()[b] = Link{b->name(), op};
+  }
+  static xla::Shape orderShape() { return xla::ShapeUtil::MakeShape(xla::S32, {}); }
+
+ private:
+  struct Link {
+    std::string builder_name;
+    xla::XlaOp op;
+  };
+  static std::mutex& mu() {
+    static std::mutex* m = new std::mutex();
+    return *m;
+  }
+  static std::unordered_map<const xla::XlaBuilder*, Link>& links() {
+    static auto* l = new std::unordered_map<const xla::XlaBuilder*, Link>();
+    return *l;
+  }
+};
+
 class RingXlaOp : public tfw::XlaOpKernel {
  public:
   RingXlaOp(tfw::OpKernelConstruction* c, CollectiveType type)
@@ -82,6 +145,7 @@ class RingXlaOp : public tfw::XlaOpKernel {
       postscale_ = post;
     }
     if (type == CollectiveType::kBroadcast) OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_));
+    chained_ = chainCalls(c->device_type().type_string());
   }
 
   void Compile(tfw::XlaOpKernelContext* ctx) override {
@@ -116,16 +180,23 @@ class RingXlaOp : public tfw::XlaOpKernel {
       results.push_back(out);
     }
     const bool grouped = type_ == CollectiveType::kAllreduce && grouped_;
-    xla::Shape result = grouped ? xla::Shape(results) : results[0];
+    xla::XlaBuilder* b = ctx->builder();
+    if (chained_) {  // the order value: last operand, last result
+      operands.push_back(CallChain::previous(b));
+      results.push_back(CallChain::orderShape());
+    }
+    const bool tuple = grouped || chained_;
+    xla::Shape result = tuple ? xla::ShapeUtil::MakeTupleShape(results) : results[0];
     xla::XlaOp call = xla::CustomCall(
-        ctx->builder(), target(), operands, result, backendConfig(grouped),
+        b, target(), operands, result, backendConfig(grouped),
         /*has_side_effect=*/true, /*output_operand_aliasing=*/{}, /*literal=*/nullptr,
         xla::CustomCallSchedule::SCHEDULE_NONE, xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
-    if (!grouped) {
+    if (!tuple) {
       ctx->SetOutput(0, call);
       return;
     }
     for (int i = 0; i < n; ++i) ctx->SetOutput(i, xla::GetTupleElement(call, i));
+    if (chained_) CallChain::record(b, xla::GetTupleElement(call, n));
   }
 
  protected:
@@ -150,6 +221,7 @@ class RingXlaOp : public tfw::XlaOpKernel {
   // The handler's attributes, in the dictionary syntax of typed FFI calls.
   std::string backendConfig(bool grouped) const {
     std::string c = "{tensor_name = " + mlirString(tensor_name_);
+    c += ", ordered = " + mlirInt(chained_ ? 1 : 0);
     switch (type_) {
       case CollectiveType::kAllreduce:
         c += ", grouped = " + mlirInt(grouped ? 1 : 0);
@@ -173,6 +245,7 @@ class RingXlaOp : public tfw::XlaOpKernel {
   ReduceOp op_ = ReduceOp::kSum;
   double prescale_ = 1.0, postscale_ = 1.0;
   int root_ = 0;
+  bool chained_ = false;
 };
 
 class RingAllreduceXla : public RingXlaOp {

@@ -291,6 +291,57 @@ def _():
     return {"max_diff": diff}
 
 
+def tfring_calls(hlo):
+    """{call: (ordered, last operand)} of the tfring custom calls in HLO
+    text, and {get-tuple-element: the call it reads}."""
+    import re
+
+    calls, gtes = {}, {}
+    for line in hlo.splitlines():
+        m = re.match(r"\s*(?:ROOT )?%([\w.-]+) = .*? custom-call\(([^)]*)\).*"
+                     r'custom_call_target="tfring_', line)
+        if m:
+            operands = [o.strip().split()[-1].lstrip("%") for o in m.group(2).split(",")]
+            calls[m.group(1)] = ("ordered = 1 " in line, operands[-1])
+            continue
+        m = re.match(r"\s*%([\w.-]+) = s32\[\] get-tuple-element\(.*?%([\w.-]+)\)", line)
+        if m:
+            gtes[m.group(1)] = m.group(2)
+    return calls, gtes
+
+
+@check("calls_chained_where_they_block")
+def _():
+    # Where the custom calls block (XLA:GPU, or TFRING_XLA_ORDER=chain),
+    # each takes the previous call's order value, so XLA runs them in one
+    # order on every rank whatever its schedule; on the CPU they stay free.
+    order = os.environ.get("TFRING_XLA_ORDER", "auto")
+    want = order == "chain" or (order != "free" and bool(tf.config.list_physical_devices("GPU")))
+    jit = tf.function(step, jit_compile=True)
+    hlo = jit.experimental_get_compiler_ir(*inputs(1))(stage="optimized_hlo")
+    calls, gtes = tfring_calls(hlo)
+    assert len(calls) == 7, f"{len(calls)} tfring custom calls in:\n{hlo}"
+    flags = {c: o for c, (o, _) in calls.items()}
+    if not want:
+        assert not any(flags.values()), f"chained although free: {flags}"
+        return {"chained": False}
+    assert all(flags.values()), f"not every call is ordered: {flags}"
+    # Each call's last operand reads another call's order value; one call
+    # starts the chain, and following it visits every call once.
+    prev = {c: gtes.get(last) for c, (_, last) in calls.items()}
+    assert all(p is None or p in calls for p in prev.values()), (prev, gtes)
+    heads = [c for c, p in prev.items() if p is None]
+    assert len(heads) == 1, f"chain heads {heads}: {prev}"
+    nxt = {p: c for c, p in prev.items() if p is not None}
+    assert len(nxt) == len(calls) - 1, f"a call has two successors: {prev}"
+    seen, c = [], heads[0]
+    while c is not None:
+        seen.append(c)
+        c = nxt.get(c)
+    assert len(seen) == len(calls), f"chain {seen} misses calls of {list(calls)}"
+    return {"chained": True, "chain": seen}
+
+
 @check("gradients_match_no_xla")
 def _():
     def grads(x, w):
