@@ -277,8 +277,12 @@ def _():
 
     def fit(jit):
         keras.utils.set_random_seed(3 + RANK)  # rank 0's weights are broadcast
+        # 1.4 MB of gradients: more than the first bucket's 1 MiB, so the
+        # step has two grouped allreduces (on a GPU their XLA calls block,
+        # and must run in one order on every rank).
         model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(8, "tanh"),
-                                  keras.layers.Dense(1)])
+                                  keras.layers.Dense(600, "tanh"),
+                                  keras.layers.Dense(600, "tanh"), keras.layers.Dense(1)])
         model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=jit)
         model.fit(blocks, yblocks, batch_size=batch, epochs=1, shuffle=False, verbose=0,
                   callbacks=[tk.callbacks.RingAllreduceCallback()])
