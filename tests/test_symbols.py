@@ -10,7 +10,7 @@ linker bind some of our calls to its copy and some to ours, which crashes
 when our copy is linked statically (a SIGSEGV in std::ostream inside
 _core.init()).
 
-test_static_runtime_* build that case: a core-only variant linked with
+test_static_runtime_* build that case: a core-only variant (-O0) linked with
 -static-libstdc++ -static-libgcc, under <build>/static-runtime (built once,
 then only brought up to date), and run a 2-rank job with it in processes
 that loaded the system libstdc++.so.6 globally before importing tfring.
@@ -150,7 +150,10 @@ def static_runtime_pkg():
     out = os.path.join(STATIC_PKG, "tfring")
     if not os.path.exists(os.path.join(STATIC_BUILD, "CMakeCache.txt")):
         static = "-static-libstdc++ -static-libgcc"
-        cmd = ["cmake", "-S", ROOT, "-B", STATIC_BUILD, "-DCMAKE_BUILD_TYPE=Release",
+        # -O0: a quarter faster to build, and stricter (more of the C++
+        # runtime's templates are emitted out of line, so any leak shows).
+        cmd = ["cmake", "-S", ROOT, "-B", STATIC_BUILD, "-DCMAKE_BUILD_TYPE=None",
+               "-DCMAKE_CXX_FLAGS=-O0",
                f"-DCMAKE_CXX_COMPILER={cxx}",
                "-DTFRING_WITH_CUDA=OFF", "-DTFRING_WITH_TF=OFF",
                f"-DCMAKE_SHARED_LINKER_FLAGS={static}",
