@@ -263,9 +263,13 @@ run_steps() {
     json=()
     [[ -n "$OUTDIR" ]] && json=(--json "$OUTDIR/step_bench_$i.json")
     log "steps $i ($mode): entry_points.py --gpu $args"
+    # The job's own deadline comes first (a later --timeout in args wins):
+    # tfring-run then stops the ranks and entry_points.py prints their
+    # output's tail (stall reports included) instead of being killed mute.
     # shellcheck disable=SC2086  # args is a list of words
     (cd /tmp && with_mode "$mode" timeout "${STEP_BENCH_TIMEOUT:-900}" "$PY" \
-      "$ROOT/benchmarks/entry_points.py" --gpu $args ${json[@]+"${json[@]}"}) 2>&1 \
+      "$ROOT/benchmarks/entry_points.py" --gpu --timeout "$((${STEP_BENCH_TIMEOUT:-900} - 30))" \
+      $args ${json[@]+"${json[@]}"}) 2>&1 \
       | if [[ -n "$OUTDIR" ]]; then tee -a "$OUTDIR/step_bench.log"; else cat; fi
     [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
   done
