@@ -278,8 +278,7 @@ def _():
     def fit(jit):
         keras.utils.set_random_seed(3 + RANK)  # rank 0's weights are broadcast
         # 1.4 MB of gradients: more than the first bucket's 1 MiB, so the
-        # step has two grouped allreduces (on a GPU their XLA calls block,
-        # and must run in one order on every rank).
+        # step has two buckets without XLA, one grouped op with it.
         model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(8, "tanh"),
                                   keras.layers.Dense(600, "tanh"),
                                   keras.layers.Dense(600, "tanh"), keras.layers.Dense(1)])
@@ -289,7 +288,26 @@ def _():
         assert bool(model.jit_compile) == jit, "the callback changed jit_compile"
         return [v.numpy() for v in model.trainable_variables]
 
-    with_xla, without = fit(True), fit(False)
+    # Count the grouped ops each fit's step is traced with: one under XLA
+    # (every gradient in one custom call), buckets without.
+    from tfring import ops as tops
+
+    orig, groups = tops.grouped_allreduce, []
+
+    def counting(tensors, *args, **kwargs):
+        groups.append(len(tensors))
+        return orig(tensors, *args, **kwargs)
+
+    tops.grouped_allreduce = counting
+    try:
+        with_xla = fit(True)
+        xla_groups = list(groups)
+        groups.clear()
+        without = fit(False)
+    finally:
+        tops.grouped_allreduce = orig
+    assert xla_groups == [8], f"under XLA the step reduced in groups {xla_groups}"
+    assert len(groups) == 2 and sum(groups) == 8, f"without XLA: groups {groups}"
     diff = max(float(np.max(np.abs(a - b))) for a, b in zip(with_xla, without))
     assert diff <= TOL, f"XLA and non-XLA fit differ by {diff}"
     return {"max_diff": diff}

@@ -42,8 +42,8 @@ def reduce_gradients(grads, op=Average, compression=Compression.none,
                      prescale_factor=1.0, postscale_factor=1.0,
                      process_set=None):
     """Allreduces a list of gradients (None entries stay None), fused into
-    RingGroupedAllreduce ops of at most `fusion_threshold` bytes. The list
-    is bucketed from its end, since backprop produces the gradients of the
+    RingGroupedAllreduce ops of at most `fusion_threshold` bytes (one op
+    when traced for XLA). The list is bucketed from its end, since backprop produces the gradients of the
     last layers first. tf.IndexedSlices are allgathered (see
     tfring.allreduce) unless sparse_as_dense. `process_set`, if given, is
     passed to every op."""
@@ -62,9 +62,16 @@ def reduce_gradients(grads, op=Average, compression=Compression.none,
         else:
             dense.append((i, tf.convert_to_tensor(g)))
     dense.reverse()
-    limit = _fusion_bytes(fusion_threshold)
+    tensors = [t for _, t in dense]
+    if _ops._in_xla_context(tf.compat.v1.get_default_graph()):
+        # Under XLA one grouped op: every gradient in one custom call. On
+        # the GPU each call holds XLA's thread until done, so buckets could
+        # not overlap backprop there, only add calls (docs/xla.md).
+        runs = [tensors] if tensors else []
+    else:
+        runs = _buckets(tensors, _fusion_bytes(fusion_threshold))
     start = 0
-    for run in _buckets([t for _, t in dense], limit):
+    for run in runs:
         indices = [i for i, _ in dense[start:start + len(run)]]
         start += len(run)
         reduced = _ops.grouped_allreduce(run, op, compression=compression,
