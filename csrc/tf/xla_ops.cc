@@ -19,9 +19,10 @@
 //
 // Order. Where a custom call blocks its thread until the collective is done
 // (the CUDA target), every rank must reach the calls in the same order, and
-// XLA does not promise that: its schedule follows the compiled module, which
-// differs by rank where autotuning picks different fusions (seen on an H200:
-// model.fit with two gradient buckets, each rank blocked in the other's).
+// XLA does not promise that for calls with no data path between them (seen
+// on an H200: model.fit with two gradient buckets, each rank blocked in the
+// other's; likely cause: the module differs by rank where GPU autotuning,
+// timed in each process, picks other fusions, and the schedule with it).
 // So there the calls of one computation form a chain: each takes the
 // previous call's extra s32[] result as its last operand and returns a new
 // one, in the order tf2xla compiles the ops (a topological order, stable by
