@@ -31,7 +31,8 @@ CHECKS = ["placement", "ops_match_numpy_and_no_xla", "while_loop",
           "mismatch_same_error_as_without_xla",
           "allgather_needs_equal_rows_under_xla", "dynamic_shape_names_the_op",
           "tape_training_matches_no_xla", "keras_fit_jit_matches_no_xla",
-          "gradients_match_no_xla", "calls_chained_where_they_block"]
+          "gradients_match_no_xla", "calls_chained_where_they_block",
+          "free_calls_run_in_any_order"]
 
 
 def _xla_built():
@@ -78,7 +79,11 @@ def test_every_check_passes_with_the_calls_chained():
     failed = [(r, c, o.get("error")) for c in CHECKS
               for r, o in enumerate(rank_results(results, c)) if not o["ok"]]
     assert not failed, "\n".join(f"rank {r} {c}:\n{e}" for r, c, e in failed)
-    assert all(o["chained"] for o in rank_results(results, "calls_chained_where_they_block"))
+    step = rank_results(results, "calls_chained_where_they_block")
+    assert all(o["chained"] for o in step)
+    # Every rank chains the step's calls in one order.
+    chains = [o["chain"] for o in step]
+    assert all(c == chains[0] for c in chains), chains
 
 
 @pytest.mark.parametrize("size", [1, 2])

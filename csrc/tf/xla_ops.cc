@@ -25,9 +25,11 @@
 // timed in each process, picks other fusions, and the schedule with it).
 // So there the calls of one computation form a chain: each takes the
 // previous call's extra s32[] result as its last operand and returns a new
-// one, in the order tf2xla compiles the ops (a topological order, stable by
-// node name, the same on every rank). A data dependency fixes the order in
-// every schedule. The host target is asynchronous (its calls can be in
+// one, in the order tf2xla compiles the ops: a topological order that
+// follows the order the ops were built in, so the same on every rank that
+// traces the same code (ranks that build independent collectives in
+// different orders deadlock here, as they would without the chain). A
+// data dependency fixes the order in every schedule. The host target is asynchronous (its calls can be in
 // flight together in any order), so it is left free unless TFRING_XLA_ORDER
 // says "chain" ("free" turns the chain off everywhere).
 #include <cctype>

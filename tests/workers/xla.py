@@ -314,8 +314,8 @@ def _():
 
 
 def tfring_calls(hlo):
-    """{call: (ordered, last operand)} of the tfring custom calls in HLO
-    text, and {get-tuple-element: the call it reads}."""
+    """{call: (ordered, last operand, tensor name)} of the tfring custom
+    calls in HLO text, and {get-tuple-element: the call it reads}."""
     import re
 
     calls, gtes = {}, {}
@@ -324,7 +324,9 @@ def tfring_calls(hlo):
                      r'custom_call_target="tfring_', line)
         if m:
             operands = [o.strip().split()[-1].lstrip("%") for o in m.group(2).split(",")]
-            calls[m.group(1)] = ("ordered = 1 " in line, operands[-1])
+            name = re.search(r'tensor_name = "([^"]*)"', line)
+            calls[m.group(1)] = ("ordered = 1 " in line, operands[-1],
+                                 name.group(1) if name else None)
             continue
         m = re.match(r"\s*%([\w.-]+) = s32\[\] get-tuple-element\(.*?%([\w.-]+)\)", line)
         if m:
@@ -332,25 +334,22 @@ def tfring_calls(hlo):
     return calls, gtes
 
 
-@check("calls_chained_where_they_block")
-def _():
-    # Where the custom calls block (XLA:GPU, or TFRING_XLA_ORDER=chain),
-    # each takes the previous call's order value, so XLA runs them in one
-    # order on every rank whatever its schedule; on the CPU they stay free.
+def chained():
+    """Whether this process's XLA calls should be chained (docs/xla.md)."""
     order = os.environ.get("TFRING_XLA_ORDER", "auto")
-    want = order == "chain" or (order != "free" and bool(tf.config.list_physical_devices("GPU")))
-    jit = tf.function(step, jit_compile=True)
-    hlo = jit.experimental_get_compiler_ir(*inputs(1))(stage="optimized_hlo")
+    return order == "chain" or (order != "free"
+                                and bool(tf.config.list_physical_devices("GPU")))
+
+
+def call_chain(hlo, count):
+    """The tensor names of `count` chained tfring calls in chain order;
+    fails unless each call's last operand reads the previous call's order
+    value and following them visits every call once."""
     calls, gtes = tfring_calls(hlo)
-    assert len(calls) == 7, f"{len(calls)} tfring custom calls in:\n{hlo}"
-    flags = {c: o for c, (o, _) in calls.items()}
-    if not want:
-        assert not any(flags.values()), f"chained although free: {flags}"
-        return {"chained": False}
+    assert len(calls) == count, f"{len(calls)} tfring custom calls in:\n{hlo}"
+    flags = {c: o for c, (o, _, _) in calls.items()}
     assert all(flags.values()), f"not every call is ordered: {flags}"
-    # Each call's last operand reads another call's order value; one call
-    # starts the chain, and following it visits every call once.
-    prev = {c: gtes.get(last) for c, (_, last) in calls.items()}
+    prev = {c: gtes.get(last) for c, (_, last, _) in calls.items()}
     assert all(p is None or p in calls for p in prev.values()), (prev, gtes)
     heads = [c for c, p in prev.items() if p is None]
     assert len(heads) == 1, f"chain heads {heads}: {prev}"
@@ -361,7 +360,48 @@ def _():
         seen.append(c)
         c = nxt.get(c)
     assert len(seen) == len(calls), f"chain {seen} misses calls of {list(calls)}"
-    return {"chained": True, "chain": seen}
+    return [calls[c][2] for c in seen]
+
+
+@check("calls_chained_where_they_block")
+def _():
+    # Where the custom calls block (XLA:GPU, or TFRING_XLA_ORDER=chain),
+    # each takes the previous call's order value, so XLA runs them in one
+    # order on every rank whatever its schedule; on the CPU they stay free.
+    jit = tf.function(step, jit_compile=True)
+    hlo = jit.experimental_get_compiler_ir(*inputs(1))(stage="optimized_hlo")
+    if not chained():
+        calls, _ = tfring_calls(hlo)
+        assert len(calls) == 7, f"{len(calls)} tfring custom calls in:\n{hlo}"
+        assert not any(o for o, _, _ in calls.values()), f"chained although free: {calls}"
+        return {"chained": False}
+    return {"chained": True, "chain": call_chain(hlo, 7)}
+
+
+@check("free_calls_run_in_any_order")
+def _():
+    # Ranks build three independent collectives in opposite orders (the
+    # same names). The CPU target's calls are asynchronous, so unchained
+    # they meet whatever order each rank reaches them in. Chained calls go
+    # in the order tf2xla compiles the ops, which follows the order they
+    # were built: those need every rank to build them in the same order
+    # (the same code does), so the check does not apply there.
+    if chained():
+        return {"skipped": "chained calls need one build order on every rank"}
+    names = ["o_first", "o_second", "o_third"]
+
+    def fn(x):
+        out = {}
+        for n in names if RANK % 2 == 0 else names[::-1]:
+            out[n] = tfring.allreduce(x * (names.index(n) + 1), op=tfring.Sum, name=n)
+        return [out[n] for n in names]
+
+    x = tf.constant(values([3, 2], 21))
+    got = tf.function(fn, jit_compile=True)(x)
+    xs = every([3, 2], 21)
+    for k, g in enumerate(got):
+        equal(names[k], g.numpy(),
+              np.sum([v.astype(np.float64) * (k + 1) for v in xs], axis=0).astype(np.float32))
 
 
 @check("gradients_match_no_xla")
