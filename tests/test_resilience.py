@@ -180,11 +180,21 @@ def script(tmp_path, body):
 
 def test_restarts_stop_at_the_first_success(tmp_path):
     # Rank 1 fails in the first two starts; every start sees a fresh store.
+    # Rank 1 fails only once rank 0 has printed (a marker file), since the
+    # launcher then stops rank 0 at once.
     s = script(tmp_path, (
-        "import os, sys\n"
+        "import os, sys, time\n"
         "n = int(os.environ['TFRING_RESTART'])\n"
+        "rank = os.environ['TFRING_RANK']\n"
         "print('start', n, os.environ['TFRING_STORE_ADDR'], flush=True)\n"
-        "sys.exit(3 if n < 2 and os.environ['TFRING_RANK'] == '1' else 0)\n"))
+        f"mark = os.path.join({str(tmp_path)!r}, f'printed.{{n}}')\n"
+        "if rank == '0':\n"
+        "    open(mark, 'w').close()\n"
+        "elif n < 2:\n"
+        "    deadline = time.time() + 30\n"
+        "    while not os.path.exists(mark) and time.time() < deadline:\n"
+        "        time.sleep(0.01)\n"
+        "    sys.exit(3)\n"))
     r = launch(["--restarts", "5", "-np", "2", sys.executable, s])
     assert r.returncode == 0, r.stderr
     starts = [line.split()[-2:] for line in r.stdout.splitlines()
