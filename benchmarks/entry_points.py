@@ -351,7 +351,12 @@ def summarize(results, args):
                                                     for r in results)
                                     for i in range(nreps))
                for v in ("tfring", "alone")}
+        # Each block's time (the slowest rank's), to see the spread behind
+        # the medians.
+        blocks = {v: [max(r["times"][e][v][i] for r in results) for i in range(nreps)]
+                  for v in ("tfring", "alone")}
         rows[e] = {"ranks_agree": all(r["ranks_agree"][e] for r in results),
+                   "blocks_s": blocks,
                    "step_s": med["tfring"], "alone_s": med["alone"],
                    "cpu_s": cpu["tfring"], "alone_cpu_s": cpu["alone"],
                    "exposed_fraction": 1 - med["alone"] / med["tfring"],
