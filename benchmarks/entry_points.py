@@ -307,13 +307,7 @@ def core_floor(nbytes):
     from tfring import _core
 
     buf = np.ones(nbytes // 4, np.float32)
-    _core.allreduce(buf, op="sum", name="floor", out=buf)
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        _core.allreduce(buf, op="sum", name="floor", out=buf)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return median_seconds(lambda: _core.allreduce(buf, op="sum", name="floor", out=buf))
 
 
 def gpu_floor(tf, tfring, nbytes):
@@ -326,11 +320,16 @@ def gpu_floor(tf, tfring, nbytes):
     def reduce(x):
         return tfring.allreduce(x, op=tfring.Sum, name="floor")[:1]
 
-    float(reduce(buf)[0])
+    return median_seconds(lambda: float(reduce(buf)[0]))
+
+
+def median_seconds(fn, reps=5):
+    """fn() once to warm up, then the median of `reps` timed calls."""
+    fn()
     times = []
-    for _ in range(5):
+    for _ in range(reps):
         t0 = time.perf_counter()
-        float(reduce(buf)[0])
+        fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 

@@ -56,24 +56,22 @@ void forwardPiece(const RingProgram& prog, const RecvStep& r, size_t ro, const v
                   char* link, size_t n, bool stream_out, bool stream_link) {
   const size_t esize = dtypeSize(prog.dtype);
   char* out = r.data + ro;
-  auto toOut = [&](char* dst, const void* src, size_t k) {
-    if (stream_out)
+  // Streaming copies are left unfenced: one streamFence() below covers all.
+  auto copy = [](char* dst, const void* src, size_t k, bool streaming) {
+    if (streaming)
       kernels::copyStreaming(dst, src, k, false);
     else
       std::memcpy(dst, src, k);
   };
   if (!r.reduce) {
-    if (stream_link)
-      kernels::copyStreaming(link, in, n, false);
-    else
-      std::memcpy(link, in, n);
-    toOut(out, in, n);
+    copy(link, in, n, stream_link);
+    copy(out, in, n, stream_out);
   } else if (!stream_link) {
     // The link's space is as good a place to reduce into as any: the
     // result stays in this core's cache for the copy into place.
     kernels::reduce3(link, r.src ? r.src + ro : out, in, n / esize, prog.dtype, prog.op);
     if (r.scale != 1.0) kernels::scale(link, n / esize, prog.dtype, r.scale);
-    toOut(out, link, n);
+    copy(out, link, n, stream_out);
   } else {
     alignas(64) static thread_local char block[kForwardBlockBytes];
     const char* a = r.src ? r.src + ro : out;
@@ -82,8 +80,8 @@ void forwardPiece(const RingProgram& prog, const RecvStep& r, size_t ro, const v
       kernels::reduce3(block, a + o, static_cast<const char*>(in) + o, b / esize, prog.dtype,
                        prog.op);
       if (r.scale != 1.0) kernels::scale(block, b / esize, prog.dtype, r.scale);
-      kernels::copyStreaming(link + o, block, b, false);
-      toOut(out + o, block, b);
+      copy(link + o, block, b, true);
+      copy(out + o, block, b, stream_out);
     }
   }
   if (stream_out || stream_link) kernels::streamFence();

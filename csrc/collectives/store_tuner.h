@@ -20,8 +20,9 @@
 // to 51 ms per 128 MiB for ordinary stores, 18 to 25 ms for streaming).
 // Calls of a few hundred KiB vary more from call to call, and a trial
 // after every 1.3x step cost 10-15% in a fused step of 100 x 16 KiB; they
-// take 2x (ordinary stores there rise 4-5x when placement changes). Ranks run the same collectives in the same order, so their
-// trials mostly coincide. The choice is local to each rank (a reader does
+// take 2x (ordinary stores there rise 4-5x when placement changes). Ranks
+// run the same collectives in the same order, so their trials mostly
+// coincide. The choice is local to each rank (a reader does
 // not care how its bytes were written), and changes only speed.
 #pragma once
 

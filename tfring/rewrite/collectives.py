@@ -43,8 +43,8 @@ def reduce_gradients(grads, op=Average, compression=Compression.none,
                      process_set=None):
     """Allreduces a list of gradients (None entries stay None), fused into
     RingGroupedAllreduce ops of at most `fusion_threshold` bytes (one op
-    when traced for XLA). The list is bucketed from its end, since backprop produces the gradients of the
-    last layers first. tf.IndexedSlices are allgathered (see
+    when traced for XLA). The list is bucketed from its end, since backprop
+    produces the gradients of the last layers first. tf.IndexedSlices are allgathered (see
     tfring.allreduce) unless sparse_as_dense. `process_set`, if given, is
     passed to every op."""
     grads = list(grads)
