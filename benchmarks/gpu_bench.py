@@ -34,6 +34,10 @@ measured in this one run, on this GPU, next to its reference:
 3. Batch: 256 tensors of 16 KiB submitted with ``allreduce_async`` then
    waited, at 1 and 2 ranks (time per batch and per tensor).
 
+3b. Model: ResNet-50's 161 gradients (102 MB) the same way, in backprop
+   order, against one allreduce of a 102 MB tensor in the same job: what
+   fusion costs a training step over the bare allreduce.
+
 4. NCCL on one rank (TFRING_GPU_BACKEND=nccl): loads, runs, gives the right
    answer; its latency and bandwidth are printed for reference. NCCL refuses
    two ranks on one GPU; with two or more GPUs, also NCCL across them.
@@ -321,11 +325,33 @@ def worker(spec):
         t = slowest(_timed_loops(run_batch, sync, spec["reps"], spec["batch_iters"]))
         batch = {"procs": n, "count": count, "tensor_bytes": each, "seconds": t,
                  "per_tensor_s": t / count, "ok": ok}
+    group = None
+    if spec.get("group"):
+        # A model's gradients in backprop order (last layer first), each
+        # submitted as its own allreduce then waited for together, as a
+        # training step's gradients reach the engine: next to one tensor of
+        # the same total size (in "sizes"), in this same job.
+        xs = [_core.CudaArray.from_numpy(np.full(c, rank + 1, np.float32), dev)
+              for c in spec["group"]]
+        names = [f"grad.{i}" for i in range(len(xs))]
+
+        def run_group():
+            hs = [_core.allreduce_async(a, op="sum", name=nm, out=a) for a, nm in zip(xs, names)]
+            for h in hs:
+                h.wait(spec["timeout"])
+
+        run_group()
+        ok = agree(all(a.to_numpy()[0] == want and a.to_numpy()[-1] == want for a in xs))
+        for _ in range(spec["warmup"]):
+            run_group()
+        t = slowest(_timed_loops(run_group, sync, spec["reps"], spec["group_iters"]))
+        group = {"procs": n, "count": len(xs), "bytes": 4 * sum(spec["group"]),
+                 "seconds": t, "ok": ok}
     # Which CUDA-IPC algorithms really ran (a forced one must show up here).
     counts = dict(_core.gpu_allreduce_algorithms())
     if rank == 0:
         print(json.dumps({"backend": _core.gpu_backend(), "algo_counts": counts,
-                          "results": results, "batch": batch}), flush=True)
+                          "results": results, "batch": batch, "group": group}), flush=True)
     basics.shutdown()
 
 
@@ -448,6 +474,41 @@ def bench_batch(args):
     return out
 
 
+def bench_model(args):
+    """ResNet-50's 161 gradients (benchmarks/model_zoo.py), float32, each its
+    own allreduce_async in backprop order then all waited for, against one
+    allreduce of a tensor of the same total size, in the same job: what the
+    engine's fusion (pack, ring, unpack) costs a training step on top of the
+    bare allreduce."""
+    sys.path.insert(0, HERE)
+    import model_zoo
+
+    counts = [t.elems for t in reversed(model_zoo.resnet50())]
+    if args.dry_run:
+        counts = [max(1, c // 4096) for c in counts[:8]]
+    total = 4 * sum(counts)
+    spec = dict(_spec(args, [total]), group=counts,
+                group_iters=1 if args.dry_run else (5 if args.quick else 10))
+    out = []
+    print(f"\n== ResNet-50's gradients: {len(counts)} tensors, {_human(total)}, "
+          f"fused by the engine, against one {_human(total)} tensor; mode {args.mode} ==")
+    for n in (1, 2):
+        try:
+            res = run_job(n, {"TFRING_GPU_BACKEND": "ring", "TFRING_BENCH_DEVICE": "0"}, spec,
+                          args.timeout)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            print(f"{n} rank(s): failed: {str(e).strip().splitlines()[-1][:300]}")
+            continue
+        g, one = res["group"], res["results"][0]
+        row = dict(g, one_seconds=one["seconds"], ratio=g["seconds"] / one["seconds"],
+                   mode=args.mode, backend=res["backend"])
+        print(f"{n} rank(s): {len(counts)} tensors {g['seconds'] * 1e3:.3f} ms, one tensor "
+              f"{one['seconds'] * 1e3:.3f} ms: {row['ratio']:.2f}x "
+              f"{'ok' if g['ok'] and one['ok'] else 'WRONG'}")
+        out.append(row)
+    return out
+
+
 def bench_nccl(args, copy_bw):
     from tfring import _core
 
@@ -501,7 +562,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=400, help="seconds per job")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--skip", default="",
-                    help="comma list of kernels,api,allreduce,batch,nccl to skip")
+                    help="comma list of kernels,api,allreduce,batch,model,nccl to skip")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -532,6 +593,8 @@ def main():
         report["allreduce"], report["skipped_algos"] = bench_allreduce(args, copy_bw)
     if "batch" not in skip:
         report["batch"] = bench_batch(args)
+    if "model" not in skip:
+        report["model"] = bench_model(args)
     if "nccl" not in skip:
         report["nccl"] = bench_nccl(args, copy_bw)
     report["copy_GBps"] = copy_bw / 1e9 if copy_bw else None

@@ -531,6 +531,9 @@ def test_gpu_bench_dry_run_on_the_emulation(tmp_path):
     assert doc["skipped_algos"] == {}
     assert [b["procs"] for b in doc["batch"]] == [1, 2]
     assert all(b["ok"] and b["count"] == 8 for b in doc["batch"])
+    # ResNet-50's gradients (8 of them, shrunk) fused, next to one tensor.
+    assert [m["procs"] for m in doc["model"]] == [1, 2]
+    assert all(m["ok"] and m["count"] == 8 and m["ratio"] > 0 for m in doc["model"])
     assert "nccl" in doc
 
 
