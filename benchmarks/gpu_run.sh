@@ -29,8 +29,10 @@
 # (default "--algos ring,auto,host") are added for one mode), OUT (if set: test_gpu.log,
 # gpu_bench_mps.json, gpu_bench_timeslice.json and the MPS logs are written
 # there), SKIP_TESTS=1 / SKIP_BENCH=1 / SKIP_MPS=1, GPU_TESTS (test files,
-# default tests/test_gpu.py), STEP_BENCH and STEP_BENCH_TIMEOUT (seconds
-# per list, default 900; step_bench.log and step_bench_N.json in OUT). TFRING_TF_PYTHONPATH (where TensorFlow is
+# default tests/test_gpu.py), STEP_BENCH (';'-separated lists; leading
+# NAME=value words in a list are that job's environment) and
+# STEP_BENCH_TIMEOUT (seconds per list, default 900; step_bench.log and
+# step_bench_N.json in OUT). TFRING_TF_PYTHONPATH (where TensorFlow is
 # importable from; benchmarks/gpu_tf_stage.sh run sets it): build the
 # TensorFlow op library too (build-gpu-tf-run/; never the carried build,
 # which has none), its GPU kernels registered as TFRING_TF_GPU says
@@ -260,14 +262,23 @@ run_steps() {
   for args in "${lists[@]}"; do
     [[ -n "${args// /}" ]] || continue
     i=$((i + 1))
+    # Leading NAME=value words are the job's environment, e.g.
+    # "TFRING_GPU_COMPLETION=stream --model resnet50 ...".
+    local envs=() words
+    read -ra words <<< "$args"
+    while [[ ${#words[@]} -gt 0 && ${words[0]} =~ ^[A-Z_][A-Z0-9_]*= ]]; do
+      envs+=("${words[0]}")
+      words=("${words[@]:1}")
+    done
+    args="${words[*]}"
     json=()
     [[ -n "$OUTDIR" ]] && json=(--json "$OUTDIR/step_bench_$i.json")
-    log "steps $i ($mode): entry_points.py --gpu $args"
+    log "steps $i ($mode): ${envs[*]+${envs[*]} }entry_points.py --gpu $args"
     # The job's own deadline comes first (a later --timeout in args wins):
     # tfring-run then stops the ranks and entry_points.py prints their
     # output's tail (stall reports included) instead of being killed mute.
     # shellcheck disable=SC2086  # args is a list of words
-    (cd /tmp && with_mode "$mode" timeout "${STEP_BENCH_TIMEOUT:-900}" "$PY" \
+    (cd /tmp && with_mode "$mode" env ${envs[@]+"${envs[@]}"} timeout "${STEP_BENCH_TIMEOUT:-900}" "$PY" \
       "$ROOT/benchmarks/entry_points.py" --gpu --timeout "$((${STEP_BENCH_TIMEOUT:-900} - 30))" \
       $args ${json[@]+"${json[@]}"}) 2>&1 \
       | if [[ -n "$OUTDIR" ]]; then tee -a "$OUTDIR/step_bench.log"; else cat; fi

@@ -417,6 +417,58 @@ def test_cuda_batched_copy_packs_and_unpacks():
 
 
 @requires_gpu
+def test_stream_gate_holds_the_stream_until_opened():
+    """TFRING_GPU_COMPLETION=stream's mechanism: work queued behind a gate
+    waits on the device until open() (from any thread), a gate opened
+    before the stream reaches it does not hold it, gates opened out of
+    order release their stream in its own order, and a gate dropped
+    unopened opens rather than hang its stream."""
+    import threading
+    import time
+
+    ok, why = _core.cuda_stream_gates_supported(0)
+    assert ok, why
+    s = _core.cuda_stream_create(0)
+    try:
+        src = _core.CudaArray.from_numpy(np.arange(1, 1001, dtype=np.float32))
+        dst = _core.CudaArray.from_numpy(np.zeros(1000, np.float32))
+        gate = _core.cuda_stream_gate(s)
+        _core.cuda_scale(dst, src, 2.0, stream=s)
+        time.sleep(0.3)
+        np.testing.assert_array_equal(dst.to_numpy(), 0)  # held
+        threading.Thread(target=gate.open).start()
+        _core.cuda_synchronize(0, s)
+        np.testing.assert_array_equal(dst.to_numpy(), 2 * src.to_numpy())
+
+        early = _core.cuda_stream_gate(s)
+        early.open()
+        _core.cuda_scale(dst, src, 3.0, stream=s)
+        _core.cuda_synchronize(0, s)
+        np.testing.assert_array_equal(dst.to_numpy(), 3 * src.to_numpy())
+
+        # Two gates, the second opened first: the stream still waits for the
+        # first, then runs both steps in its order (x4, then +src via x5).
+        g1 = _core.cuda_stream_gate(s)
+        _core.cuda_scale(dst, src, 4.0, stream=s)
+        g2 = _core.cuda_stream_gate(s)
+        _core.cuda_scale(dst, src, 5.0, stream=s)
+        g2.open()
+        time.sleep(0.2)
+        np.testing.assert_array_equal(dst.to_numpy(), 3 * src.to_numpy())
+        g1.open()
+        _core.cuda_synchronize(0, s)
+        np.testing.assert_array_equal(dst.to_numpy(), 5 * src.to_numpy())
+
+        dropped = _core.cuda_stream_gate(s)
+        _core.cuda_scale(dst, src, 6.0, stream=s)
+        del dropped
+        _core.cuda_synchronize(0, s)
+        np.testing.assert_array_equal(dst.to_numpy(), 6 * src.to_numpy())
+    finally:
+        _core.cuda_stream_destroy(s, 0)
+
+
+@requires_gpu
 def test_cuda_kernels_unaligned_views():
     n = 10_000
     a = _core.CudaArray.from_numpy(np.arange(n, dtype=np.float32))

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,29 @@ struct Copy {
   size_t bytes;
 };
 void launchBatchedCopy(int device, const std::vector<Copy>& copies, void* stream);
+
+// Stream-ordered completion (TFRING_GPU_COMPLETION=stream). A gate makes
+// `stream` wait, on the device, until open() is called from any host
+// thread: work queued on `stream` after close() runs only once the gate is
+// open, and no host thread blocks meanwhile (not even CUDA's host-function
+// thread, which the engine's own waits use). The wait is
+// cuStreamWaitValue32 on a word of mapped pinned host memory that open()
+// raises to the gate's generation, so a gate opened before its wait is
+// reached costs nothing. A caller that completes a collective this way
+// hands its outputs to its stream at once and lets the host go on queueing
+// the step's later work (the optimizer, the next step) behind the gate.
+class StreamGate {
+ public:
+  virtual ~StreamGate() = default;
+  // Thread-safe; opening twice is harmless.
+  virtual void open() = 0;
+};
+// Whether gates work on `device` (driver support for stream memory
+// operations); `why` says why not.
+bool streamGatesSupported(int device, std::string* why);
+// Queues the gate's wait on `stream` (a cudaStream_t on `device`). Throws
+// kUnavailable where gates are not supported.
+std::shared_ptr<StreamGate> closeStream(int device, void* stream);
 
 // Seconds per call of `launch` (which queues work on `stream`), for
 // benchmarks: CUDA events recorded on `stream` before the first and after

@@ -629,6 +629,25 @@ void bindGpu(py::module_& m) {
   m.def(
       "cuda_synchronize", [](int device, py::object stream) { gpu::synchronize(device, streamOf(stream)); },
       py::arg("device") = 0, py::arg("stream") = py::none());
+  py::class_<gpu::StreamGate, std::shared_ptr<gpu::StreamGate>>(
+      m, "CudaStreamGate",
+      "A stream gate (TFRING_GPU_COMPLETION=stream): the stream's later work waits on the "
+      "device until open().")
+      .def("open", &gpu::StreamGate::open, py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "cuda_stream_gate",
+      [](py::object stream, int device) { return gpu::closeStream(device, streamOf(stream)); },
+      py::arg("stream"), py::arg("device") = 0,
+      "Queues a gate's wait on `stream` and returns the gate: work queued on the stream after "
+      "this call runs once the gate is opened.");
+  m.def(
+      "cuda_stream_gates_supported",
+      [](int device) {
+        std::string why;
+        bool ok = gpu::streamGatesSupported(device, &why);
+        return py::make_tuple(ok, why);
+      },
+      py::arg("device") = 0, "(True, '') when stream gates work on `device`, else (False, why).");
 }
 
 }  // namespace python

@@ -11,6 +11,8 @@
 #include "xla/stream_executor/stream.h"
 #include "xla/stream_executor/stream_executor.h"
 
+#include "tf/stream_completion.h"
+
 namespace tfring {
 namespace tf {
 
@@ -174,9 +176,52 @@ Status enqueueNoThrow(std::vector<runtime::Request> reqs,
 
 }  // namespace
 
+// TFRING_GPU_COMPLETION=stream (stream_completion.h): the op is done once
+// its requests are submitted and a gate on TF's stream holds the stream's
+// later work until the engine has written the outputs. Only for outputs TF
+// allocated before the op ran (allreduce, broadcast): an output the engine
+// allocates (allgather, reducescatter) needs the op context after the
+// negotiation, so those complete on the host, after any gated submission.
+bool RingOpKernel::submitGated(tfw::OpKernelContext* ctx, std::vector<runtime::Request>* reqs,
+                               DoneCallback* done) {
+  if (reqs->empty() || (*reqs)[0].device < 0 || !streamCompletion((*reqs)[0].device))
+    return false;
+  for (const auto& r : *reqs) {
+    if (r.allocate || !r.output) {
+      waitForGatedSubmissions();
+      return false;
+    }
+  }
+  auto finish = [ctx, done](const Status& st) {
+    if (!st.ok()) ctx->SetStatus(toTfStatus(st));
+    (*done)();
+  };
+  Status s = streamCompletionError();
+  if (!s.ok()) {
+    finish(s);
+    return true;
+  }
+  const int device = (*reqs)[0].device;
+  void* stream = (*reqs)[0].stream;
+  const int process_set = (*reqs)[0].process_set;
+  GatedSubmission sub(static_cast<int>(reqs->size()));
+  s = enqueueNoThrow(std::move(*reqs), sub.callbacks());
+  if (s.ok()) {
+    try {
+      runtime::tryDrive(process_set);
+    } catch (...) {
+    }
+    s = sub.closeAfterSubmit(device, stream);
+    if (!s.ok()) s = sub.waitHost();  // no gate: complete on the host after all
+  }
+  finish(s);
+  return true;
+}
+
 void RingOpKernel::submit(tfw::OpKernelContext* ctx,
                           std::vector<runtime::Request> reqs,
                           DoneCallback done) {
+  if (submitGated(ctx, &reqs, &done)) return;
   const int n = static_cast<int>(reqs.size());
   const int process_set = n > 0 ? reqs[0].process_set : 0;
   auto countdown = std::make_shared<Countdown>(ctx, n + 1, std::move(done));

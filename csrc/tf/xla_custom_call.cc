@@ -20,10 +20,12 @@
 // handler hands the engine XLA's stream (the input is read after the work
 // queued on it) and drives the engine until the output is complete on the
 // device (runtime.h's stream contract), then returns; XLA's later kernels on
-// that stream see the result. Program order can differ by rank (autotuning
-// changes the module), so there the XLA kernels chain the calls through an
-// extra s32[] operand and result (xla_ops.cc); `ordered = 1` says a call
-// has them, and the handlers leave them alone.
+// that stream see the result. With TFRING_GPU_COMPLETION=stream the handler
+// returns once it has submitted, and a stream gate holds XLA's later
+// kernels until the engine is done (stream_completion.h). Program order can
+// differ by rank (autotuning changes the module), so there the XLA kernels
+// chain the calls through an extra s32[] operand and result (xla_ops.cc);
+// `ordered = 1` says a call has them, and the handlers leave them alone.
 //
 // Errors reach TensorFlow with the engine's code: a shape that differs by
 // rank fails with FailedPreconditionError and the same message as without
@@ -44,6 +46,7 @@
 #include "common/status.h"
 #include "common/types.h"
 #include "runtime/runtime.h"
+#include "tf/stream_completion.h"
 
 namespace tfring {
 namespace tf {
@@ -427,11 +430,31 @@ ffi::Error submitBlocking(std::vector<runtime::Request> reqs, bool allgather) {
   return toFfiError(allgather ? withAllgatherHint(st->first) : st->first);
 }
 
-void onGpu(std::vector<runtime::Request>* reqs, int32_t device, CUstream_st* stream) {
-  for (auto& r : *reqs) {
+// TFRING_GPU_COMPLETION=stream (stream_completion.h): returns once the
+// requests are submitted, with a gate on XLA's stream that holds the
+// program's later kernels until the engine is done, so XLA's host thread
+// goes on queueing them (and the next step) meanwhile. Otherwise blocks.
+ffi::Error submitOnGpu(std::vector<runtime::Request> reqs, bool allgather, int32_t device,
+                       CUstream_st* stream) {
+  for (auto& r : reqs) {
     r.device = device;
     r.stream = stream;
   }
+  if (reqs.empty() || !streamCompletion(device)) return submitBlocking(std::move(reqs), allgather);
+  Status s = streamCompletionError();
+  if (!s.ok()) return toFfiError(s);
+  const int process_set = reqs[0].process_set;
+  GatedSubmission sub(static_cast<int>(reqs.size()));
+  s = enqueueNoThrow(std::move(reqs), sub.callbacks());
+  if (!s.ok()) return toFfiError(allgather ? withAllgatherHint(s) : s);
+  try {
+    runtime::tryDrive(process_set);  // every rank ready: it starts here
+  } catch (const Error&) {
+    // the requests' callbacks carry the error
+  }
+  s = sub.closeAfterSubmit(device, stream);
+  if (!s.ok()) s = sub.waitHost();  // no gate: complete on the host after all
+  return toFfiError(allgather ? withAllgatherHint(s) : s);
 }
 
 ffi::Error gpuAllreduce(CUstream_st* stream, int32_t device, ffi::RemainingArgs args,
@@ -441,8 +464,7 @@ ffi::Error gpuAllreduce(CUstream_st* stream, int32_t device, ffi::RemainingArgs 
   Status err = allreduceRequests(reduceAttrs(name, op, pre, post), args, rets, grouped,
                                  ordered, &reqs);
   if (!err.ok()) return toFfiError(err);
-  onGpu(&reqs, device, stream);
-  return submitBlocking(std::move(reqs), false);
+  return submitOnGpu(std::move(reqs), false, device, stream);
 }
 
 ffi::Error gpuOne(CollectiveType type, CUstream_st* stream, int32_t device, const Attrs& a,
@@ -450,8 +472,7 @@ ffi::Error gpuOne(CollectiveType type, CUstream_st* stream, int32_t device, cons
   std::vector<runtime::Request> reqs(1);
   Status err = oneRequest(type, a, args, rets, ordered, &reqs[0]);
   if (!err.ok()) return toFfiError(err);
-  onGpu(&reqs, device, stream);
-  return submitBlocking(std::move(reqs), type == CollectiveType::kAllgather);
+  return submitOnGpu(std::move(reqs), type == CollectiveType::kAllgather, device, stream);
 }
 
 ffi::Error gpuAllgather(CUstream_st* stream, int32_t device, ffi::RemainingArgs args,

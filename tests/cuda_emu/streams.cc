@@ -303,6 +303,23 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   return ret(submit(R, s, [ev, target] { waitEvent(ev, target); }));
 }
 
+// The emulation's cuStreamWaitValue32 (CU_STREAM_WAIT_VALUE_GEQ only): the
+// stream's later work waits until the 32-bit word at addr (host memory or
+// a device allocation; one address space here) is at least `value`,
+// polled as a GPU-side wait would.
+int tfring_emu_stream_wait_value32(void* stream, unsigned long long addr, uint32_t value,
+                                   unsigned flags) {
+  RUNTIME(R);
+  StreamP s;
+  if (!addr || flags != 0) return cudaErrorInvalidValue;
+  if (cudaError_t e = resolve(R, static_cast<cudaStream_t>(stream), &s)) return e;
+  auto* word = reinterpret_cast<const uint32_t*>(static_cast<uintptr_t>(addr));
+  return submit(R, s, [word, value] {
+    pollUntil([&] { return __atomic_load_n(word, __ATOMIC_ACQUIRE) >= value; },
+              [] { return false; });
+  });
+}
+
 // ---- events ------------------------------------------------------------------------
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {

@@ -54,6 +54,11 @@ void launchReduce(int, void*, const void*, const void*, size_t, DataType, Reduce
 void launchScale(int, void*, const void*, size_t, DataType, double, void*) { noCuda(); }
 void launchCast(int, void*, DataType, const void*, DataType, size_t, void*) { noCuda(); }
 void launchBatchedCopy(int, const std::vector<Copy>&, void*) { noCuda(); }
+bool streamGatesSupported(int, std::string* why) {
+  if (why) *why = "this tfring build has no CUDA support";
+  return false;
+}
+std::shared_ptr<StreamGate> closeStream(int, void*) { noCuda(); }
 
 }  // namespace gpu
 }  // namespace tfring

@@ -184,6 +184,11 @@ cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* event, cudaIpcEventHandle_t hand
 int tfring_emu_mem_get_address_range(unsigned long long* base, size_t* size,
                                      unsigned long long ptr);
 
+// Not CUDA runtime API: the emulation's cuStreamWaitValue32_v2 with
+// CU_STREAM_WAIT_VALUE_GEQ (flags 0). 0 on success, a CUDA error otherwise.
+int tfring_emu_stream_wait_value32(void* stream, unsigned long long addr, uint32_t value,
+                                   unsigned flags);
+
 #ifdef __cplusplus
 }  // extern "C"
 

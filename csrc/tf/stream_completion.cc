@@ -1,0 +1,150 @@
+// Stream-ordered completion: see stream_completion.h.
+#include "tf/stream_completion.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "common/logging.h"
+#include "gpu/device.h"
+
+namespace tfring {
+namespace tf {
+
+namespace {
+
+std::mutex g_error_mu;
+Status g_error;  // first failure of a stream-completed collective
+
+void recordError(const Status& s) {
+  std::lock_guard<std::mutex> lk(g_error_mu);
+  if (!g_error.ok()) return;
+  g_error = Status(s.code(),
+                   strCat(s.message(), " (this collective completed on its GPU stream "
+                                       "[TFRING_GPU_COMPLETION=stream] before it failed: "
+                                       "the outputs of the step that ran it are not valid)"));
+  TFRING_LOG(kError, g_error.message());
+}
+
+}  // namespace
+
+bool streamCompletion(int device) {
+  static const bool wanted = [] {
+    const char* v = std::getenv("TFRING_GPU_COMPLETION");
+    std::string s = v ? v : "host";
+    if (s == "stream") return true;
+    if (s != "host" && !s.empty())
+      TFRING_LOG(kWarning, "TFRING_GPU_COMPLETION='", s,
+                 "' is not one of host|stream; using host");
+    return false;
+  }();
+  if (!wanted) return false;
+  static std::once_flag once;
+  static bool ok = false;
+  std::call_once(once, [device] {
+    std::string why;
+    ok = gpu::streamGatesSupported(device, &why);
+    if (!ok)
+      TFRING_LOG(kWarning, "TFRING_GPU_COMPLETION=stream: ", why,
+                 "; GPU collectives complete on the host instead");
+  });
+  return ok;
+}
+
+Status streamCompletionError() {
+  std::lock_guard<std::mutex> lk(g_error_mu);
+  return g_error;
+}
+
+struct GatedSubmission::State {
+  std::atomic<int> left{0};
+  std::mutex mu;
+  Status first;
+  bool finished = false;
+  std::shared_ptr<gpu::StreamGate> gate;
+};
+
+namespace {
+
+// The last gated submission. A later submission's inputs are produced
+// behind its gate on the same stream, so the engine must not take them
+// first, nor fuse them with it: that would wait on the gate it is to open.
+// One gated submission in flight per process rules it out (in an XLA step
+// there is one call, so this rarely waits).
+std::mutex g_last_mu;
+std::shared_ptr<GatedSubmission::State> g_last;
+
+}  // namespace
+
+void waitForGatedSubmissions() {
+  std::shared_ptr<GatedSubmission::State> last;
+  {
+    std::lock_guard<std::mutex> lk(g_last_mu);
+    last = g_last;
+  }
+  if (!last || last->left.load() == 0) return;
+  runtime::drive([last] { return last->left.load() == 0; },
+                 [] { std::this_thread::sleep_for(std::chrono::microseconds(20)); });
+}
+
+GatedSubmission::GatedSubmission(int count) : st_(std::make_shared<State>()) {
+  st_->left = count;
+  waitForGatedSubmissions();
+  std::lock_guard<std::mutex> lk(g_last_mu);
+  g_last = st_;
+}
+
+std::vector<runtime::DoneCallback> GatedSubmission::callbacks() {
+  std::vector<runtime::DoneCallback> cbs;
+  const int n = st_->left.load();
+  cbs.reserve(n);
+  for (int i = 0; i < n; ++i)
+    cbs.push_back([st = st_](const Status& s) {
+      if (!s.ok()) {
+        {
+          std::lock_guard<std::mutex> lk(st->mu);
+          if (st->first.ok()) st->first = s;
+        }
+        recordError(s);
+      }
+      if (st->left.fetch_sub(1) != 1) return;
+      std::shared_ptr<gpu::StreamGate> gate;
+      {
+        std::lock_guard<std::mutex> lk(st->mu);
+        st->finished = true;
+        gate = st->gate;
+      }
+      if (gate) gate->open();
+    });
+  return cbs;
+}
+
+Status GatedSubmission::closeAfterSubmit(int device, void* stream) {
+  std::shared_ptr<gpu::StreamGate> gate;
+  try {
+    gate = gpu::closeStream(device, stream);
+  } catch (const Error& e) {
+    return e.status();
+  }
+  bool finished;
+  {
+    std::lock_guard<std::mutex> lk(st_->mu);
+    st_->gate = gate;
+    finished = st_->finished;
+  }
+  if (finished) gate->open();
+  return Status::OK();
+}
+
+Status GatedSubmission::waitHost() {
+  auto st = st_;
+  runtime::drive([st] { return st->left.load() == 0; },
+                 [] { std::this_thread::sleep_for(std::chrono::microseconds(20)); });
+  std::lock_guard<std::mutex> lk(st->mu);
+  return st->first;
+}
+
+}  // namespace tf
+}  // namespace tfring

@@ -1,0 +1,76 @@
+// Stream-ordered completion of GPU collectives for the TF kernels
+// (adapter.cc) and XLA's custom calls (xla_custom_call.cc), with
+// TFRING_GPU_COMPLETION=stream.
+//
+// "host" (the default): the TF op (or XLA call) completes once the
+// collective's output is complete on the device. The host thread that runs
+// the step therefore waits, every step, for the GPU to finish backprop and
+// the collective, and the GPU then idles while the host queues the rest of
+// the step and the next one.
+//
+// "stream": the op completes as soon as its requests are submitted. A stream
+// gate (gpu/device.h) queued on the op's stream right after the submission
+// holds the stream's later work (the optimizer, the next step) until the
+// engine has finished, so the outputs are used in stream order like any GPU
+// op's, and the host goes on queueing work meanwhile. The engine still reads
+// the input after the work queued before the submission (the event enqueue
+// records comes before the gate).
+//
+// Errors: a collective that fails after its op completed cannot fail that
+// op. The error is logged at once and kept: every later collective of this
+// process (TF op or XLA call) fails with it, naming the tensor that failed,
+// so the step after the failure raises it. That step's outputs are not
+// valid; with "host", the failing step itself raises.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "runtime/runtime.h"
+
+namespace tfring {
+namespace gpu {
+class StreamGate;
+}
+namespace tf {
+
+// True when TFRING_GPU_COMPLETION=stream and gates work on `device` (else a
+// warning once, and host completion).
+bool streamCompletion(int device);
+
+// The first error of a stream-completed collective in this process; OK if
+// none.
+Status streamCompletionError();
+
+// Blocks (driving the engine) until the last gated submission of this
+// process is done. Every GPU submission in stream mode comes after it: its
+// input may be produced behind that gate, so the engine must not start (or
+// fuse) it first. GatedSubmission's constructor calls it.
+void waitForGatedSubmissions();
+
+// One submission completed on its stream. Usage: construct, take callbacks()
+// for the requests, enqueue them, then closeAfterSubmit(device, stream).
+class GatedSubmission {
+ public:
+  explicit GatedSubmission(int count);
+  std::vector<runtime::DoneCallback> callbacks();
+  // Queues the gate on `stream` once the requests are enqueued (so the
+  // engine's input event precedes it); opens it at once if they are done.
+  // A non-OK status: no gate could be queued; the caller must then wait for
+  // the requests itself (waitHost).
+  Status closeAfterSubmit(int device, void* stream);
+  // Fallback: blocks (driving the engine) until every request is done;
+  // returns their first error.
+  Status waitHost();
+
+ struct State;
+
+ private:
+  std::shared_ptr<State> st_;
+};
+
+}  // namespace tf
+}  // namespace tfring
