@@ -176,52 +176,22 @@ Status enqueueNoThrow(std::vector<runtime::Request> reqs,
 
 }  // namespace
 
-// TFRING_GPU_COMPLETION=stream (stream_completion.h): the op is done once
-// its requests are submitted and a gate on TF's stream holds the stream's
-// later work until the engine has written the outputs. Only for outputs TF
-// allocated before the op ran (allreduce, broadcast): an output the engine
-// allocates (allgather, reducescatter) needs the op context after the
-// negotiation, so those complete on the host, after any gated submission.
-bool RingOpKernel::submitGated(tfw::OpKernelContext* ctx, std::vector<runtime::Request>* reqs,
-                               DoneCallback* done) {
-  if (reqs->empty() || (*reqs)[0].device < 0 || !streamCompletion((*reqs)[0].device))
-    return false;
-  for (const auto& r : *reqs) {
-    if (r.allocate || !r.output) {
-      waitForGatedSubmissions();
-      return false;
-    }
-  }
-  auto finish = [ctx, done](const Status& st) {
-    if (!st.ok()) ctx->SetStatus(toTfStatus(st));
-    (*done)();
-  };
-  Status s = streamCompletionError();
-  if (!s.ok()) {
-    finish(s);
-    return true;
-  }
-  const int device = (*reqs)[0].device;
-  void* stream = (*reqs)[0].stream;
-  const int process_set = (*reqs)[0].process_set;
-  GatedSubmission sub(static_cast<int>(reqs->size()));
-  s = enqueueNoThrow(std::move(*reqs), sub.callbacks());
-  if (s.ok()) {
-    try {
-      runtime::tryDrive(process_set);
-    } catch (...) {
-    }
-    s = sub.closeAfterSubmit(device, stream);
-    if (!s.ok()) s = sub.waitHost();  // no gate: complete on the host after all
-  }
-  finish(s);
-  return true;
+// TFRING_GPU_COMPLETION=stream gates XLA's GPU calls only
+// (stream_completion.h). A TF op's GPU input may be produced behind such a
+// gate, so it is submitted once the gated call is done: taken first, or
+// fused with it, it would wait on the gate it is to open. The TF kernels
+// themselves complete on the host: the TF executor may run two of them in
+// different orders on different ranks, and a gate between them would then
+// deadlock the ranks.
+void RingOpKernel::afterGatedSubmissions(const std::vector<runtime::Request>& reqs) {
+  if (!reqs.empty() && reqs[0].device >= 0 && streamCompletion(reqs[0].device))
+    waitForGatedSubmissions();
 }
 
 void RingOpKernel::submit(tfw::OpKernelContext* ctx,
                           std::vector<runtime::Request> reqs,
                           DoneCallback done) {
-  if (submitGated(ctx, &reqs, &done)) return;
+  afterGatedSubmissions(reqs);
   const int n = static_cast<int>(reqs.size());
   const int process_set = n > 0 ? reqs[0].process_set : 0;
   auto countdown = std::make_shared<Countdown>(ctx, n + 1, std::move(done));

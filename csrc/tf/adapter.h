@@ -56,9 +56,6 @@ class RingOpKernel : public ::tensorflow::AsyncOpKernel {
   // every request that was enqueued has finished (from the engine thread),
   // or right here when none was. The first error is set on ctx before it.
   // If enqueue refuses a request the rest are not submitted.
-  // With TFRING_GPU_COMPLETION=stream, GPU requests whose outputs TF
-  // allocated complete on TF's stream instead: `done` comes once they are
-  // submitted (stream_completion.h).
   static void submit(::tensorflow::OpKernelContext* ctx,
                      std::vector<runtime::Request> reqs, DoneCallback done);
 
@@ -67,8 +64,7 @@ class RingOpKernel : public ::tensorflow::AsyncOpKernel {
   // engine thread; on GPU it returns once the work TF queued on the op's
   // stream before the allocation is done, since TF's allocator reuses
   // memory whose last reader is only queued there.
-  static bool submitGated(::tensorflow::OpKernelContext* ctx,
-                          std::vector<runtime::Request>* reqs, DoneCallback* done);
+  static void afterGatedSubmissions(const std::vector<runtime::Request>& reqs);
 
   runtime::Allocator outputAllocator(::tensorflow::OpKernelContext* ctx) const;
 

@@ -1,26 +1,31 @@
-// Stream-ordered completion of GPU collectives for the TF kernels
-// (adapter.cc) and XLA's custom calls (xla_custom_call.cc), with
-// TFRING_GPU_COMPLETION=stream.
+// Stream-ordered completion of XLA's GPU custom calls
+// (xla_custom_call.cc), with TFRING_GPU_COMPLETION=stream.
 //
-// "host" (the default): the TF op (or XLA call) completes once the
-// collective's output is complete on the device. The host thread that runs
-// the step therefore waits, every step, for the GPU to finish backprop and
-// the collective, and the GPU then idles while the host queues the rest of
-// the step and the next one.
+// "host" (the default): the call returns once the collective's output is
+// complete on the device. XLA's host thread therefore waits, every step,
+// for the GPU to finish backprop and the collective, and the GPU then idles
+// while the host queues the rest of the step and the next one.
 //
-// "stream": the op completes as soon as its requests are submitted. A stream
-// gate (gpu/device.h) queued on the op's stream right after the submission
-// holds the stream's later work (the optimizer, the next step) until the
-// engine has finished, so the outputs are used in stream order like any GPU
-// op's, and the host goes on queueing work meanwhile. The engine still reads
-// the input after the work queued before the submission (the event enqueue
-// records comes before the gate).
+// "stream": the call returns as soon as its requests are submitted. A
+// stream gate (gpu/device.h) queued on XLA's stream right after the
+// submission holds the stream's later work (the optimizer, the next step)
+// until the engine has finished, so the outputs are used in stream order
+// like any GPU kernel's, and the host goes on queueing work meanwhile. The
+// engine still reads the input after the work queued before the submission
+// (the event enqueue records comes before the gate).
 //
-// Errors: a collective that fails after its op completed cannot fail that
-// op. The error is logged at once and kept: every later collective of this
-// process (TF op or XLA call) fails with it, naming the tensor that failed,
-// so the step after the failure raises it. That step's outputs are not
-// valid; with "host", the failing step itself raises.
+// One gated submission is in flight per process: a later GPU submission
+// (the next call, a TF op) may read inputs produced behind the gate, so it
+// waits on the host for the gated one first. XLA's calls come in one order
+// on every rank (the chain, xla_ops.cc), so that wait cannot cross ranks.
+// The TF kernels are not gated: TF's executor may run two of them in
+// different orders on different ranks.
+//
+// Errors: a collective that fails after its call returned cannot fail that
+// call. The error is logged at once and kept: every later collective call
+// of this process fails with it, naming the tensor that failed, so the step
+// after the failure raises it. That step's outputs are not valid; with
+// "host", the failing step itself raises.
 #pragma once
 
 #include <memory>
@@ -48,7 +53,7 @@ Status streamCompletionError();
 // Blocks (driving the engine) until the last gated submission of this
 // process is done. Every GPU submission in stream mode comes after it: its
 // input may be produced behind that gate, so the engine must not start (or
-// fuse) it first. GatedSubmission's constructor calls it.
+// fuse) it first. GatedSubmission's constructor and the TF kernels call it.
 void waitForGatedSubmissions();
 
 // One submission completed on its stream. Usage: construct, take callbacks()
