@@ -657,6 +657,27 @@ def test_gpu_producer_stream_is_honoured(n):
 
 
 @requires_gpu
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_gpu_steps_completed_on_their_stream(n):
+    # Random delays on every queued operation of the emulation: work that is
+    # not ordered behind the gate it needs reads stale data instead of
+    # passing by luck.
+    env = {"TFRING_GPU_BACKEND": "ring"}
+    if _core.cuda_emulated():
+        env["TFRING_EMU_DELAY_US"] = "300"
+    _gpu_job(n, "gated", env)
+
+
+@requires_gpu
+def test_gpu_gated_mismatch_is_named_by_the_next_call():
+    res = check_ok(run_ranks(2, "gpu.py", ["gated_error"], timeout=120,
+                             env={"TFRING_TEST_DEVICE": "0", "TFRING_GPU_BACKEND": "ring"}))
+    for r, out in enumerate(res):
+        assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"])
+        assert "gated.bad" in out["error"] and "completed on its GPU stream" in out["error"]
+
+
+@requires_gpu
 @pytest.mark.parametrize("victim", [0, 2])
 @pytest.mark.parametrize("ipc", ["1", "0"])
 def test_gpu_dead_peer_fails_every_rank_fast(victim, ipc):

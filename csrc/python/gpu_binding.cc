@@ -39,6 +39,7 @@
 #include "gpu/device.h"
 #include "gpu/executor.h"
 #include "gpu/nccl_loader.h"
+#include "gpu/stream_completion.h"
 #include "gpu/pull_ring.h"
 #include "python/bindings.h"
 #include "python/completion.h"
@@ -640,6 +641,57 @@ void bindGpu(py::module_& m) {
       py::arg("stream"), py::arg("device") = 0,
       "Queues a gate's wait on `stream` and returns the gate: work queued on the stream after "
       "this call runs once the gate is opened.");
+  m.def(
+      "cuda_allreduce_gated",
+      [](const std::vector<py::object>& inputs, const std::vector<py::object>& outputs,
+         const std::vector<std::string>& names, py::object stream, const std::string& op) {
+        // What an XLA GPU call does with TFRING_GPU_COMPLETION=stream: one
+        // batch of allreduces submitted on `stream`, returning at once with
+        // a gate on the stream that the engine opens when they are done.
+        if (inputs.size() != outputs.size() || inputs.size() != names.size())
+          throw py::value_error("inputs, outputs and names must have the same length");
+        Status prior = gpu::streamCompletionError();
+        if (!prior.ok()) throwStatus(prior);
+        void* st = streamOf(stream);
+        std::vector<runtime::Request> reqs(inputs.size());
+        int device = 0;
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          CudaView in = viewOf(inputs[i], "input"), o = viewOf(outputs[i], "out");
+          if (o.count() != in.count() || o.itemsize != in.itemsize)
+            throw py::value_error("each output must have its input's size");
+          device = deviceOfView(in, inputs[i], "input");
+          runtime::Request& r = reqs[i];
+          r.name = names[i];
+          r.type = CollectiveType::kAllreduce;
+          r.dtype = resolveCudaDtype(in, py::none());
+          r.shape = in.shape;
+          r.op = opOf(op);
+          r.input = in.ptr;
+          r.output = o.ptr;
+          r.device = device;
+          r.stream = st;
+        }
+        if (reqs.empty()) return;
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          gpu::GatedSubmission sub(static_cast<int>(reqs.size()));
+          s = sub.submit(std::move(reqs), device, st);
+        }
+        if (!s.ok()) throwStatus(s);
+      },
+      py::arg("inputs"), py::arg("outputs"), py::arg("names"), py::arg("stream"),
+      py::arg("op") = "sum",
+      "Allreduces inputs into outputs as one batch completed on `stream` (stream gate): "
+      "returns once submitted; work queued on `stream` afterwards sees the results.");
+  m.def(
+      "cuda_gated_error",
+      []() -> py::object {
+        Status s = gpu::streamCompletionError();
+        if (s.ok()) return py::none();
+        return py::str(s.message());
+      },
+      "The error of a gated collective that failed after its submission returned (None if none).");
   m.def(
       "cuda_stream_gates_supported",
       [](int device) {

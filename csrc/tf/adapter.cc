@@ -11,7 +11,7 @@
 #include "xla/stream_executor/stream.h"
 #include "xla/stream_executor/stream_executor.h"
 
-#include "tf/stream_completion.h"
+#include "gpu/stream_completion.h"
 
 namespace tfring {
 namespace tf {
@@ -177,15 +177,15 @@ Status enqueueNoThrow(std::vector<runtime::Request> reqs,
 }  // namespace
 
 // TFRING_GPU_COMPLETION=stream gates XLA's GPU calls only
-// (stream_completion.h). A TF op's GPU input may be produced behind such a
+// (gpu/stream_completion.h). A TF op's GPU input may be produced behind such a
 // gate, so it is submitted once the gated call is done: taken first, or
 // fused with it, it would wait on the gate it is to open. The TF kernels
 // themselves complete on the host: the TF executor may run two of them in
 // different orders on different ranks, and a gate between them would then
 // deadlock the ranks.
 void RingOpKernel::afterGatedSubmissions(const std::vector<runtime::Request>& reqs) {
-  if (!reqs.empty() && reqs[0].device >= 0 && streamCompletion(reqs[0].device))
-    waitForGatedSubmissions();
+  if (!reqs.empty() && reqs[0].device >= 0 && gpu::streamCompletion(reqs[0].device))
+    gpu::waitForGatedSubmissions();
 }
 
 void RingOpKernel::submit(tfw::OpKernelContext* ctx,

@@ -46,7 +46,7 @@
 #include "common/status.h"
 #include "common/types.h"
 #include "runtime/runtime.h"
-#include "tf/stream_completion.h"
+#include "gpu/stream_completion.h"
 
 namespace tfring {
 namespace tf {
@@ -440,20 +440,12 @@ ffi::Error submitOnGpu(std::vector<runtime::Request> reqs, bool allgather, int32
     r.device = device;
     r.stream = stream;
   }
-  if (reqs.empty() || !streamCompletion(device)) return submitBlocking(std::move(reqs), allgather);
-  Status s = streamCompletionError();
+  if (reqs.empty() || !gpu::streamCompletion(device))
+    return submitBlocking(std::move(reqs), allgather);
+  Status s = gpu::streamCompletionError();
   if (!s.ok()) return toFfiError(s);
-  const int process_set = reqs[0].process_set;
-  GatedSubmission sub(static_cast<int>(reqs.size()));
-  s = enqueueNoThrow(std::move(reqs), sub.callbacks());
-  if (!s.ok()) return toFfiError(allgather ? withAllgatherHint(s) : s);
-  try {
-    runtime::tryDrive(process_set);  // every rank ready: it starts here
-  } catch (const Error&) {
-    // the requests' callbacks carry the error
-  }
-  s = sub.closeAfterSubmit(device, stream);
-  if (!s.ok()) s = sub.waitHost();  // no gate: complete on the host after all
+  gpu::GatedSubmission sub(static_cast<int>(reqs.size()));
+  s = sub.submit(std::move(reqs), device, stream);
   return toFfiError(allgather ? withAllgatherHint(s) : s);
 }
 

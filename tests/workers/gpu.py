@@ -12,6 +12,9 @@ Modes:
   refuse   TFRING_GPU_BACKEND that cannot work: the GPU collective fails on
            every rank with the same error and the job goes on (CPU tensors)
   stream   inputs written on a side stream are read after that work
+  gated    steps completed on their stream (stream gates), as XLA's GPU
+           calls with TFRING_GPU_COMPLETION=stream
+  gated_error  a shape mismatch in a gated call: named by the next call
   peer     allreduce of every dtype/op across the one-shot/two-shot/ring
            thresholds, back-to-back calls, fused batches
 """
@@ -266,6 +269,77 @@ def run_peer():
             outs.append(got)
 
 
+def run_gated(steps=4, tensors=3, count=3001):
+    """TFRING_GPU_COMPLETION=stream as an XLA step uses it: each step's
+    gradients are produced by kernels on one stream, allreduced by a gated
+    submission that returns at once, and the "optimizer" that reads the
+    results is queued on the stream right behind it, before any result
+    exists. A second gated call in the same step reads a result of the
+    first (its input is produced behind the first gate: the engine must
+    finish the first before it takes the second). The host waits for the
+    stream only at the end."""
+    T = n * (n + 1) / 2
+    stream = _core.cuda_stream_create(device)
+    try:
+        w0 = [(np.arange(count) % 7 + i + 1).astype(np.float32) for i in range(tensors)]
+        w = [_core.CudaArray.from_numpy(x, device) for x in w0]
+        g = [_core.CudaArray.from_numpy(np.zeros(count, np.float32), device) for _ in w]
+        r = [_core.CudaArray.from_numpy(np.zeros(count, np.float32), device) for _ in w]
+        h = _core.CudaArray.from_numpy(np.zeros(count, np.float32), device)
+        k = [_core.CudaArray.from_numpy(np.zeros(count, np.float32), device) for _ in range(steps)]
+        for step in range(steps):
+            for wi, gi in zip(w, g):  # backprop: g = w * (rank + 1)
+                _core.cuda_scale(gi, wi, rank + 1.0, stream=stream)
+            _core.cuda_allreduce_gated(g, r, [f"gated.{i}" for i in range(tensors)], stream)
+            _core.cuda_scale(h, r[0], 1.0, stream=stream)  # reads a result of the gated call
+            _core.cuda_allreduce_gated([h], [k[step]], ["gated.second"], stream)
+            for wi, ri in zip(w, r):  # the update: w = sum of g = T * w
+                _core.cuda_scale(wi, ri, 1.0, stream=stream)
+        _core.cuda_synchronize(device, stream)
+    finally:
+        _core.cuda_stream_destroy(stream, device)
+    for i in range(tensors):
+        want = w0[i].astype(np.float64) * T ** steps
+        check(f"gated step, tensor {i} after {steps} steps", w[i].to_numpy(), want, 0)
+        outs.append(w[i].to_numpy())
+    for step in range(steps):
+        want = w0[0].astype(np.float64) * T ** (step + 1) * n  # h is the same on every rank
+        check(f"second gated call of step {step}", k[step].to_numpy(), want, 0)
+    if _core.cuda_gated_error() is not None:
+        failures.append(f"unexpected gated error: {_core.cuda_gated_error()}")
+
+
+def run_gated_error():
+    """A gated allreduce whose shape differs on the last rank returns at
+    once on every rank; its stream is not left waiting; the mismatch,
+    naming the tensor, fails the next gated call on every rank."""
+    stream = _core.cuda_stream_create(device)
+    try:
+        count = 100 + (1 if rank == n - 1 else 0)
+        x = _core.CudaArray.from_numpy(np.ones(count, np.float32), device)
+        y = _core.CudaArray.from_numpy(np.zeros(count, np.float32), device)
+        _core.cuda_allreduce_gated([x], [y], ["gated.bad"], stream)
+        _core.cuda_synchronize(device, stream)  # the gate opened: no hang
+        err = None
+        for _ in range(200):
+            err = _core.cuda_gated_error()
+            if err is not None:
+                break
+            import time
+            time.sleep(0.05)
+        if err is None or "gated.bad" not in err:
+            failures.append(f"the recorded error should name the tensor: {err!r}")
+        try:
+            _core.cuda_allreduce_gated([x], [y], ["gated.next"], stream)
+            failures.append("the next gated call should raise the recorded error")
+        except Exception as e:  # noqa: BLE001 - the recorded error's type
+            if "gated.bad" not in str(e):
+                failures.append(f"the next call's error should name the tensor: {e}")
+            return str(e)
+    finally:
+        _core.cuda_stream_destroy(stream, device)
+
+
 class ProducedOn:
     """A device array whose producer stream is `stream` (interface v3)."""
 
@@ -298,6 +372,10 @@ elif mode == "refuse":
     error = run_refuse()
 elif mode == "stream":
     run_stream()
+elif mode == "gated":
+    run_gated()
+elif mode == "gated_error":
+    error = run_gated_error()
 
 report({"failures": failures, "digest": digest(outs), "backend": _core.gpu_backend(),
         "error": error, "device": device, "algos": _core.gpu_allreduce_algorithms()})

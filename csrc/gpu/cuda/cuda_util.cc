@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <utility>
+#include <vector>
 #include <functional>
 
 #include "common/abort.h"
@@ -192,6 +194,43 @@ std::string deviceUuid(int device) {
            "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
            b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
   return buf;
+}
+
+namespace {
+std::mutex g_deferred_mu;
+std::vector<std::pair<void*, bool>> g_deferred;  // (pointer, is host memory)
+}  // namespace
+
+void freeLater(void* device_ptr, void* host_ptr) {
+  std::lock_guard<std::mutex> lk(g_deferred_mu);
+  if (device_ptr) g_deferred.emplace_back(device_ptr, false);
+  if (host_ptr) g_deferred.emplace_back(host_ptr, true);
+}
+
+void freeDeferred() {
+  std::vector<std::pair<void*, bool>> all;
+  {
+    std::lock_guard<std::mutex> lk(g_deferred_mu);
+    all.swap(g_deferred);
+  }
+  for (auto& p : all) {
+    if (p.second)
+      cudaFreeHost(p.first);
+    else
+      cudaFree(p.first);
+  }
+}
+
+cudaStream_t setupStream(int device) {
+  static std::mutex mu;
+  static cudaStream_t streams[64] = {};
+  std::lock_guard<std::mutex> lk(mu);
+  cudaStream_t& s = streams[device & 63];
+  if (!s) {
+    DeviceGuard g(device);
+    TFRING_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "GPU ", device);
+  }
+  return s;
 }
 
 bool allocationRange(const void* p, void** base, size_t* size) {

@@ -92,6 +92,20 @@ void waitStream(cudaStream_t stream, const Deadline& deadline, const std::string
 // finish, whatever the job's state (for teardown); false if it did not.
 bool drainStream(cudaStream_t stream, double seconds);
 
+// A non-blocking stream of this process on `device` for one-time set-up
+// work (zeroing, probes), created on first use. Set-up must never
+// synchronize the whole device (cudaDeviceSynchronize, cudaFree) or go
+// through the legacy default stream: a caller's stream may be held by a
+// stream gate (device.h) until a collective this set-up serves is done.
+cudaStream_t setupStream(int device);
+
+// cudaFree and cudaFreeHost wait for every stream of the device, a stream
+// held by a gate included: memory given up while collectives may be in
+// flight (a declined set-up) is kept here and freed by freeDeferred(), at
+// the GPU backend's teardown.
+void freeLater(void* device_ptr, void* host_ptr);
+void freeDeferred();
+
 // "GPU-xxxxxxxx-xxxx-..." identity of a device, unique per physical GPU.
 std::string deviceUuid(int device);
 

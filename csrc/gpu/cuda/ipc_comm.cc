@@ -377,8 +377,9 @@ void IpcRingComm::createOwn(const std::string& job) {
                                           c_.device));
   // The probe: 256 bytes of (rank % 251) + 1 that the right reads back.
   TFRING_CUDA_CHECK(cudaMalloc(&probe_, 256));
-  TFRING_CUDA_CHECK(cudaMemset(probe_, (me_ % 251) + 1, 256));
-  TFRING_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaStream_t setup = setupStream(c_.device);
+  TFRING_CUDA_CHECK(cudaMemsetAsync(probe_, (me_ % 251) + 1, 256, setup));
+  TFRING_CUDA_CHECK(cudaStreamSynchronize(setup));
   TFRING_CUDA_CHECK(cudaIpcGetMemHandle(&self_->probe, probe_));
 }
 
@@ -419,7 +420,9 @@ void IpcRingComm::probeLeft() {
   TFRING_CUDA_CHECK(cudaIpcOpenMemHandle(&p, left_->probe, cudaIpcMemLazyEnablePeerAccess),
                     "mapping a buffer of rank ", left_rank_);
   unsigned char got = 0;
-  e = cudaMemcpy(&got, p, 1, cudaMemcpyDeviceToHost);
+  cudaStream_t setup = setupStream(c_.device);
+  e = cudaMemcpyAsync(&got, p, 1, cudaMemcpyDeviceToHost, setup);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(setup);
   cudaIpcCloseMemHandle(p);
   TFRING_CUDA_CHECK(e, "reading a buffer of rank ", left_rank_);
   if (got != (left_rank_ % 251) + 1)
@@ -452,8 +455,8 @@ std::unique_ptr<GpuComm> IpcRingComm::create(const CommContext& ctx, std::string
   }
   std::vector<char> all = hostAllgather(ctx.host, rec, kRec);  // also: everyone has mapped
   r->self_seg_->unlink();
-  cudaFree(r->probe_);
-  r->probe_ = nullptr;
+  // The probe stays allocated until teardown: cudaFree would synchronize
+  // the whole device, a stream held by a gate included.
   for (int q = 0; q < r->n_; ++q) {
     const char* p = all.data() + q * kRec;
     if (!p[0]) {
@@ -485,6 +488,7 @@ IpcRingComm::~IpcRingComm() {
   if (done_) cudaEventDestroy(done_);
   if (right_done_) cudaEventDestroy(right_done_);
   if (probe_) cudaFree(probe_);
+  freeDeferred();
 }
 
 }  // namespace

@@ -97,8 +97,9 @@ std::unique_ptr<PeerAllreduce> PeerAllreduce::create(const CommContext& ctx, std
   TFRING_CUDA_CHECK(cudaMalloc(&area, kHeader + 2 * p->cap_), "allocating the ",
                     kHeader + 2 * p->cap_, "-byte peer allreduce staging area");
   p->area_ = static_cast<char*>(area);
-  TFRING_CUDA_CHECK(cudaMemset(area, 0, kHeader));
-  TFRING_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaStream_t setup = setupStream(ctx.device);
+  TFRING_CUDA_CHECK(cudaMemsetAsync(area, 0, kHeader, setup));
+  TFRING_CUDA_CHECK(cudaStreamSynchronize(setup));
   void* words = nullptr;
   TFRING_CUDA_CHECK(cudaHostAlloc(&words, 2 * sizeof(int32_t),
                                   cudaHostAllocMapped | cudaHostAllocPortable));
@@ -185,8 +186,9 @@ std::unique_ptr<PeerAllreduce> PeerAllreduce::create(const CommContext& ctx, std
 PeerAllreduce::~PeerAllreduce() {
   for (int r = 0; r < static_cast<int>(peers_.size()); ++r)
     if (r != me_ && peers_[r]) cudaIpcCloseMemHandle(peers_[r]);
-  if (area_) cudaFree(area_);
-  if (host_words_) cudaFreeHost(host_words_);
+  // Not cudaFree here: a declined set-up runs while a caller's stream may
+  // be held by a gate (cuda_util.h); the GPU backend's teardown frees it.
+  freeLater(area_, host_words_);
 }
 
 PeerAlgo PeerAllreduce::choose(size_t bytes) const {

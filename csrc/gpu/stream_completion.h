@@ -1,5 +1,5 @@
 // Stream-ordered completion of XLA's GPU custom calls
-// (xla_custom_call.cc), with TFRING_GPU_COMPLETION=stream.
+// (tf/xla_custom_call.cc), with TFRING_GPU_COMPLETION=stream.
 //
 // "host" (the default): the call returns once the collective's output is
 // complete on the device. XLA's host thread therefore waits, every step,
@@ -38,9 +38,8 @@
 
 namespace tfring {
 namespace gpu {
+
 class StreamGate;
-}
-namespace tf {
 
 // True when TFRING_GPU_COMPLETION=stream and gates work on `device` (else a
 // warning once, and host completion).
@@ -56,11 +55,16 @@ Status streamCompletionError();
 // fuse) it first. GatedSubmission's constructor and the TF kernels call it.
 void waitForGatedSubmissions();
 
-// One submission completed on its stream. Usage: construct, take callbacks()
-// for the requests, enqueue them, then closeAfterSubmit(device, stream).
+// One submission completed on its stream: construct, then submit() (or take
+// callbacks() for the requests, enqueue them, then closeAfterSubmit()).
 class GatedSubmission {
  public:
   explicit GatedSubmission(int count);
+  // The whole sequence: enqueues `reqs` (count of them, on `stream` of
+  // `device`) as one batch, starts them if every rank is ready, then gates
+  // the stream; without a gate, waits on the host. An error here is the
+  // submission's own (refused, or failed while waited for on the host).
+  Status submit(std::vector<runtime::Request> reqs, int device, void* stream);
   std::vector<runtime::DoneCallback> callbacks();
   // Queues the gate on `stream` once the requests are enqueued (so the
   // engine's input event precedes it); opens it at once if they are done.
@@ -77,5 +81,5 @@ class GatedSubmission {
   std::shared_ptr<State> st_;
 };
 
-}  // namespace tf
+}  // namespace gpu
 }  // namespace tfring

@@ -1,5 +1,5 @@
 // Stream-ordered completion: see stream_completion.h.
-#include "tf/stream_completion.h"
+#include "gpu/stream_completion.h"
 
 #include <atomic>
 #include <chrono>
@@ -11,7 +11,7 @@
 #include "gpu/device.h"
 
 namespace tfring {
-namespace tf {
+namespace gpu {
 
 namespace {
 
@@ -45,7 +45,7 @@ bool streamCompletion(int device) {
   static bool ok = false;
   std::call_once(once, [device] {
     std::string why;
-    ok = gpu::streamGatesSupported(device, &why);
+    ok = streamGatesSupported(device, &why);
     if (!ok)
       TFRING_LOG(kWarning, "TFRING_GPU_COMPLETION=stream: ", why,
                  "; GPU collectives complete on the host instead");
@@ -63,7 +63,7 @@ struct GatedSubmission::State {
   std::mutex mu;
   Status first;
   bool finished = false;
-  std::shared_ptr<gpu::StreamGate> gate;
+  std::shared_ptr<StreamGate> gate;
 };
 
 namespace {
@@ -110,7 +110,7 @@ std::vector<runtime::DoneCallback> GatedSubmission::callbacks() {
         recordError(s);
       }
       if (st->left.fetch_sub(1) != 1) return;
-      std::shared_ptr<gpu::StreamGate> gate;
+      std::shared_ptr<StreamGate> gate;
       {
         std::lock_guard<std::mutex> lk(st->mu);
         st->finished = true;
@@ -122,9 +122,9 @@ std::vector<runtime::DoneCallback> GatedSubmission::callbacks() {
 }
 
 Status GatedSubmission::closeAfterSubmit(int device, void* stream) {
-  std::shared_ptr<gpu::StreamGate> gate;
+  std::shared_ptr<StreamGate> gate;
   try {
-    gate = gpu::closeStream(device, stream);
+    gate = closeStream(device, stream);
   } catch (const Error& e) {
     return e.status();
   }
@@ -138,6 +138,25 @@ Status GatedSubmission::closeAfterSubmit(int device, void* stream) {
   return Status::OK();
 }
 
+Status GatedSubmission::submit(std::vector<runtime::Request> reqs, int device, void* stream) {
+  const int process_set = reqs.empty() ? 0 : reqs[0].process_set;
+  Status s;
+  try {
+    s = runtime::enqueueBatch(std::move(reqs), callbacks());
+  } catch (const Error& e) {
+    s = e.status();
+  }
+  if (!s.ok()) return s;  // refused: no callback runs
+  try {
+    runtime::tryDrive(process_set);  // every rank ready: it starts here
+  } catch (const Error&) {
+    // the requests' callbacks carry the error
+  }
+  s = closeAfterSubmit(device, stream);
+  if (!s.ok()) s = waitHost();  // no gate: complete on the host after all
+  return s;
+}
+
 Status GatedSubmission::waitHost() {
   auto st = st_;
   runtime::drive([st] { return st->left.load() == 0; },
@@ -146,5 +165,5 @@ Status GatedSubmission::waitHost() {
   return st->first;
 }
 
-}  // namespace tf
-}  // namespace tfring
+}  // namespace gpu
+}  // namespace gpuring
