@@ -669,7 +669,7 @@ def test_gpu_steps_completed_on_their_stream(n):
 
 
 @requires_gpu
-def test_gpu_gated_mismatch_is_named_by_the_next_call():
+def test_gpu_gated_mismatch_is_named_by_the_next_call_until_reinit():
     res = check_ok(run_ranks(2, "gpu.py", ["gated_error"], timeout=120,
                              env={"TFRING_TEST_DEVICE": "0", "TFRING_GPU_BACKEND": "ring"}))
     for r, out in enumerate(res):

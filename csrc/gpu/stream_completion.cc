@@ -89,6 +89,15 @@ void waitForGatedSubmissions() {
                  [] { std::this_thread::sleep_for(std::chrono::microseconds(20)); });
 }
 
+void resetStreamCompletion() {
+  {
+    std::lock_guard<std::mutex> lk(g_error_mu);
+    g_error = Status::OK();
+  }
+  std::lock_guard<std::mutex> lk(g_last_mu);
+  g_last.reset();
+}
+
 GatedSubmission::GatedSubmission(int count) : st_(std::make_shared<State>()) {
   st_->left = count;
   waitForGatedSubmissions();

@@ -49,6 +49,10 @@ bool streamCompletion(int device);
 // none.
 Status streamCompletionError();
 
+// Forgets the recorded error and the last gated submission: called by
+// runtime::init, so a new world (an elastic reset) starts clean.
+void resetStreamCompletion();
+
 // Blocks (driving the engine) until the last gated submission of this
 // process is done. Every GPU submission in stream mode comes after it: its
 // input may be produced behind that gate, so the engine must not start (or

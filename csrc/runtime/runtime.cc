@@ -19,6 +19,7 @@
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/wire.h"
+#include "gpu/stream_completion.h"
 #include "runtime/comm.h"
 #include "runtime/process_sets.h"
 
@@ -246,6 +247,9 @@ Status init(const InitOptions& opts) {
     log::setLevel(cfg.log_level);
     log::setRank(opts.rank);
     AbortState::get().reset();
+    // A new world (an elastic reset): a gated collective's failure in the
+    // old one must not fail every collective of this one.
+    gpu::resetStreamCompletion();
 
     auto c = connectComm(opts.store.get(), opts.rank, opts.size, opts.secret, cfg);
     g.cfg = c->cfg;

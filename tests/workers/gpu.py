@@ -14,7 +14,8 @@ Modes:
   stream   inputs written on a side stream are read after that work
   gated    steps completed on their stream (stream gates), as XLA's GPU
            calls with TFRING_GPU_COMPLETION=stream
-  gated_error  a shape mismatch in a gated call: named by the next call
+  gated_error  a shape mismatch in a gated call: named by the next call,
+           forgotten by a re-initialization (an elastic reset)
   peer     allreduce of every dtype/op across the one-shot/two-shot/ring
            thresholds, back-to-back calls, fused batches
 """
@@ -329,13 +330,26 @@ def run_gated_error():
             time.sleep(0.05)
         if err is None or "gated.bad" not in err:
             failures.append(f"the recorded error should name the tensor: {err!r}")
+        raised = None
         try:
             _core.cuda_allreduce_gated([x], [y], ["gated.next"], stream)
             failures.append("the next gated call should raise the recorded error")
         except Exception as e:  # noqa: BLE001 - the recorded error's type
-            if "gated.bad" not in str(e):
-                failures.append(f"the next call's error should name the tensor: {e}")
-            return str(e)
+            raised = str(e)
+            if "gated.bad" not in raised:
+                failures.append(f"the next call's error should name the tensor: {raised}")
+        # A new world (what an elastic reset does) starts clean.
+        basics.shutdown()
+        basics.init()
+        if _core.cuda_gated_error() is not None:
+            failures.append(f"the error outlived re-initialization: {_core.cuda_gated_error()}")
+        a = _core.CudaArray.from_numpy(np.full(100, rank + 1.0, np.float32), device)
+        b = _core.CudaArray.from_numpy(np.zeros(100, np.float32), device)
+        _core.cuda_allreduce_gated([a], [b], ["gated.after_reinit"], stream)
+        _core.cuda_synchronize(device, stream)
+        check("gated allreduce after re-initialization", b.to_numpy(),
+              np.full(100, n * (n + 1) / 2), 0)
+        return raised
     finally:
         _core.cuda_stream_destroy(stream, device)
 
