@@ -669,6 +669,22 @@ def test_gpu_steps_completed_on_their_stream(n):
 
 
 @requires_gpu
+@pytest.mark.parametrize("backend", ["nccl", "auto"])
+def test_gpu_steps_completed_on_their_stream_a_gpu_per_rank(backend):
+    # NCCL's set-up, and auto's calibration of NCCL against the ring (whose
+    # loser must not be freed while a gate holds a stream), under a gate.
+    if _core.cuda_device_count() < 2:
+        pytest.skip("needs two GPUs")
+    if backend == "nccl" and not _core.nccl_info()["loaded"]:
+        pytest.skip("NCCL does not load here")
+    env = {"TFRING_GPU_BACKEND": backend}
+    if _core.cuda_emulated():
+        env["TFRING_EMU_DELAY_US"] = "300"
+    res = _gpu_job(2, "gated", env, gpu_per_rank=True)
+    assert [r["device"] for r in res] == [0, 1]
+
+
+@requires_gpu
 def test_gpu_gated_mismatch_is_named_by_the_next_call_until_reinit():
     res = check_ok(run_ranks(2, "gpu.py", ["gated_error"], timeout=120,
                              env={"TFRING_TEST_DEVICE": "0", "TFRING_GPU_BACKEND": "ring"}))

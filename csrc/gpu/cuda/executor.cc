@@ -99,10 +99,12 @@ class CudaExecutor : public Executor {
       TFRING_LOG(kWarning, "GPU work of a failed collective is still queued on GPU ", device_,
                  "; its buffers and IPC mappings are left in place");
       (void)comm_.release();
+      for (auto& r : retired_) (void)r.release();
       (void)fusion_.release();
       stream_ = nullptr;
     }
     comm_.reset();
+    retired_.clear();
     fusion_.reset();
     if (stream_) cudaStreamDestroy(stream_);
     if (prev >= 0) cudaSetDevice(prev);
@@ -114,7 +116,14 @@ class CudaExecutor : public Executor {
   int device() const override { return device_; }
   std::string backend() const override { return comm_->name(); }
   GpuComm* comm() const { return comm_.get(); }
-  void replaceComm(std::unique_ptr<GpuComm> c) { comm_ = std::move(c); }
+  // The calibration's loser is kept until teardown: destroying a comm frees
+  // device memory, and cudaFree waits for every stream of the device, a
+  // caller's stream held by a stream gate included (gpu/device.h).
+  void replaceComm(std::unique_ptr<GpuComm> c) {
+    retired_.push_back(std::move(comm_));
+    comm_ = std::move(c);
+  }
+  void retire(std::unique_ptr<GpuComm> c) { retired_.push_back(std::move(c)); }
   char* scratch(size_t bytes) { return fusion().reserve(bytes); }
 
   void allreduce(const std::vector<Buffer>& bufs, DataType dt, ReduceOp op, double pre,
@@ -225,6 +234,7 @@ class CudaExecutor : public Executor {
   HostLink host_;
   cudaStream_t stream_;
   std::unique_ptr<GpuComm> comm_;
+  std::vector<std::unique_ptr<GpuComm>> retired_;  // calibration losers, freed at teardown
   std::unique_ptr<DeviceBuffer> fusion_;
   std::vector<kernels::cuda::CopyDesc> pack_, unpack_;  // reused by every fused group
 };
@@ -405,7 +415,10 @@ Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor
       hostBroadcast(host, &pick_alt, 1);
       reason += strCat(" (rank 0 timed ", ex->comm()->name(), " ", t_main * 1e3 / 3, " ms, ",
                        alt->name(), " ", t_alt * 1e3 / 3, " ms per 32 MiB allreduce)");
-      if (pick_alt) ex->replaceComm(std::move(alt));
+      if (pick_alt)
+        ex->replaceComm(std::move(alt));
+      else
+        ex->retire(std::move(alt));
     }
   }
   {
