@@ -76,6 +76,13 @@ namespace {
 std::mutex g_last_mu;
 std::shared_ptr<GatedSubmission::State> g_last;
 
+// Lends this thread to the engine until every request of `st` is done.
+void driveUntilDone(const std::shared_ptr<GatedSubmission::State>& st) {
+  if (st->left.load() == 0) return;
+  runtime::drive([st] { return st->left.load() == 0; },
+                 [] { std::this_thread::sleep_for(std::chrono::microseconds(20)); });
+}
+
 }  // namespace
 
 void waitForGatedSubmissions() {
@@ -84,9 +91,7 @@ void waitForGatedSubmissions() {
     std::lock_guard<std::mutex> lk(g_last_mu);
     last = g_last;
   }
-  if (!last || last->left.load() == 0) return;
-  runtime::drive([last] { return last->left.load() == 0; },
-                 [] { std::this_thread::sleep_for(std::chrono::microseconds(20)); });
+  if (last) driveUntilDone(last);
 }
 
 void resetStreamCompletion() {
@@ -155,7 +160,10 @@ Status GatedSubmission::submit(std::vector<runtime::Request> reqs, int device, v
   } catch (const Error& e) {
     s = e.status();
   }
-  if (!s.ok()) return s;  // refused: no callback runs
+  if (!s.ok()) {
+    st_->left = 0;  // refused: no callback runs, and nothing is left to wait for
+    return s;
+  }
   try {
     runtime::tryDrive(process_set);  // every rank ready: it starts here
   } catch (const Error&) {
@@ -167,12 +175,18 @@ Status GatedSubmission::submit(std::vector<runtime::Request> reqs, int device, v
 }
 
 Status GatedSubmission::waitHost() {
-  auto st = st_;
-  runtime::drive([st] { return st->left.load() == 0; },
-                 [] { std::this_thread::sleep_for(std::chrono::microseconds(20)); });
-  std::lock_guard<std::mutex> lk(st->mu);
-  return st->first;
+  driveUntilDone(st_);
+  std::lock_guard<std::mutex> lk(st_->mu);
+  return st_->first;
+}
+
+Status submitGated(std::vector<runtime::Request> reqs, int device, void* stream) {
+  if (reqs.empty()) return Status::OK();
+  Status s = streamCompletionError();
+  if (!s.ok()) return s;
+  GatedSubmission sub(static_cast<int>(reqs.size()));
+  return sub.submit(std::move(reqs), device, stream);
 }
 
 }  // namespace gpu
-}  // namespace gpuring
+}  // namespace tfring

@@ -85,5 +85,10 @@ class GatedSubmission {
   std::shared_ptr<State> st_;
 };
 
+// What a caller in stream mode runs: fails at once with the recorded error
+// of an earlier gated collective, else submits `reqs` (all on `stream` of
+// `device`) as one gated submission.
+Status submitGated(std::vector<runtime::Request> reqs, int device, void* stream);
+
 }  // namespace gpu
 }  // namespace tfring

@@ -39,8 +39,8 @@
 #include "gpu/device.h"
 #include "gpu/executor.h"
 #include "gpu/nccl_loader.h"
-#include "gpu/stream_completion.h"
 #include "gpu/pull_ring.h"
+#include "gpu/stream_completion.h"
 #include "python/bindings.h"
 #include "python/completion.h"
 #include "python/errors.h"
@@ -650,8 +650,6 @@ void bindGpu(py::module_& m) {
         // a gate on the stream that the engine opens when they are done.
         if (inputs.size() != outputs.size() || inputs.size() != names.size())
           throw py::value_error("inputs, outputs and names must have the same length");
-        Status prior = gpu::streamCompletionError();
-        if (!prior.ok()) throwStatus(prior);
         void* st = streamOf(stream);
         std::vector<runtime::Request> reqs(inputs.size());
         int device = 0;
@@ -671,12 +669,10 @@ void bindGpu(py::module_& m) {
           r.device = device;
           r.stream = st;
         }
-        if (reqs.empty()) return;
         Status s;
         {
           py::gil_scoped_release nogil;
-          gpu::GatedSubmission sub(static_cast<int>(reqs.size()));
-          s = sub.submit(std::move(reqs), device, st);
+          s = gpu::submitGated(std::move(reqs), device, st);
         }
         if (!s.ok()) throwStatus(s);
       },

@@ -58,14 +58,15 @@ class RingOpKernel : public ::tensorflow::AsyncOpKernel {
   // If enqueue refuses a request the rest are not submitted.
   static void submit(::tensorflow::OpKernelContext* ctx,
                      std::vector<runtime::Request> reqs, DoneCallback done);
+  // With TFRING_GPU_COMPLETION=stream, GPU requests wait first for the
+  // gated XLA call in flight (adapter.cc).
+  static void afterGatedSubmissions(const std::vector<runtime::Request>& reqs);
 
   // An allocator for requests whose output shape only the engine knows
   // (allgather, reducescatter): allocates output 0 of ctx. Called on the
   // engine thread; on GPU it returns once the work TF queued on the op's
   // stream before the allocation is done, since TF's allocator reuses
   // memory whose last reader is only queued there.
-  static void afterGatedSubmissions(const std::vector<runtime::Request>& reqs);
-
   runtime::Allocator outputAllocator(::tensorflow::OpKernelContext* ctx) const;
 
   static void* dataOf(const ::tensorflow::Tensor& t) {

@@ -45,8 +45,8 @@
 
 #include "common/status.h"
 #include "common/types.h"
-#include "runtime/runtime.h"
 #include "gpu/stream_completion.h"
+#include "runtime/runtime.h"
 
 namespace tfring {
 namespace tf {
@@ -442,10 +442,7 @@ ffi::Error submitOnGpu(std::vector<runtime::Request> reqs, bool allgather, int32
   }
   if (reqs.empty() || !gpu::streamCompletion(device))
     return submitBlocking(std::move(reqs), allgather);
-  Status s = gpu::streamCompletionError();
-  if (!s.ok()) return toFfiError(s);
-  gpu::GatedSubmission sub(static_cast<int>(reqs.size()));
-  s = sub.submit(std::move(reqs), device, stream);
+  Status s = gpu::submitGated(std::move(reqs), device, stream);
   return toFfiError(allgather ? withAllgatherHint(s) : s);
 }
 

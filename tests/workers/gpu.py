@@ -297,6 +297,17 @@ def run_gated(steps=4, tensors=3, count=3001):
             for wi, ri in zip(w, r):  # the update: w = sum of g = T * w
                 _core.cuda_scale(wi, ri, 1.0, stream=stream)
         _core.cuda_synchronize(device, stream)
+        # A submission the engine refuses at once (one name twice) raises, and
+        # leaves nothing for the next gated call to wait for.
+        try:
+            _core.cuda_allreduce_gated([w[0], w[1]], [g[0], g[1]], ["gated.dup", "gated.dup"], stream)
+            failures.append("a batch naming one tensor twice should be refused")
+        except Exception as e:  # noqa: BLE001 - the engine's error type
+            if "gated.dup" not in str(e):
+                failures.append(f"the refusal should name the tensor: {e}")
+        _core.cuda_allreduce_gated([w[0]], [g[0]], ["gated.after_refusal"], stream)
+        _core.cuda_synchronize(device, stream)
+        check("gated call after a refused one", g[0].to_numpy(), w[0].to_numpy().astype(np.float64) * n, 0)
     finally:
         _core.cuda_stream_destroy(stream, device)
     for i in range(tensors):
