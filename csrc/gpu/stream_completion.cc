@@ -4,8 +4,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "common/logging.h"
 #include "gpu/device.h"
@@ -63,6 +65,9 @@ struct GatedSubmission::State {
   std::mutex mu;
   Status first;
   bool finished = false;
+  // Waited for on the host from the start: its error is the call's own,
+  // not one to fail later calls with.
+  bool on_host = false;
   std::shared_ptr<StreamGate> gate;
 };
 
@@ -75,6 +80,20 @@ namespace {
 // there is one call, so this rarely waits).
 std::mutex g_last_mu;
 std::shared_ptr<GatedSubmission::State> g_last;
+
+// (process set, collective) pairs that have completed once in this world.
+// The first of each completes on the host: it may set up the GPU backend
+// (the executor, NCCL's communicator and its lazily made connections, the
+// calibration), and set-up may synchronize the device, which would wait
+// forever on a stream held by its own gate. Every rank makes the same
+// calls in the same order, so every rank waits on the same ones.
+std::set<std::pair<int, int>> g_warm;
+
+// True once (set, type) has been submitted before in this world; marks it.
+bool warmedUp(int process_set, CollectiveType type) {
+  std::lock_guard<std::mutex> lk(g_last_mu);
+  return !g_warm.insert({process_set, static_cast<int>(type)}).second;
+}
 
 // Lends this thread to the engine until every request of `st` is done.
 void driveUntilDone(const std::shared_ptr<GatedSubmission::State>& st) {
@@ -101,6 +120,7 @@ void resetStreamCompletion() {
   }
   std::lock_guard<std::mutex> lk(g_last_mu);
   g_last.reset();
+  g_warm.clear();
 }
 
 GatedSubmission::GatedSubmission(int count) : st_(std::make_shared<State>()) {
@@ -117,11 +137,13 @@ std::vector<runtime::DoneCallback> GatedSubmission::callbacks() {
   for (int i = 0; i < n; ++i)
     cbs.push_back([st = st_](const Status& s) {
       if (!s.ok()) {
+        bool on_host;
         {
           std::lock_guard<std::mutex> lk(st->mu);
           if (st->first.ok()) st->first = s;
+          on_host = st->on_host;
         }
-        recordError(s);
+        if (!on_host) recordError(s);
       }
       if (st->left.fetch_sub(1) != 1) return;
       std::shared_ptr<StreamGate> gate;
@@ -154,6 +176,9 @@ Status GatedSubmission::closeAfterSubmit(int device, void* stream) {
 
 Status GatedSubmission::submit(std::vector<runtime::Request> reqs, int device, void* stream) {
   const int process_set = reqs.empty() ? 0 : reqs[0].process_set;
+  bool gate = true;
+  for (const auto& r : reqs) gate = warmedUp(r.process_set, r.type) && gate;
+  st_->on_host = !gate;
   Status s;
   try {
     s = runtime::enqueueBatch(std::move(reqs), callbacks());
@@ -169,6 +194,7 @@ Status GatedSubmission::submit(std::vector<runtime::Request> reqs, int device, v
   } catch (const Error&) {
     // the requests' callbacks carry the error
   }
+  if (!gate) return waitHost();
   s = closeAfterSubmit(device, stream);
   if (!s.ok()) s = waitHost();  // no gate: complete on the host after all
   return s;

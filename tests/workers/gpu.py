@@ -322,14 +322,24 @@ def run_gated(steps=4, tensors=3, count=3001):
 
 
 def run_gated_error():
-    """A gated allreduce whose shape differs on the last rank returns at
-    once on every rank; its stream is not left waiting; the mismatch,
-    naming the tensor, fails the next gated call on every rank."""
+    """The first allreduce of a world completes on the host (it may set up
+    the backend), so its mismatch fails the call itself and nothing is kept.
+    A gated allreduce whose shape differs on the last rank returns at once
+    on every rank; its stream is not left waiting; the mismatch, naming the
+    tensor, fails the next gated call on every rank."""
     stream = _core.cuda_stream_create(device)
     try:
         count = 100 + (1 if rank == n - 1 else 0)
         x = _core.CudaArray.from_numpy(np.ones(count, np.float32), device)
         y = _core.CudaArray.from_numpy(np.zeros(count, np.float32), device)
+        try:
+            _core.cuda_allreduce_gated([x], [y], ["gated.first"], stream)
+            failures.append("the first allreduce of the world should fail in the call itself")
+        except Exception as e:  # noqa: BLE001 - the mismatch's type
+            if "gated.first" not in str(e):
+                failures.append(f"the first call's error should name the tensor: {e}")
+        if _core.cuda_gated_error() is not None:
+            failures.append(f"a host-completed failure was kept: {_core.cuda_gated_error()}")
         _core.cuda_allreduce_gated([x], [y], ["gated.bad"], stream)
         _core.cuda_synchronize(device, stream)  # the gate opened: no hang
         err = None

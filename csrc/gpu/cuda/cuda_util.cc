@@ -62,6 +62,7 @@ char* DeviceBuffer::reserve(size_t bytes) {
 
 PinnedBuffer::~PinnedBuffer() {
   if (p_) cudaFreeHost(p_);
+  for (void* p : retired_) cudaFreeHost(p);
 }
 
 char* PinnedBuffer::reserve(size_t bytes) {
@@ -70,7 +71,10 @@ char* PinnedBuffer::reserve(size_t bytes) {
   void* p = nullptr;
   TFRING_CUDA_CHECK(cudaHostAlloc(&p, cap, cudaHostAllocPortable),
                     "allocating ", cap, " bytes of pinned host memory");
-  if (p_) cudaFreeHost(p_);
+  // Kept until teardown, as DeviceBuffer's: cudaFreeHost synchronizes the
+  // device, and a caller's stream may be held by a gate until this
+  // collective is done (gpu/stream_completion.h).
+  if (p_) retired_.push_back(p_);
   p_ = static_cast<char*>(p);
   cap_ = cap;
   return p_;

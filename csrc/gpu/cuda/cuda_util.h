@@ -76,6 +76,7 @@ class PinnedBuffer {
  private:
   char* p_ = nullptr;
   size_t cap_ = 0;
+  std::vector<void*> retired_;  // outgrown, freed at teardown
 };
 
 // Blocks until the work queued on `stream` so far is done, without fixed
