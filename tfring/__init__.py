@@ -14,6 +14,18 @@ names and keyword arguments are here (docs/from-horovod.md maps each one).
 """
 
 import importlib
+import os
+
+# TFRING_GPU_COMPLETION=stream holds XLA's stream on the device (a wait on a
+# word in host memory) until the engine's kernels, on a stream of their own,
+# are done. CUDA maps a context's streams onto a few hardware queues
+# (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default); two streams that share one
+# are ordered as if they were one, so the engine's kernels could queue
+# behind the wait that waits for them. The most queues makes that far less
+# likely. Read when the process creates its CUDA context, so it is set here,
+# before TensorFlow places anything on a GPU.
+if os.environ.get("TFRING_GPU_COMPLETION") == "stream":
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
 # Reduce operations, valued as the core's ReduceOp (csrc/common/types.h).
 Sum = 0

@@ -230,6 +230,19 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userD
   return ret(submit(R, s, [fn, userData] { fn(userData); }));
 }
 
+// Priorities do not change the emulation's scheduling: one worker thread
+// per stream. The range is the one real GPUs report (0 lowest, -5 highest).
+cudaError_t cudaDeviceGetStreamPriorityRange(int* leastPriority, int* greatestPriority) {
+  if (leastPriority) *leastPriority = 0;
+  if (greatestPriority) *greatestPriority = -5;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* pStream, unsigned int flags, int priority) {
+  if (priority > 0 || priority < -5) return cudaErrorInvalidValue;
+  return cudaStreamCreateWithFlags(pStream, flags);
+}
+
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
   RUNTIME(R);
   if (!pStream || (flags & ~unsigned(cudaStreamNonBlocking))) return ret(cudaErrorInvalidValue);

@@ -371,8 +371,13 @@ Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor
   }
 
   // 2. Build it (collective from here on; failures are fatal).
+  // The engine's stream has the highest priority: its kernels are the
+  // step's critical path (XLA's stream may be held by a gate until they are
+  // done), and compute kernels then yield SMs to them at block boundaries.
   cudaStream_t stream = nullptr;
-  TFRING_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  int least = 0, greatest = 0;
+  TFRING_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  TFRING_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest));
   CommContext ctx;
   ctx.host = host;
   ctx.device = device;

@@ -153,6 +153,8 @@ cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count,
                             cudaStream_t stream TFRING_EMU_DEFAULT(0));
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags);
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* pStream, unsigned int flags, int priority);
+cudaError_t cudaDeviceGetStreamPriorityRange(int* leastPriority, int* greatestPriority);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaStreamQuery(cudaStream_t stream);
