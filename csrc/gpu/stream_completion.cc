@@ -48,6 +48,10 @@ bool streamCompletion(int device) {
   std::call_once(once, [device] {
     std::string why;
     ok = streamGatesSupported(device, &why);
+    if (ok)
+      TFRING_LOG(kWarning, "TFRING_GPU_COMPLETION=stream is experimental: on an H200 under "
+                           "MPS, XLA programs with several collectives timed out with it at 2 "
+                           "ranks (docs/gpu-tensorflow.md)");
     if (!ok)
       TFRING_LOG(kWarning, "TFRING_GPU_COMPLETION=stream: ", why,
                  "; GPU collectives complete on the host instead");
