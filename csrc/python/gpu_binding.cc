@@ -644,12 +644,16 @@ void bindGpu(py::module_& m) {
   m.def(
       "cuda_allreduce_gated",
       [](const std::vector<py::object>& inputs, const std::vector<py::object>& outputs,
-         const std::vector<std::string>& names, py::object stream, const std::string& op) {
+         const std::vector<std::string>& names, py::object stream, const std::string& op,
+         int root) {
         // What an XLA GPU call does with TFRING_GPU_COMPLETION=stream: one
-        // batch of allreduces submitted on `stream`, returning at once with
-        // a gate on the stream that the engine opens when they are done.
+        // batch of allreduces (or, with root >= 0, one broadcast) submitted
+        // on `stream`, returning at once with a gate on the stream that the
+        // engine opens when they are done.
         if (inputs.size() != outputs.size() || inputs.size() != names.size())
           throw py::value_error("inputs, outputs and names must have the same length");
+        if (root >= 0 && inputs.size() != 1)
+          throw py::value_error("a gated broadcast takes one tensor");
         void* st = streamOf(stream);
         std::vector<runtime::Request> reqs(inputs.size());
         int device = 0;
@@ -660,7 +664,8 @@ void bindGpu(py::module_& m) {
           device = deviceOfView(in, inputs[i], "input");
           runtime::Request& r = reqs[i];
           r.name = names[i];
-          r.type = CollectiveType::kAllreduce;
+          r.type = root >= 0 ? CollectiveType::kBroadcast : CollectiveType::kAllreduce;
+          r.root = root >= 0 ? root : 0;
           r.dtype = resolveCudaDtype(in, py::none());
           r.shape = in.shape;
           r.op = opOf(op);
@@ -677,9 +682,10 @@ void bindGpu(py::module_& m) {
         if (!s.ok()) throwStatus(s);
       },
       py::arg("inputs"), py::arg("outputs"), py::arg("names"), py::arg("stream"),
-      py::arg("op") = "sum",
-      "Allreduces inputs into outputs as one batch completed on `stream` (stream gate): "
-      "returns once submitted; work queued on `stream` afterwards sees the results.");
+      py::arg("op") = "sum", py::arg("root") = -1,
+      "Allreduces inputs into outputs as one batch completed on `stream` (stream gate), or "
+      "with root >= 0 broadcasts the one input from `root`: returns once submitted; work "
+      "queued on `stream` afterwards sees the results.");
   m.def(
       "cuda_gated_error",
       []() -> py::object {

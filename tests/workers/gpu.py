@@ -321,6 +321,51 @@ def run_gated(steps=4, tensors=3, count=3001):
         failures.append(f"unexpected gated error: {_core.cuda_gated_error()}")
 
 
+def run_gated_mixed(steps=3, count=2049):
+    """The shape of an XLA program with several collectives, as the H200's
+    tests/test_xla.py runs them: a sum, an average, a max, a group, then a
+    broadcast, each reading what the previous one produced, all on one
+    stream, with kernels between them; per step. The first call of each
+    kind in the world completes on the host, later ones are gated. Every
+    result is checked against float64 at the end of each step."""
+    stream = _core.cuda_stream_create(device)
+    try:
+        base = (np.arange(count) % 11 + 1).astype(np.float64)
+        x = _core.CudaArray.from_numpy((base * (rank + 1)).astype(np.float32), device)
+        a, b, c, d = (_core.CudaArray.from_numpy(np.zeros(count, np.float32), device)
+                      for _ in range(4))
+        g = [_core.CudaArray.from_numpy(np.zeros(count, np.float32), device) for _ in range(3)]
+        gi = [_core.CudaArray.from_numpy(np.zeros(count, np.float32), device) for _ in range(3)]
+        e = _core.CudaArray.from_numpy(np.zeros(count, np.float32), device)
+        T = n * (n + 1) / 2
+        for step in range(steps):
+            s = float(step + 1)
+            _core.cuda_allreduce_gated([x], [a], [f"mixed.sum.{step}"], stream, op="sum")
+            _core.cuda_scale(b, a, s, stream=stream)  # reads the sum behind its gate
+            _core.cuda_allreduce_gated([b], [c], [f"mixed.avg.{step}"], stream, op="average")
+            _core.cuda_allreduce_gated([x], [d], [f"mixed.max.{step}"], stream, op="max")
+            for i in range(3):
+                _core.cuda_scale(gi[i], c, float(i + 1), stream=stream)
+            _core.cuda_allreduce_gated(gi, g, [f"mixed.group.{step}.{i}" for i in range(3)],
+                                       stream)
+            src = g[2] if rank == n - 1 else x  # only the root's input counts
+            _core.cuda_allreduce_gated([src], [e], [f"mixed.bcast.{step}"], stream, root=n - 1)
+            _core.cuda_synchronize(device, stream)
+            sum_ = base * T
+            avg = sum_ * s  # the average of a value every rank holds
+            check(f"step {step}: sum", a.to_numpy(), sum_, 0)
+            check(f"step {step}: average of the scaled sum", c.to_numpy(), avg, 1e-6)
+            check(f"step {step}: max", d.to_numpy(), base * n, 0)
+            for i in range(3):
+                check(f"step {step}: group {i}", g[i].to_numpy(), avg * (i + 1) * n, 1e-6)
+            check(f"step {step}: broadcast", e.to_numpy(), avg * 3 * n, 1e-6)
+        outs.append(e.to_numpy())
+    finally:
+        _core.cuda_stream_destroy(stream, device)
+    if _core.cuda_gated_error() is not None:
+        failures.append(f"unexpected gated error: {_core.cuda_gated_error()}")
+
+
 def run_gated_error():
     """The first allreduce of a world completes on the host (it may set up
     the backend), so its mismatch fails the call itself and nothing is kept.
@@ -409,6 +454,7 @@ elif mode == "stream":
     run_stream()
 elif mode == "gated":
     run_gated()
+    run_gated_mixed()
 elif mode == "gated_error":
     error = run_gated_error()
 
