@@ -684,6 +684,23 @@ def test_gpu_steps_completed_on_their_stream_a_gpu_per_rank(backend):
     assert [r["device"] for r in res] == [0, 1]
 
 
+@pytest.mark.parametrize("completion,preset,want", [
+    ("stream", None, "32"),   # widened before TF can create a CUDA context
+    ("stream", "4", "4"),     # the user's own value stands
+    ("host", None, None),     # nothing changes without stream completion
+])
+def test_stream_completion_widens_cuda_connections_at_import(completion, preset, want):
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
+    env["TFRING_GPU_COMPLETION"] = completion
+    if preset is not None:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = preset
+    code = "import os, tfring; print(repr(os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS')))"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == repr(want)
+
+
 @requires_gpu
 def test_gpu_gated_mismatch_is_named_by_the_next_call_until_reinit():
     res = check_ok(run_ranks(2, "gpu.py", ["gated_error"], timeout=120,
