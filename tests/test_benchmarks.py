@@ -575,3 +575,19 @@ def test_control_plane_bench(tmp_path):
         assert row[f"cpu_per_call_us_{role}"] > 0, row
         assert 0 <= row[f"voluntary_per_call_{role}"] <= row[f"switches_per_call_{role}"], row
     assert "| 4 | 2 x 2 |" in out
+
+
+def test_fused_step_variants_bench(tmp_path):
+    """Two ranks, a small step: every variant runs, the reduced values are
+    checked against numpy inside the script, and rank 0 prints a row per
+    use of the outputs."""
+    r = subprocess.run(
+        [sys.executable, "-m", "tfring.run", "-np", "2", "--timeout", "150", sys.executable,
+         os.path.join(BENCH, "fused_step_variants.py"), "--count", "5", "--bytes", "1024",
+         "--blocks", "1", "--steps", "2"],
+        check=False, cwd=str(tmp_path), env=_env(), stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split("|") for line in r.stdout.splitlines() if "| " in line and "---" not in line]
+    uses = [row[1].strip() for row in rows[1:]]
+    assert uses == ["deps", "sum", "assign", "assign_idn"], r.stdout
