@@ -19,7 +19,10 @@
 // waits on the host for the gated one first. XLA's calls come in one order
 // on every rank (the chain, xla_ops.cc), so that wait cannot cross ranks.
 // The TF kernels are not gated: TF's executor may run two of them in
-// different orders on different ranks.
+// different orders on different ranks. The first call of each collective
+// type in a world (per process set) is not gated either and completes on
+// the host: it may set up the GPU backend, and set-up may synchronize the
+// device, which would wait on the held stream.
 //
 // Errors: a collective that fails after its call returned cannot fail that
 // call. The error is logged at once and kept: every later collective call
