@@ -179,7 +179,6 @@ Status GatedSubmission::closeAfterSubmit(int device, void* stream) {
 }
 
 Status GatedSubmission::submit(std::vector<runtime::Request> reqs, int device, void* stream) {
-  const int process_set = reqs.empty() ? 0 : reqs[0].process_set;
   bool gate = true;
   for (const auto& r : reqs) gate = warmedUp(r.process_set, r.type) && gate;
   st_->on_host = !gate;
@@ -193,11 +192,8 @@ Status GatedSubmission::submit(std::vector<runtime::Request> reqs, int device, v
     st_->left = 0;  // refused: no callback runs, and nothing is left to wait for
     return s;
   }
-  try {
-    runtime::tryDrive(process_set);  // every rank ready: it starts here
-  } catch (const Error&) {
-    // the requests' callbacks carry the error
-  }
+  // No tryDrive here: the engine leaves GPU groups to its own thread (or to
+  // a thread that waits), so the submitting thread returns at once.
   if (!gate) return waitHost();
   s = closeAfterSubmit(device, stream);
   if (!s.ok()) s = waitHost();  // no gate: complete on the host after all

@@ -62,16 +62,19 @@ void resetStreamCompletion();
 // fuse) it first. GatedSubmission's constructor and the TF kernels call it.
 void waitForGatedSubmissions();
 
-// One submission completed on its stream: construct, then submit() (or take
-// callbacks() for the requests, enqueue them, then closeAfterSubmit()).
+// One submission completed on its stream: construct, then submit().
 class GatedSubmission {
  public:
   explicit GatedSubmission(int count);
-  // The whole sequence: enqueues `reqs` (count of them, on `stream` of
-  // `device`) as one batch, starts them if every rank is ready, then gates
-  // the stream; without a gate, waits on the host. An error here is the
+  // Enqueues `reqs` (count of them, on `stream` of `device`) as one batch,
+  // then gates the stream; the first call of its kind in a world, or one
+  // that gets no gate, waits on the host instead. An error here is the
   // submission's own (refused, or failed while waited for on the host).
   Status submit(std::vector<runtime::Request> reqs, int device, void* stream);
+
+  struct State;
+
+ private:
   std::vector<runtime::DoneCallback> callbacks();
   // Queues the gate on `stream` once the requests are enqueued (so the
   // engine's input event precedes it); opens it at once if they are done.
@@ -82,9 +85,6 @@ class GatedSubmission {
   // returns their first error.
   Status waitHost();
 
- struct State;
-
- private:
   std::shared_ptr<State> st_;
 };
 
