@@ -22,6 +22,7 @@ Modes:
 
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -283,11 +284,11 @@ def run_gated(steps=4, tensors=3, count=3001):
     stream = _core.cuda_stream_create(device)
     try:
         w0 = [(np.arange(count) % 7 + i + 1).astype(np.float32) for i in range(tensors)]
-        w = [_core.CudaArray.from_numpy(x, device) for x in w0]
-        g = [_core.CudaArray.from_numpy(np.zeros(count, np.float32), device) for _ in w]
-        r = [_core.CudaArray.from_numpy(np.zeros(count, np.float32), device) for _ in w]
-        h = _core.CudaArray.from_numpy(np.zeros(count, np.float32), device)
-        k = [_core.CudaArray.from_numpy(np.zeros(count, np.float32), device) for _ in range(steps)]
+        w = [to_gpu(x) for x in w0]
+        g = [to_gpu(np.zeros(count, np.float32)) for _ in w]
+        r = [to_gpu(np.zeros(count, np.float32)) for _ in w]
+        h = to_gpu(np.zeros(count, np.float32))
+        k = [to_gpu(np.zeros(count, np.float32)) for _ in range(steps)]
         for step in range(steps):
             for wi, gi in zip(w, g):  # backprop: g = w * (rank + 1)
                 _core.cuda_scale(gi, wi, rank + 1.0, stream=stream)
@@ -307,16 +308,16 @@ def run_gated(steps=4, tensors=3, count=3001):
                 failures.append(f"the refusal should name the tensor: {e}")
         _core.cuda_allreduce_gated([w[0]], [g[0]], ["gated.after_refusal"], stream)
         _core.cuda_synchronize(device, stream)
-        check("gated call after a refused one", g[0].to_numpy(), w[0].to_numpy().astype(np.float64) * n, 0)
+        check("gated call after a refused one", to_host(g[0]), to_host(w[0]).astype(np.float64) * n, 0)
     finally:
         _core.cuda_stream_destroy(stream, device)
     for i in range(tensors):
         want = w0[i].astype(np.float64) * T ** steps
-        check(f"gated step, tensor {i} after {steps} steps", w[i].to_numpy(), want, 0)
-        outs.append(w[i].to_numpy())
+        check(f"gated step, tensor {i} after {steps} steps", to_host(w[i]), want, 0)
+        outs.append(to_host(w[i]))
     for step in range(steps):
         want = w0[0].astype(np.float64) * T ** (step + 1) * n  # h is the same on every rank
-        check(f"second gated call of step {step}", k[step].to_numpy(), want, 0)
+        check(f"second gated call of step {step}", to_host(k[step]), want, 0)
     if _core.cuda_gated_error() is not None:
         failures.append(f"unexpected gated error: {_core.cuda_gated_error()}")
 
@@ -331,12 +332,11 @@ def run_gated_mixed(steps=3, count=2049):
     stream = _core.cuda_stream_create(device)
     try:
         base = (np.arange(count) % 11 + 1).astype(np.float64)
-        x = _core.CudaArray.from_numpy((base * (rank + 1)).astype(np.float32), device)
-        a, b, c, d = (_core.CudaArray.from_numpy(np.zeros(count, np.float32), device)
-                      for _ in range(4))
-        g = [_core.CudaArray.from_numpy(np.zeros(count, np.float32), device) for _ in range(3)]
-        gi = [_core.CudaArray.from_numpy(np.zeros(count, np.float32), device) for _ in range(3)]
-        e = _core.CudaArray.from_numpy(np.zeros(count, np.float32), device)
+        x = to_gpu((base * (rank + 1)).astype(np.float32))
+        a, b, c, d = (to_gpu(np.zeros(count, np.float32)) for _ in range(4))
+        g = [to_gpu(np.zeros(count, np.float32)) for _ in range(3)]
+        gi = [to_gpu(np.zeros(count, np.float32)) for _ in range(3)]
+        e = to_gpu(np.zeros(count, np.float32))
         T = n * (n + 1) / 2
         for step in range(steps):
             s = float(step + 1)
@@ -353,13 +353,13 @@ def run_gated_mixed(steps=3, count=2049):
             _core.cuda_synchronize(device, stream)
             sum_ = base * T
             avg = sum_ * s  # the average of a value every rank holds
-            check(f"step {step}: sum", a.to_numpy(), sum_, 0)
-            check(f"step {step}: average of the scaled sum", c.to_numpy(), avg, 1e-6)
-            check(f"step {step}: max", d.to_numpy(), base * n, 0)
+            check(f"step {step}: sum", to_host(a), sum_, 0)
+            check(f"step {step}: average of the scaled sum", to_host(c), avg, 1e-6)
+            check(f"step {step}: max", to_host(d), base * n, 0)
             for i in range(3):
-                check(f"step {step}: group {i}", g[i].to_numpy(), avg * (i + 1) * n, 1e-6)
-            check(f"step {step}: broadcast", e.to_numpy(), avg * 3 * n, 1e-6)
-        outs.append(e.to_numpy())
+                check(f"step {step}: group {i}", to_host(g[i]), avg * (i + 1) * n, 1e-6)
+            check(f"step {step}: broadcast", to_host(e), avg * 3 * n, 1e-6)
+        outs.append(to_host(e))
     finally:
         _core.cuda_stream_destroy(stream, device)
     if _core.cuda_gated_error() is not None:
@@ -375,8 +375,8 @@ def run_gated_error():
     stream = _core.cuda_stream_create(device)
     try:
         count = 100 + (1 if rank == n - 1 else 0)
-        x = _core.CudaArray.from_numpy(np.ones(count, np.float32), device)
-        y = _core.CudaArray.from_numpy(np.zeros(count, np.float32), device)
+        x = to_gpu(np.ones(count, np.float32))
+        y = to_gpu(np.zeros(count, np.float32))
         try:
             _core.cuda_allreduce_gated([x], [y], ["gated.first"], stream)
             failures.append("the first allreduce of the world should fail in the call itself")
@@ -392,7 +392,6 @@ def run_gated_error():
             err = _core.cuda_gated_error()
             if err is not None:
                 break
-            import time
             time.sleep(0.05)
         if err is None or "gated.bad" not in err:
             failures.append(f"the recorded error should name the tensor: {err!r}")
@@ -409,11 +408,11 @@ def run_gated_error():
         basics.init()
         if _core.cuda_gated_error() is not None:
             failures.append(f"the error outlived re-initialization: {_core.cuda_gated_error()}")
-        a = _core.CudaArray.from_numpy(np.full(100, rank + 1.0, np.float32), device)
-        b = _core.CudaArray.from_numpy(np.zeros(100, np.float32), device)
+        a = to_gpu(np.full(100, rank + 1.0, np.float32))
+        b = to_gpu(np.zeros(100, np.float32))
         _core.cuda_allreduce_gated([a], [b], ["gated.after_reinit"], stream)
         _core.cuda_synchronize(device, stream)
-        check("gated allreduce after re-initialization", b.to_numpy(),
+        check("gated allreduce after re-initialization", to_host(b),
               np.full(100, n * (n + 1) / 2), 0)
         return raised
     finally:
