@@ -39,7 +39,8 @@ CHECKS = (
        "indexed_slices", "compression_fp16", "broadcast_variables",
        "not_merged_or_folded", "function_ops_run_independently",
        "function_names", "out_of_order_single_thread",
-       "xla_compiles", "mismatch_error",
+       "xla_compiles", "mismatch_error", "grouped_rides_vote",
+       "grouped_outputs_independent",
        "version_mismatch", "api_surface"]
 )
 
@@ -279,6 +280,23 @@ def _grouped_cases(tf, tfring, rank, size):
             inputs = [(xs[dd][rank], dd) for dd in dtypes]
             cases.append(Case(f"grouped_allreduce {op} [{i}] {d}", build,
                               inputs, _reduce_ref(xs[d], op, d in INTS), d))
+    # One dtype: the group is one request with a part per tensor
+    # (runtime::Request::parts), scalars and empty tensors among them; with
+    # scale factors it is packed (executor.cc).
+    one = [(2, 3), (), (0,), (1, 1, 4), (7,)]
+    for d in ("float32", "int32", "float16"):
+        ys = [[_values(d, s, r, 250 + i) for r in range(size)] for i, s in enumerate(one)]
+        scaled = [] if d in INTS else [("sum", 0.5, 4.0)]
+        for op, pre, post in [("sum", 1.0, 1.0), ("average", 1.0, 1.0),
+                              ("max", 1.0, 1.0)] + scaled:
+            const = getattr(tfring, op.capitalize())
+            for i in (0, 1, 3):
+                def build(t, i=i, o=const, pre=pre, post=post):
+                    return tfring.grouped_allreduce(t, op=o, prescale_factor=pre,
+                                                    postscale_factor=post)[i]
+                ref = _reduce_ref(ys[i], op, d in INTS) * (pre * post)
+                cases.append(Case(f"grouped_allreduce one dtype {op} x{pre * post} [{i}] {d}",
+                                  build, [(y[rank], d) for y in ys], ref, d))
     return cases
 
 
@@ -663,6 +681,66 @@ def check_function_names(tf, tfring, rank, size):
     return names
 
 
+def check_grouped_rides_vote(tf, tfring, rank, size):
+    """A steady small group of one dtype is one request, so it rides the
+    agreement round's vote (TFRING_VOTE_DATA): every part is reduced, scaled
+    and unpacked right there, step after step."""
+    import numpy as np
+
+    from tfring import _core
+
+    shapes = [(3,), (2, 2), (), (0,), (5,)]
+    algos = []
+    for step in range(8):
+        xs = [[_values("float32", s, r, 700 + 10 * step + i) for r in range(size)]
+              for i, s in enumerate(shapes)]
+        got = tfring.grouped_allreduce([tf.constant(x[rank]) for x in xs], op=tfring.Average,
+                                       prescale_factor=0.5, postscale_factor=4.0,
+                                       name="small_group")
+        algos.append(_core.last_collective_stats()["algo"])
+        for i, (g, x) in enumerate(zip(got, xs)):
+            _assert_close(f"step {step} tensor {i}", g.numpy(),
+                          np.sum(np.asarray(x, np.float64), axis=0) * 2.0 / size)
+    # The room is agreed a round ahead: the first calls run as usual.
+    assert algos[-4:] == ["vote"] * 4, algos
+
+
+def check_grouped_outputs_independent(tf, tfring, rank, size):
+    """A grouped allreduce's outputs that cannot reuse their inputs share one
+    allocation (kernels.cc): each still behaves as a tensor of its own.
+    In-place consumers, variables assigned from them and then updated, and
+    outputs kept across steps never see another output's writes."""
+    import numpy as np
+
+    shapes = [(5,), (2, 3), (7,), (1,)]
+    xs = [[_values("float32", s, r, 800 + i) for r in range(size)] for i, s in enumerate(shapes)]
+    want = [np.sum(np.asarray(x, np.float64), axis=0) for x in xs]
+    src = [tf.Variable(np.asarray(x[rank], np.float32)) for x in xs]
+    dst = [tf.Variable(tf.zeros(s)) for s in shapes]
+
+    @tf.function
+    def step(k):
+        outs = tfring.grouped_allreduce([v.read_value() for v in src], op=tfring.Sum,
+                                        name="independent")
+        bumped = outs[0] + k            # may run in place where TF allows it
+        for v, o in zip(dst, outs):
+            v.assign(o)
+        dst[1].assign_add(tf.ones(shapes[1]) * k)
+        return bumped, outs
+
+    kept = []
+    for k in range(3):
+        bumped, outs = step(tf.constant(float(k + 1)))
+        kept.append(outs)
+        _assert_close(f"step {k} bumped", bumped.numpy(), want[0] + k + 1)
+        _assert_close(f"step {k} dst[1]", dst[1].numpy(), want[1] + k + 1)
+        for i in (0, 2, 3):
+            _assert_close(f"step {k} dst[{i}]", dst[i].numpy(), want[i])
+    for k, outs in enumerate(kept):
+        for i, o in enumerate(outs):
+            _assert_close(f"kept step {k} output {i}", o.numpy(), want[i])
+
+
 def check_out_of_order_single_thread(tf, tfring, rank, size):
     """Ranks build the same collectives in opposite orders and run them on
     one inter-op thread: blocking kernels would deadlock here; ours hand the
@@ -718,6 +796,8 @@ def check_xla_compiles(tf, tfring, rank, size):
 def check_mismatch_error(tf, tfring, rank, size):
     """A shape that differs by rank is a clear TF error naming the tensor,
     on every rank, and later collectives still work."""
+    import numpy as np
+
     x = tf.ones([3 + rank])
     try:
         tfring.allreduce(x, name="bad_shape")
@@ -727,6 +807,21 @@ def check_mismatch_error(tf, tfring, rank, size):
         raise AssertionError("a shape mismatch should raise")
     _assert_close("after", tfring.allreduce(tf.ones([2]), op=tfring.Sum).numpy(),
                   [size, size])
+    # A grouped allreduce of one dtype is one request: a tensor whose shape
+    # differs by rank is still named, with its place in the group, on every
+    # rank; so is a group of another length (even of the same total size).
+    for bad, label in (([tf.ones([4]), tf.ones([2 + rank]), tf.ones([3])],
+                        "'bad_group.1' (the group's tensor 1)"),
+                       ([tf.ones([6])] if rank == 0 else [tf.ones([2]), tf.ones([4])],
+                        "number of tensors in the group")):
+        try:
+            tfring.grouped_allreduce(bad, name="bad_group")
+        except tf.errors.FailedPreconditionError as e:
+            assert "bad_group" in e.message and label in e.message, e.message
+        else:
+            raise AssertionError("a grouped shape mismatch should raise")
+    got = tfring.grouped_allreduce([tf.ones([2]), tf.ones([3])], op=tfring.Sum)
+    _assert_close("after group", np.concatenate([g.numpy() for g in got]), [size] * 5)
 
 
 def check_version_mismatch(tf, tfring, rank, size):

@@ -28,6 +28,40 @@ std::string rankList(const std::vector<int>& ranks) {
   return s;
 }
 
+// Where two grouped allreduces (Request::parts) differ: what differs
+// ("shape of tensor 'g.2' (the group's tensor 2)") and each side's value;
+// false when their part shapes agree or cannot be read.
+bool describeParts(const Meta& a, const Meta& b, std::string* what, std::string* va,
+                   std::string* vb) {
+  std::vector<std::vector<int64_t>> sa, sb;
+  if (a.splits.empty()) sa = {a.shape};
+  else if (!readPartLayout(a.splits, &sa)) return false;
+  if (b.splits.empty()) sb = {b.shape};
+  else if (!readPartLayout(b.splits, &sb)) return false;
+  if (sa.size() != sb.size()) {
+    *what = "number of tensors in the group";
+    *va = std::to_string(sa.size());
+    *vb = std::to_string(sb.size());
+    return true;
+  }
+  for (size_t i = 0; i < sa.size(); ++i)
+    if (sa[i] != sb[i]) {
+      *what = strCat("shape of tensor '", a.name, ".", i, "' (the group's tensor ", i, ")");
+      *va = dimsString(sa[i]);
+      *vb = dimsString(sb[i]);
+      return true;
+    }
+  if (a.splits.empty() == b.splits.empty()) return false;
+  *what = "call";
+  auto call = [](const Meta& m, size_t n) {
+    return m.splits.empty() ? std::string("allreduce")
+                            : strCat("grouped_allreduce of ", n, " tensor", n == 1 ? "" : "s");
+  };
+  *va = call(a, sa.size());
+  *vb = call(b, sb.size());
+  return true;
+}
+
 // Describes how Metas differ: "shape [4] on rank 0 vs [5] on rank 1".
 std::string describeMismatch(const std::vector<Meta>& m, size_t first_bad) {
   const Meta& a = m[0];
@@ -37,6 +71,10 @@ std::string describeMismatch(const std::vector<Meta>& m, size_t first_bad) {
   if (a.type != b.type)
     return strCat("operation ", collectiveName(a.type), r0, collectiveName(b.type), rb);
   if (a.dtype != b.dtype) return strCat("dtype ", dtypeName(a.dtype), r0, dtypeName(b.dtype), rb);
+  if (a.type == CollectiveType::kAllreduce && a.splits != b.splits) {
+    std::string what, va, vb;
+    if (describeParts(a, b, &what, &va, &vb)) return strCat(what, " ", va, r0, vb, rb);
+  }
   if (a.type == CollectiveType::kAllgather || a.type == CollectiveType::kAlltoall) {
     if (a.shape.size() != b.shape.size() ||
         !std::equal(a.shape.begin() + (a.shape.empty() ? 0 : 1), a.shape.end(),
@@ -60,6 +98,9 @@ bool sameExceptDim0(const Meta& a, const Meta& b) {
   if (a.type != b.type || a.dtype != b.dtype || a.op != b.op || a.root != b.root ||
       a.prescale != b.prescale || a.postscale != b.postscale || a.device != b.device)
     return false;
+  // Splits: alltoall's differ by rank; a grouped allreduce's part layout
+  // (Request::parts) must agree.
+  if (a.type == CollectiveType::kAllreduce) return a.shape == b.shape && a.splits == b.splits;
   if (a.type != CollectiveType::kAllgather && a.type != CollectiveType::kAlltoall)
     return a.shape == b.shape;
   if (a.shape.size() != b.shape.size() || a.shape.empty()) return a.shape == b.shape;

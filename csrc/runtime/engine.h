@@ -60,6 +60,13 @@ struct Entry {
   bool rode = false;                // engine_rider.cc: finished by the vote
 };
 
+// An allreduce entry's buffers: its parts (Request::parts), else its one
+// input and output. gatherInput packs the inputs at dst, in order;
+// scatterOutput unpacks src into the outputs.
+void entrySpans(const Entry& e, std::vector<collectives::Span>* out);
+void gatherInput(const Entry& e, void* dst);
+void scatterOutput(Entry& e, const void* src);
+
 // Allocates a request's output through its allocator once the shape is
 // known (allgather, reducescatter); a no-op when the caller supplied one.
 void allocateOutput(Entry& e, const std::vector<int64_t>& shape);

@@ -106,7 +106,7 @@ void Engine::writeRider(int32_t* out) {
   std::memcpy(rider_key_, out, sizeof(rider_key_));
   if (!rider_) return;
   const Meta& m = rider_->meta;
-  std::memcpy(out + kRiderKey, rider_->req.input, payloadBytes(m));
+  gatherInput(*rider_, out + kRiderKey);
   if (m.prescale != 1.0)
     kernels::scale(out + kRiderKey, static_cast<size_t>(m.numElements()), m.dtype, m.prescale);
 }
@@ -145,9 +145,16 @@ void Engine::runRider(const int32_t* merged) {
     timeline_.instant(m.name, "VOTE_STATS", voteStatsJson());
     timeline_.begin(m.name, "ALLREDUCE_IN_VOTE");
   }
-  std::memcpy(e->req.output, merged + kRiderKey, payloadBytes(m));
   const double post = finalScale(m, comm_.size);
-  if (post != 1.0) kernels::scale(e->req.output, n, m.dtype, post);
+  if (e->req.parts.empty()) {
+    std::memcpy(e->req.output, merged + kRiderKey, payloadBytes(m));
+    if (post != 1.0) kernels::scale(e->req.output, n, m.dtype, post);
+  } else {
+    scatterOutput(*e, merged + kRiderKey);
+    if (post != 1.0)
+      for (const Request::Part& p : e->req.parts)
+        kernels::scale(p.output, static_cast<size_t>(p.count), m.dtype, post);
+  }
   collectives::CollectiveStats st;
   st.collective = "allreduce";
   st.algo = "vote";

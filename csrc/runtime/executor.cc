@@ -63,12 +63,51 @@ void allocateOutput(Entry& e, const std::vector<int64_t>& shape) {
   e.req.output = p;
 }
 
+void entrySpans(const Entry& e, std::vector<collectives::Span>* out) {
+  if (e.req.parts.empty()) {
+    out->push_back({static_cast<const char*>(e.req.input), static_cast<char*>(e.req.output),
+                    static_cast<size_t>(e.meta.numElements())});
+    return;
+  }
+  for (const Request::Part& p : e.req.parts)
+    out->push_back({static_cast<const char*>(p.input), static_cast<char*>(p.output),
+                    static_cast<size_t>(p.count)});
+}
+
+void gatherInput(const Entry& e, void* dst) {
+  const size_t es = dtypeSize(e.meta.dtype);
+  if (e.req.parts.empty()) {
+    if (bytesOf(e.meta)) std::memcpy(dst, e.req.input, bytesOf(e.meta));
+    return;
+  }
+  char* d = static_cast<char*>(dst);
+  for (const Request::Part& p : e.req.parts) {
+    const size_t b = static_cast<size_t>(p.count) * es;
+    if (b) std::memcpy(d, p.input, b);
+    d += b;
+  }
+}
+
+void scatterOutput(Entry& e, const void* src) {
+  const size_t es = dtypeSize(e.meta.dtype);
+  if (e.req.parts.empty()) {
+    if (bytesOf(e.meta)) std::memcpy(e.req.output, src, bytesOf(e.meta));
+    return;
+  }
+  const char* s = static_cast<const char*>(src);
+  for (const Request::Part& p : e.req.parts) {
+    const size_t b = static_cast<size_t>(p.count) * es;
+    if (b) std::memcpy(p.output, s, b);
+    s += b;
+  }
+}
+
 void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
   const Meta& m0 = es[0]->meta;
   const int N = comm_.size;
   const DataType dt = m0.dtype;
   const double post = finalScale(m0, N);
-  if (es.size() == 1) {
+  if (es.size() == 1 && es[0]->req.parts.empty()) {
     Entry& e = *es[0];
     size_t n = static_cast<size_t>(m0.numElements());
     const void* in = e.req.input;
@@ -82,14 +121,13 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
     return;
   }
   if (m0.prescale == 1.0) {
-    // Fused: the ring reads every input and writes every output where they
-    // are, cutting its steps at tensor boundaries; the other algorithms
-    // get one packed buffer.
+    // Fused (several tensors, or one grouped request's parts): the ring
+    // reads every input and writes every output where they are, cutting its
+    // steps at tensor boundaries; the other algorithms get one packed
+    // buffer.
     std::vector<collectives::Span> spans;
     spans.reserve(es.size());
-    for (auto& e : es)
-      spans.push_back({static_cast<const char*>(e->req.input), static_cast<char*>(e->req.output),
-                       static_cast<size_t>(e->meta.numElements())});
+    for (auto& e : es) entrySpans(*e, &spans);
     collectives::allreduceSpans(comm_, spans, dt, kernelOp(m0.op), post, &fusion_);
     traceAllreduce(timeline_, es);
     return;
@@ -102,9 +140,8 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
   for (auto& e : es) timeline_.begin(e->meta.name, "MEMCPY_IN_FUSION_BUFFER");
   size_t off = 0;
   for (auto& e : es) {
-    size_t b = bytesOf(e->meta);
-    if (b) std::memcpy(fusion_.data() + off, e->req.input, b);
-    off += b;
+    gatherInput(*e, fusion_.data() + off);
+    off += bytesOf(e->meta);
   }
   for (auto& e : es) timeline_.end(e->meta.name);
   size_t count = total / dtypeSize(dt);
@@ -114,9 +151,8 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
   for (auto& e : es) timeline_.begin(e->meta.name, "MEMCPY_OUT_FUSION_BUFFER");
   off = 0;
   for (auto& e : es) {
-    size_t b = bytesOf(e->meta);
-    if (b) std::memcpy(e->req.output, fusion_.data() + off, b);
-    off += b;
+    scatterOutput(*e, fusion_.data() + off);
+    off += bytesOf(e->meta);
   }
   for (auto& e : es) timeline_.end(e->meta.name);
 }

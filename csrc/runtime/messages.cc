@@ -15,10 +15,37 @@ int64_t Meta::numElements() const {
   return n;
 }
 
-std::string Meta::shapeString() const {
+std::string dimsString(const std::vector<int64_t>& dims) {
   std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
   return s + "]";
+}
+
+std::string Meta::shapeString() const { return dimsString(shape); }
+
+std::vector<int64_t> partLayout(const std::vector<std::vector<int64_t>>& shapes) {
+  std::vector<int64_t> out{static_cast<int64_t>(shapes.size())};
+  for (const auto& s : shapes) {
+    out.push_back(static_cast<int64_t>(s.size()));
+    out.insert(out.end(), s.begin(), s.end());
+  }
+  return out;
+}
+
+bool readPartLayout(const std::vector<int64_t>& layout,
+                    std::vector<std::vector<int64_t>>* shapes) {
+  shapes->clear();
+  if (layout.empty() || layout[0] < 0) return false;
+  size_t at = 1;
+  for (int64_t i = 0; i < layout[0]; ++i) {
+    if (at >= layout.size() || layout[at] < 0 ||
+        static_cast<uint64_t>(layout[at]) > layout.size() - at - 1)
+      return false;
+    const size_t rank = static_cast<size_t>(layout[at++]);
+    shapes->emplace_back(layout.begin() + at, layout.begin() + at + rank);
+    at += rank;
+  }
+  return at == layout.size();
 }
 
 void Meta::write(wire::Writer& w) const {

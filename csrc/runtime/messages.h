@@ -23,7 +23,8 @@ struct Meta {
   double prescale = 1.0, postscale = 1.0;
   int32_t device = -1;
   // alltoall: rows of dim 0 sent to each rank, in rank order; empty means
-  // an even split.
+  // an even split. An allreduce of several parts (Request::parts): their
+  // shapes, as partLayout() writes them.
   std::vector<int64_t> splits;
 
   bool operator==(const Meta& o) const;
@@ -32,6 +33,16 @@ struct Meta {
   static Meta read(wire::Reader& r);
   std::string shapeString() const;
 };
+
+// "[2, 3]": how messages print a shape.
+std::string dimsString(const std::vector<int64_t>& dims);
+
+// The shapes of a grouped allreduce's parts as one list of integers:
+// {count, rank of part 0, its dims..., rank of part 1, ...}. readPartLayout
+// is its inverse; false for a list partLayout() cannot have written.
+std::vector<int64_t> partLayout(const std::vector<std::vector<int64_t>>& shapes);
+bool readPartLayout(const std::vector<int64_t>& layout,
+                    std::vector<std::vector<int64_t>>* shapes);
 
 enum MsgType : uint8_t {
   // engine -> coordinator

@@ -82,6 +82,18 @@ struct Request {
   // allreduce/broadcast: preallocated with the input's shape (may alias
   // input). allgather/reducescatter: leave null and set `allocate`.
   void* output = nullptr;
+  // A host allreduce of several tensors of one dtype (a grouped allreduce)
+  // may be one request: input and output stay null, each part is one
+  // tensor's buffers and element count, shape is {total elements} and
+  // splits is partLayout() of the tensors' shapes, so ranks that group
+  // differently disagree on the request (runtime/messages.h). It is
+  // negotiated, fused and completed as one tensor, at the cost of one.
+  struct Part {
+    const void* input = nullptr;
+    void* output = nullptr;  // may alias input
+    int64_t count = 0;
+  };
+  std::vector<Part> parts;
   Allocator allocate;
   int device = -1;  // -1: host memory; >= 0: CUDA device ordinal
   // GPU tensors: a cudaStream_t. The input is read once the work queued on
@@ -92,7 +104,7 @@ struct Request {
   // addProcessSet. Every request of one batch names the same set.
   int process_set = 0;
   // alltoall: rows of dim 0 for each rank, in rank order (empty: an even
-  // split); received_splits, when set, gets the rows that came from each
+  // split); an allreduce with parts: their layout; received_splits, when set, gets the rows that came from each
   // rank before `done`. The output is allocated through `allocate`.
   std::vector<int64_t> splits;
   std::vector<int64_t>* received_splits = nullptr;

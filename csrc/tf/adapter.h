@@ -74,6 +74,7 @@ class RingOpKernel : public ::tensorflow::AsyncOpKernel {
   }
 
   const std::string& tensorName() const { return tensor_name_; }
+  bool onGpu() const { return on_gpu_; }
 
  private:
   CollectiveType type_;
