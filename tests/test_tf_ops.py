@@ -44,6 +44,9 @@ CHECKS = (
        "version_mismatch", "api_surface"]
 )
 
+# Run by their own tests, with their own environment.
+EXTRA_CHECKS = ["grouped_under_packing_algorithms"]
+
 
 def _tf_available():
     if importlib.util.find_spec("tensorflow") is None:
@@ -90,6 +93,22 @@ if __name__ != "__main__":
         names = [o["value"] for o in _outcome(size, "function_names")]
         assert all(n == names[0] for n in names), names
         assert len(set(names[0])) == len(names[0]), names[0]
+
+    @pytest.mark.parametrize("algo", ["oneshot", "hier"])
+    def test_grouped_allreduce_under_packing_algorithms(algo):
+        """The algorithms that pack fused tensors get a grouped request in
+        pieces of at most the fusion threshold (4 KiB here), a larger part
+        alone in place, with and without a prescale."""
+        sys.path.insert(0, HERE)
+        from multiproc import rank_results, run_ranks
+
+        env = dict(RANK_ENV, TFRING_ALLREDUCE_ALGO=algo, TFRING_FUSION_THRESHOLD="4K")
+        res = run_ranks(3, os.path.abspath(__file__),
+                        ["--worker", "--only", "grouped_under_packing_algorithms"],
+                        env=env, timeout=JOB_TIMEOUT)
+        for r, o in enumerate(rank_results(res, "grouped_under_packing_algorithms")):
+            assert not o["error"], f"rank {r}:\n{o['error']}"
+            assert set(o["value"]) == {algo}, o["value"]
 
     @pytest.mark.parametrize("size", SIZES)
     def test_ranks_exit_cleanly(size):
@@ -741,6 +760,28 @@ def check_grouped_outputs_independent(tf, tfring, rank, size):
             _assert_close(f"kept step {k} output {i}", o.numpy(), want[i])
 
 
+def check_grouped_under_packing_algorithms(tf, tfring, rank, size):
+    """See test_grouped_allreduce_under_packing_algorithms; returns the
+    algorithms the steps ran."""
+    import numpy as np
+
+    from tfring import _core
+
+    counts = [3000, 100, 200, 2000, 50, 700, 1024]  # float32: 12 KB, 8 KB alone
+    algos = set()
+    for step, (pre, post) in enumerate(((1.0, 1.0), (0.5, 4.0), (1.0, 1.0))):
+        xs = [[_values("float32", (c,), r, 900 + 10 * step + i) for r in range(size)]
+              for i, c in enumerate(counts)]
+        got = tfring.grouped_allreduce([tf.constant(x[rank]) for x in xs], op=tfring.Sum,
+                                       prescale_factor=pre, postscale_factor=post,
+                                       name="packed")
+        algos.add(_core.last_collective_stats()["algo"])
+        for i, (g, x) in enumerate(zip(got, xs)):
+            _assert_close(f"step {step} tensor {i}", g.numpy(),
+                          np.sum(np.asarray(x, np.float64), axis=0) * pre * post)
+    return sorted(algos)
+
+
 def check_out_of_order_single_thread(tf, tfring, rank, size):
     """Ranks build the same collectives in opposite orders and run them on
     one inter-op thread: blocking kernels would deadlock here; ours hand the
@@ -885,7 +926,7 @@ def _all_checks():
         for mode in ("eager", "function"):
             checks[f"grad_{op}_{mode}"] = make(mode)
     checks["grad_allreduce_session"] = _grad_session
-    for name in CHECKS:
+    for name in CHECKS + EXTRA_CHECKS:
         fn = globals().get(f"check_{name}")
         if fn is not None:
             checks[name] = fn
@@ -920,8 +961,9 @@ def _worker():
     sys.path.insert(0, os.path.join(HERE, "workers"))
     from common import report, run_checks
 
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else CHECKS
     results = run_checks({name: functools.partial(checks[name], tf, tfring, rank, size)
-                          for name in CHECKS})
+                          for name in only})
     report(results)
     tfring.shutdown()
 

@@ -110,9 +110,10 @@ def test_mismatch_message_is_the_same_with_and_without_xla():
         msgs = out["messages"]
         # TF wraps the engine's message: "[Op:...]" after it under XLA; the
         # graph executor's "Graph execution error", node and stack around it.
-        core = msgs["xla"].split(" [Op:")[0]
-        assert core.startswith("mismatched allreduce of tensor 'bad/bad_shape'"), msgs
-        assert core in msgs["graph"], msgs
+        for kind, name in (("", "bad/bad_shape"), ("group ", "bad_group/bad_group")):
+            core = msgs[kind + "xla"].split(" [Op:")[0]
+            assert core.startswith(f"mismatched allreduce of tensor '{name}'"), msgs
+            assert core in msgs[kind + "graph"], msgs
 
 
 def test_import_after_an_xla_compilation_fails_at_trace_time():

@@ -89,9 +89,13 @@ void allreduce(RingComm& c, const void* in, void* out, size_t count, DataType dt
                ReduceOp op, double postscale);
 
 // Fused tensors (see ringAllreduceSpans): the ring runs on them in place;
-// the other algorithms run on a copy packed into *pack.
+// the other algorithms run on copies packed into *pack, in pieces of
+// consecutive spans of at most max_pack bytes (a larger span alone runs in
+// place), so a grouped request far above the fusion threshold never needs
+// a buffer its size. The algorithm is chosen by the whole size, and for
+// each piece by its own.
 void allreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dtype, ReduceOp op,
-                    double postscale, std::vector<char>* pack);
+                    double postscale, std::vector<char>* pack, size_t max_pack);
 
 // The algorithms themselves; callers go through allreduce().
 void oneshotAllreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,

@@ -181,7 +181,7 @@ void allreduce(RingComm& c, const void* in, void* out, size_t count, DataType dt
 }
 
 void allreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dtype, ReduceOp op,
-                    double postscale, std::vector<char>* pack) {
+                    double postscale, std::vector<char>* pack, size_t max_pack) {
   const size_t es = dtypeSize(dtype);
   size_t count = 0;
   for (auto& s : spans) count += s.count;
@@ -196,17 +196,31 @@ void allreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dtype,
     record(st);
     return;
   }
-  if (pack->size() < count * es) pack->resize(count * es);
-  size_t off = 0;
-  for (auto& s : spans) {
-    if (s.count) std::memcpy(pack->data() + off, s.in, s.count * es);
-    off += s.count * es;
-  }
-  allreduce(c, pack->data(), pack->data(), count, dtype, op, postscale);
-  off = 0;
-  for (auto& s : spans) {
-    if (s.count) std::memcpy(s.out, pack->data() + off, s.count * es);
-    off += s.count * es;
+  // Pieces of consecutive spans up to max_pack bytes, each packed, reduced
+  // and unpacked; a span larger than that alone is reduced where it lies.
+  // Every rank holds the same spans, so every rank cuts the same pieces.
+  const size_t limit = std::max(max_pack, es);
+  for (size_t i = 0; i < spans.size();) {
+    if (spans[i].count * es >= limit) {
+      allreduce(c, spans[i].in, spans[i].out, spans[i].count, dtype, op, postscale);
+      ++i;
+      continue;
+    }
+    size_t j = i, bytes = 0;
+    while (j < spans.size() && bytes + spans[j].count * es <= limit) bytes += spans[j++].count * es;
+    if (pack->size() < bytes) pack->resize(bytes);
+    size_t off = 0;
+    for (size_t k = i; k < j; ++k) {
+      if (spans[k].count) std::memcpy(pack->data() + off, spans[k].in, spans[k].count * es);
+      off += spans[k].count * es;
+    }
+    allreduce(c, pack->data(), pack->data(), bytes / es, dtype, op, postscale);
+    off = 0;
+    for (size_t k = i; k < j; ++k) {
+      if (spans[k].count) std::memcpy(spans[k].out, pack->data() + off, spans[k].count * es);
+      off += spans[k].count * es;
+    }
+    i = j;
   }
 }
 

@@ -120,41 +120,27 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
     traceAllreduce(timeline_, es);
     return;
   }
-  if (m0.prescale == 1.0) {
-    // Fused (several tensors, or one grouped request's parts): the ring
-    // reads every input and writes every output where they are, cutting its
-    // steps at tensor boundaries; the other algorithms get one packed
-    // buffer.
-    std::vector<collectives::Span> spans;
-    spans.reserve(es.size());
-    for (auto& e : es) entrySpans(*e, &spans);
-    collectives::allreduceSpans(comm_, spans, dt, kernelOp(m0.op), post, &fusion_);
-    traceAllreduce(timeline_, es);
-    return;
+  // Fused (several tensors, or one grouped request's parts): the ring reads
+  // every input and writes every output where they are, cutting its steps
+  // at tensor boundaries; the other algorithms pack pieces of at most the
+  // fusion threshold. A prescale is applied on the way into the outputs
+  // (inputs are read-only), which are then reduced in place.
+  std::vector<collectives::Span> spans;
+  spans.reserve(es.size());
+  for (auto& e : es) entrySpans(*e, &spans);
+  if (m0.prescale != 1.0) {
+    for (auto& e : es) timeline_.begin(e->meta.name, "PRESCALE");
+    const size_t esz = dtypeSize(dt);
+    for (auto& sp : spans) {
+      if (sp.out != sp.in && sp.count) std::memcpy(sp.out, sp.in, sp.count * esz);
+      kernels::scale(sp.out, sp.count, dt, m0.prescale);
+      sp.in = sp.out;
+    }
+    for (auto& e : es) timeline_.end(e->meta.name);
   }
-  // Fused with a prescale: pack every input into one buffer (scaling it
-  // there, since inputs are read-only), reduce it once, unpack.
-  size_t total = 0;
-  for (auto& e : es) total += bytesOf(e->meta);
-  if (fusion_.size() < total) fusion_.resize(total);
-  for (auto& e : es) timeline_.begin(e->meta.name, "MEMCPY_IN_FUSION_BUFFER");
-  size_t off = 0;
-  for (auto& e : es) {
-    gatherInput(*e, fusion_.data() + off);
-    off += bytesOf(e->meta);
-  }
-  for (auto& e : es) timeline_.end(e->meta.name);
-  size_t count = total / dtypeSize(dt);
-  kernels::scale(fusion_.data(), count, dt, m0.prescale);
-  collectives::allreduce(comm_, fusion_.data(), fusion_.data(), count, dt, kernelOp(m0.op), post);
+  collectives::allreduceSpans(comm_, spans, dt, kernelOp(m0.op), post, &fusion_,
+                              static_cast<size_t>(cfg_.fusion_threshold));
   traceAllreduce(timeline_, es);
-  for (auto& e : es) timeline_.begin(e->meta.name, "MEMCPY_OUT_FUSION_BUFFER");
-  off = 0;
-  for (auto& e : es) {
-    scatterOutput(*e, fusion_.data() + off);
-    off += bytesOf(e->meta);
-  }
-  for (auto& e : es) timeline_.end(e->meta.name);
 }
 
 std::vector<size_t> allgatherBytes(const Meta& m, const std::vector<int64_t>& dim0s,

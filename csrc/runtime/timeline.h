@@ -1,6 +1,7 @@
 // Timeline: a Chrome / Perfetto trace (JSON array format) of what the engine
 // does with each tensor: NEGOTIATE from enqueue until the coordinator
 // schedules it, then the collective with its phases (fusion-buffer copies,
+// a prescale into the outputs,
 // the ring itself). Open it in chrome://tracing or ui.perfetto.dev.
 // TFRING_TIMELINE=path writes rank 0's trace; a path containing "{rank}"
 // writes one file per rank. A timeline may also be started and stopped while

@@ -46,6 +46,7 @@
 #include "common/status.h"
 #include "common/types.h"
 #include "gpu/stream_completion.h"
+#include "runtime/messages.h"
 #include "runtime/runtime.h"
 
 namespace tfring {
@@ -314,6 +315,33 @@ ffi::Future failed(const Status& s) {
   return f;
 }
 
+// A grouped allreduce of one dtype on the host is one request with a part
+// per buffer pair, named "<name>", as the TF kernel makes it
+// (kernels.cc, runtime::Request::parts): ranks with and without XLA then
+// submit the same request, and the engine handles the group as one tensor.
+bool asParts(std::string_view name, std::vector<runtime::Request>* reqs) {
+  if (reqs->empty()) return false;
+  for (const auto& r : *reqs)
+    if (r.dtype != (*reqs)[0].dtype) return false;
+  runtime::Request one = (*reqs)[0];
+  one.name = std::string(name);
+  std::vector<std::vector<int64_t>> shapes;
+  int64_t total = 0;
+  for (const auto& r : *reqs) {
+    int64_t count = 1;
+    for (auto d : r.shape) count *= d;
+    one.parts.push_back({r.input, r.output, count});
+    shapes.push_back(r.shape);
+    total += count;
+  }
+  one.input = nullptr;
+  one.output = nullptr;
+  one.shape = {total};
+  one.splits = runtime::partLayout(shapes);
+  reqs->assign(1, std::move(one));
+  return true;
+}
+
 ffi::Future hostAllreduce(ffi::RemainingArgs args, ffi::RemainingRets rets,
                           std::string_view name, int32_t op, double pre, double post,
                           int32_t grouped, int32_t ordered) {
@@ -321,6 +349,7 @@ ffi::Future hostAllreduce(ffi::RemainingArgs args, ffi::RemainingRets rets,
   Status err = allreduceRequests(reduceAttrs(name, op, pre, post), args, rets, grouped,
                                  ordered, &reqs);
   if (!err.ok()) return failed(err);
+  if (grouped) asParts(name, &reqs);
   return submitAsync(std::move(reqs), false);
 }
 

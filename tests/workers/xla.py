@@ -90,6 +90,9 @@ def equal(what, got, want):
     assert np.array_equal(got, want), f"{what}: {got.ravel()[:6]} != {want.ravel()[:6]}"
 
 
+STEP_CALLS = 8  # the collectives step() calls
+
+
 def step(x, y, z, w):
     """Arithmetic around every supported collective."""
     a = tfring.allreduce(x * 2 + 1, op=tfring.Sum, name="sum")
@@ -97,10 +100,13 @@ def step(x, y, z, w):
                          postscale_factor=4.0)
     c = tfring.allreduce(x, op=tfring.Max, name="max")
     g = tfring.grouped_allreduce([x, y, z], op=tfring.Sum, name="group")
+    # One dtype: one request with a part per tensor, with and without XLA.
+    h = tfring.grouped_allreduce([x, w, x[0, 0]], op=tfring.Average, name="group1",
+                                 prescale_factor=0.5, postscale_factor=4.0)
     br = tfring.broadcast(w * 3, root_rank=SIZE - 1, name="bcast")
     ag = tfring.allgather(w - 1, name="gather")
     rs = tfring.reducescatter(w, op=tfring.Sum, name="scatter")
-    return [a * 3, b, c, *g, br, ag, rs]
+    return [a * 3, b, c, *g, *h, br, ag, rs]
 
 
 def inputs(salt):
@@ -123,6 +129,9 @@ def references(salt):
         np.max(xs, axis=0),
         np.sum(f64, axis=0).astype(np.float32), np.sum(ys, axis=0),
         np.sum(zs, axis=0).astype(np.int32),
+        (np.sum(f64, axis=0) * 2 / SIZE).astype(np.float32),
+        (np.sum(ws, axis=0, dtype=np.float64) * 2 / SIZE).astype(np.float32),
+        (np.sum(f64, axis=0)[0, 0] * 2 / SIZE).astype(np.float32),
         ws[SIZE - 1] * 3,
         np.concatenate([w - 1 for w in ws]),
         wsum[start:start + rows],
@@ -166,17 +175,23 @@ def _():
     def bad(x):
         return tfring.allreduce(x, name="bad_shape")
 
+    def bad_group(x):
+        return tfring.grouped_allreduce([x * 2, x], name="bad_group")
+
     x = tf.ones([3 + RANK])
     msgs = {}
-    for label, fn in (("xla", tf.function(bad, jit_compile=True)), ("graph", tf.function(bad))):
-        try:
-            fn(x)
-        except tf.errors.FailedPreconditionError as e:
-            msgs[label] = e.message
-        else:
-            raise AssertionError(f"{label}: a shape mismatch should raise")
+    for label, f in (("", bad), ("group ", bad_group)):
+        for mode, fn in (("xla", tf.function(f, jit_compile=True)), ("graph", tf.function(f))):
+            try:
+                fn(x)
+            except tf.errors.FailedPreconditionError as e:
+                msgs[label + mode] = e.message
+            else:
+                raise AssertionError(f"{label}{mode}: a shape mismatch should raise")
     for label, msg in msgs.items():
-        assert "bad_shape" in msg and "shape [3] on rank 0 vs [4] on rank 1" in msg, (label, msg)
+        want = ("bad_group.0' (the group's tensor 0) [3] on rank 0 vs [4]"
+                if label.startswith("group") else "shape [3] on rank 0 vs [4] on rank 1")
+        assert want in msg, (label, msg)
     # Later collectives still work, with and without XLA.
     after = tf.function(lambda v: tfring.allreduce(v, op=tfring.Sum, name="after"),
                         jit_compile=True)(tf.ones([2]))
@@ -372,10 +387,10 @@ def _():
     hlo = jit.experimental_get_compiler_ir(*inputs(1))(stage="optimized_hlo")
     if not chained():
         calls, _ = tfring_calls(hlo)
-        assert len(calls) == 7, f"{len(calls)} tfring custom calls in:\n{hlo}"
+        assert len(calls) == STEP_CALLS, f"{len(calls)} tfring custom calls in:\n{hlo}"
         assert not any(o for o, _, _ in calls.values()), f"chained although free: {calls}"
         return {"chained": False}
-    return {"chained": True, "chain": call_chain(hlo, 7)}
+    return {"chained": True, "chain": call_chain(hlo, STEP_CALLS)}
 
 
 @check("free_calls_run_in_any_order")
