@@ -72,6 +72,15 @@ def test_batch_with_a_name_in_flight_takes_none_of_its_tensors(tmp_path):
         assert out["g.0"] == [2.0] * 3 and out["g.1"] == [2.0] * 4, out
 
 
+def test_grouped_op_under_a_name_in_flight_is_refused(tmp_path):
+    out0, out1 = _errors(2, "duplicate_group", env={"FLAG": str(tmp_path / "tried")})
+    assert out0["error"] == "InvalidArgumentError", out0
+    assert "already in flight" in out0["message"] and "'p'" in out0["message"], out0
+    assert out1["error"] is None, out1
+    for out in (out0, out1):
+        assert out["p"] == [2.0] * 4 and out["group"] == [[2.0] * 3, [2.0] * 4], out
+
+
 @pytest.mark.parametrize("scenario", ["die_idle", "die_busy", "die_fast"])
 @pytest.mark.parametrize("victim", [0, 2])
 @pytest.mark.parametrize("transport", ["auto", "tcp"])

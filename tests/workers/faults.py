@@ -74,8 +74,9 @@ elif scenario == "duplicate":
     attempt(lambda: _core.allreduce_async(np.ones(4, np.float32), name="twice"))
     h.wait(30)
 elif scenario == "duplicate_batch":
-    # A grouped op is one batch (tensors "g.0", "g.1"): when one of its names
-    # is already in flight, none of it is taken, and the others stay free.
+    # A grouped op of mixed dtypes is one batch (tensors "g.0", "g.1"): when
+    # one of its names is already in flight, none of it is taken, and the
+    # others stay free.
     flag = os.environ["FLAG"]
     if rank == 1:  # rank 0's "g.1" stays in flight until rank 0 has tried
         deadline = time.time() + 30
@@ -85,13 +86,35 @@ elif scenario == "duplicate_batch":
         import tensorflow as tf
 
         import tfring
-    h = _core.allreduce_async(np.ones(4, np.float32), name="g.1")
+    h = _core.allreduce_async(np.ones(4, np.float64), name="g.1")
     if rank == 0:
         attempt(lambda: tfring.grouped_allreduce(
-            [tf.ones([3]), tf.ones([4])], op=tfring.Sum, name="g"))
+            [tf.ones([3]), tf.ones([4], tf.float64)], op=tfring.Sum, name="g"))
         open(flag, "w").close()
     seen["g.0"] = _core.allreduce(np.ones(3, np.float32), name="g.0").tolist()
     seen["g.1"] = h.wait(30).tolist()
+elif scenario == "duplicate_group":
+    # A grouped op of one dtype is one request named after the op: a
+    # collective of that name in flight refuses it; it runs once the name is
+    # free. Rank 1 submits "p" only once rank 0 has tried, so rank 0's "p"
+    # is surely still in flight then.
+    import tensorflow as tf
+
+    import tfring
+
+    flag = os.environ["FLAG"]
+    if rank == 1:
+        deadline = time.time() + 30
+        while not os.path.exists(flag) and time.time() < deadline:
+            time.sleep(0.01)
+    h = _core.allreduce_async(np.ones(4, np.float32), name="p")
+    if rank == 0:
+        attempt(lambda: tfring.grouped_allreduce([tf.ones([3]), tf.ones([4])],
+                                                 op=tfring.Sum, name="p"))
+        open(flag, "w").close()
+    seen["p"] = h.wait(30).tolist()
+    seen["group"] = [t.numpy().tolist() for t in tfring.grouped_allreduce(
+        [tf.ones([3]), tf.ones([4])], op=tfring.Sum, name="p")]
 elif scenario in ("die_idle", "die_busy"):
     victim = int(os.environ["VICTIM"])
     _core.allreduce(np.ones(10, np.float32), name="warmup")
