@@ -11,7 +11,9 @@
 #   bash tests/gpu_emu.sh [pytest args...]
 #
 # Environment: PYTHON (default python3; needs cmake, pybind11, numpy and
-# pytest), TFRING_EMU_BUILD (default build-emu), TFRING_EMU_DEVICES (default
+# pytest), TFRING_EMU_BUILD (default build-emu), TFRING_EMU_BUILD_ONLY=1
+# (build and exit: ./dev.sh test builds ahead while the main suite runs),
+# TFRING_EMU_DEVICES (default
 # 2 emulated GPUs), TFRING_EMU_DELAY_US (default 100: each queued GPU
 # operation first sleeps up to that long, so missing stream synchronization
 # shows up as wrong results), TFRING_NCCL_LIB (default: the emulation's fake
@@ -33,6 +35,7 @@ cmake -S "$ROOT" -B "$BUILD" ${GEN[@]+"${GEN[@]}"} -DCMAKE_BUILD_TYPE=Release \
   -DTFRING_WITH_CUDA=EMU -DTFRING_WITH_TF=OFF -DTFRING_OUTPUT_DIR="$PKG/tfring" \
   -Dpybind11_DIR="$PYBIND" -DPython_EXECUTABLE="$(command -v "$PY")" >/dev/null
 cmake --build "$BUILD" -j "$(nproc)"
+[[ "${TFRING_EMU_BUILD_ONLY:-0}" == 1 ]] && exit 0
 
 # The package: the emulation build's libraries plus links to the sources.
 for f in "$ROOT"/tfring/*.py "$ROOT"/tfring/*/; do
