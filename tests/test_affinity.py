@@ -48,6 +48,23 @@ def test_slices_are_disjoint_cover_every_core_and_differ_by_one(monkeypatch, cor
         assert s == list(range(s[0], s[0] + len(s)))
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_children_start_on_their_cpus_and_the_parent_keeps_its_own():
+    # The child reports its mask as its first act: bound after it started,
+    # it could report (and start threads on) every CPU.
+    mine = os.sched_getaffinity(0)
+    cpu = max(mine)
+    with affinity.inherited([cpu]) as taken:
+        out = subprocess.run([sys.executable, "-c",
+                              "import os; print(sorted(os.sched_getaffinity(0)))"],
+                             capture_output=True, text=True, timeout=60).stdout
+    assert taken
+    assert ast.literal_eval(out.strip()) == [cpu]
+    assert os.sched_getaffinity(0) == mine
+    with affinity.inherited(None) as taken:
+        assert not taken and os.sched_getaffinity(0) == mine
+
+
 def test_more_ranks_than_cores_binds_nothing(monkeypatch):
     _topology(monkeypatch, cores=2, threads=2)
     assert affinity.slice_for(0, 3, range(4)) is None

@@ -19,6 +19,7 @@ bound: every rank may then use every core, and the core's waits yield
 instead of spinning.
 """
 
+import contextlib
 import os
 
 MODES = ("auto", "none")
@@ -65,22 +66,26 @@ def slice_for(local_rank, local_size, cpus=None):
     return sorted(cpu for group in cores[start:start + count] for cpu in group)
 
 
-def bind(pid, cpus):
-    """Binds every thread of process ``pid`` to ``cpus``; threads it starts
-    later inherit the binding. False if the process is gone or the system
-    refused (the rank then runs unbound)."""
-    try:
-        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        tids = [pid]
-    ok = False
-    for tid in tids:
+@contextlib.contextmanager
+def inherited(cpus):
+    """Processes started inside the block run on ``cpus`` from their first
+    instruction: the calling thread takes that mask while it forks (Linux
+    gives a child its forking thread's mask), then goes back to its own.
+    Binding a child after it has started leaves a window in which it runs,
+    and may start threads, unbound. Yields whether the mask was taken."""
+    old = None
+    if cpus:
         try:
-            os.sched_setaffinity(tid, cpus)
-            ok = True
-        except OSError:
-            pass
-    return ok
+            old = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, cpus)
+        except (AttributeError, OSError):
+            old = None
+    try:
+        yield old is not None
+    finally:
+        if old is not None:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, old)
 
 
 def describe(cpus):
@@ -117,7 +122,8 @@ def main(argv):
         raise SystemExit("usage: python -m tfring.run.affinity LOCAL_RANK LOCAL_SIZE -- COMMAND...")
     cpus = slice_for(int(argv[0]), int(argv[1]))
     if cpus:
-        bind(os.getpid(), cpus)
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, cpus)  # the only thread: the exec keeps it
     os.execvp(argv[3], argv[3:])
 
 

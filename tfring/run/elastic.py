@@ -241,18 +241,17 @@ class Driver:
             argv = ssh_command(host, os.getcwd(), remote, command, self.args.ssh_port,
                                ssh_args)
             stdin_data = (self.secret + "\n").encode()
+        # A worker on this host gets its slot's slice of the cores from its
+        # start, as tfring-run's ranks do (tfring/run/affinity.py).
+        cpus = (affinity.slice_for(slot, slots)
+                if is_local_host(host) and self.args.bind_to != "none" else None)
         try:
-            proc = self.job.spawn(wid, argv, full, os.getcwd(), self.output_dir, stdin_data)
+            proc = self.job.spawn(wid, argv, full, os.getcwd(), self.output_dir, stdin_data,
+                                  cpus)
         except OSError as e:
             self.log(f"cannot start a worker on {host} ({shlex.join(argv)}): {e}")
             self._host_failed(host, f"cannot start a worker: {e}")
             return None
-        # A worker on this host gets its slot's slice of the cores, as
-        # tfring-run binds its ranks (tfring/run/affinity.py).
-        cpus = (affinity.slice_for(slot, slots)
-                if is_local_host(host) and self.args.bind_to != "none" else None)
-        if cpus:
-            affinity.bind(proc.pid, cpus)
         w = Worker(wid, host, proc, slot)
         self.workers[wid] = w
         self.log(f"started {w}")

@@ -362,16 +362,19 @@ class Job:
         self.exit_code = None  # decided by the first reason to stop
         self.signals_received = 0
 
-    def spawn(self, rank, argv, env, cwd, output_dir=None, stdin_data=None):
-        proc = subprocess.Popen(
-            argv,
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+    def spawn(self, rank, argv, env, cwd, output_dir=None, stdin_data=None, cpus=None):
+        """Starts one process; with ``cpus`` it runs on them from its start
+        (affinity.inherited), and this launcher's own threads stay free."""
+        with affinity.inherited(cpus):
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         if stdin_data is not None:
             # A line or so: fits the pipe buffer, so this never blocks.
             with contextlib.suppress(OSError):
@@ -745,8 +748,8 @@ def _run_once(parser, args, attempt):
                 break  # a signal arrived while starting: start no more ranks
             stdin_data = None if spec.local else (secret + "\n").encode()
             try:
-                proc = job.spawn(spec.rank, argv, env, cwd, output_dir, stdin_data)
-                _bind_local(args, spec, proc, relay)
+                cpus = _local_cpus(args, spec, relay)
+                job.spawn(spec.rank, argv, env, cwd, output_dir, stdin_data, cpus)
             except OSError as e:
                 relay.message(
                     f"cannot start rank {spec.rank} ({shlex.join(argv)}): {e}"
@@ -771,20 +774,15 @@ def _run_once(parser, args, attempt):
                 server.stop()
 
 
-def _bind_local(args, spec, proc, relay):
-    """Binds a rank started on this host to its slice of the cores
-    (--bind-to, see tfring/run/affinity.py). It runs at once after the
-    exec, before the program has started any thread of its own."""
+def _local_cpus(args, spec, relay):
+    """The slice of the cores a rank started on this host runs on
+    (--bind-to, see tfring/run/affinity.py); None to leave it unbound."""
     if not spec.local or args.bind_to == "none":
-        return
+        return None
     cpus = affinity.slice_for(spec.local_rank, spec.local_size)
-    if cpus is None:
-        return
-    if affinity.bind(proc.pid, cpus):
-        if args.verbose:
-            relay.message(f"rank {spec.rank} bound to CPUs {affinity.describe(cpus)}")
-    elif args.verbose:
-        relay.message(f"rank {spec.rank}: could not bind to CPUs {affinity.describe(cpus)}")
+    if cpus is not None and args.verbose:
+        relay.message(f"rank {spec.rank} bound to CPUs {affinity.describe(cpus)}")
+    return cpus
 
 
 def _hosts(args):
