@@ -120,17 +120,16 @@ def run_mwms(workers, args, timeout):
                 for k in list(env):
                     if k.startswith("TFRING_"):
                         del env[k]
-                procs.append(subprocess.Popen(
-                    [sys.executable, EXAMPLE, "--backend", "mwms", *args],
-                    env=env, cwd=cwd, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, text=True))
                 # The workers get the cores tfring-run would give its ranks,
-                # so both run with the same placement.
+                # from their start, so both run with the same placement.
                 affinity = affinity_module()
                 cpus = (None if os.environ.get("TFRING_BIND") == "none"
                         else affinity.slice_for(i, workers))
-                if cpus:
-                    affinity.bind(procs[-1].pid, cpus)
+                with affinity.inherited(cpus):
+                    procs.append(subprocess.Popen(
+                        [sys.executable, EXAMPLE, "--backend", "mwms", *args],
+                        env=env, cwd=cwd, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True))
             outs, deadline = [], time.monotonic() + timeout
             for p in procs:
                 out, err = p.communicate(

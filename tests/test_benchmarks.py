@@ -538,6 +538,20 @@ def test_gpu_bench_dry_run_on_the_emulation(tmp_path):
 
 
 @pytest.mark.skipif(not _have_tf_ops(), reason="TensorFlow or tfring's op library missing")
+def test_keras_scaling_bench_runs_every_configuration(tmp_path):
+    # The quick mlp: tfring at 1 and 2 ranks, the same ranks alone, TF's
+    # MultiWorkerMirroredStrategy (its workers started on tfring-run's
+    # cores), model.fit, and the ratios the targets read.
+    out, res = _run(tmp_path, "keras_scaling.py", "--models", "mlp", "--quick",
+                    "--timeout", "240")
+    r = res["results"]["mlp"]
+    for label in ("tfring x1", "tfring x2", "none x2", "mwms x2", "fit x2", "fit none x2"):
+        assert r[label]["step_time_s"] > 0 and r[label]["images_per_sec_total"] > 0, label
+        assert f"| mlp | 33.5M | {label} |" in out, label
+    assert r["gradient_bytes"] == 4 * r["tfring x2"]["params"] and r["core_allreduce_floor_s"] > 0
+    assert r["tfring_over_mwms"] > 0 and "tfring x2 / MWMS x2 throughput" in out
+
+
 def test_entry_points_bench(tmp_path):
     # One step per entry point and variant: every entry point trains, its
     # ranks agree, and the table and JSON carry each entry point's times.
