@@ -62,22 +62,25 @@ def test_duplicate_name_in_flight():
         assert "already in flight" in out["message"] and "'twice'" in out["message"], out
 
 
-def test_batch_with_a_name_in_flight_takes_none_of_its_tensors(tmp_path):
-    out0, out1 = _errors(2, "duplicate_batch", env={"FLAG": str(tmp_path / "tried")})
+def _refused_on_rank_0(tmp_path, scenario, name):
+    """Rank 0 submits a grouped op while `name` is in flight there (rank 1
+    submits only once rank 0 has tried): refused on rank 0 alone, naming
+    it. Returns both ranks' reports."""
+    out0, out1 = _errors(2, scenario, env={"FLAG": str(tmp_path / "tried")})
     assert out0["error"] == "InvalidArgumentError", out0
-    assert "already in flight" in out0["message"] and "'g.1'" in out0["message"], out0
+    assert "already in flight" in out0["message"] and f"'{name}'" in out0["message"], out0
     assert out1["error"] is None, out1
-    for out in (out0, out1):
+    return out0, out1
+
+
+def test_batch_with_a_name_in_flight_takes_none_of_its_tensors(tmp_path):
+    for out in _refused_on_rank_0(tmp_path, "duplicate_batch", "g.1"):
         # "g.0" was not left behind in flight by the refused batch.
         assert out["g.0"] == [2.0] * 3 and out["g.1"] == [2.0] * 4, out
 
 
 def test_grouped_op_under_a_name_in_flight_is_refused(tmp_path):
-    out0, out1 = _errors(2, "duplicate_group", env={"FLAG": str(tmp_path / "tried")})
-    assert out0["error"] == "InvalidArgumentError", out0
-    assert "already in flight" in out0["message"] and "'p'" in out0["message"], out0
-    assert out1["error"] is None, out1
-    for out in (out0, out1):
+    for out in _refused_on_rank_0(tmp_path, "duplicate_group", "p"):
         assert out["p"] == [2.0] * 4 and out["group"] == [[2.0] * 3, [2.0] * 4], out
 
 

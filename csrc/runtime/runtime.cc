@@ -21,6 +21,7 @@
 #include "common/wire.h"
 #include "gpu/stream_completion.h"
 #include "runtime/comm.h"
+#include "runtime/messages.h"
 #include "runtime/process_sets.h"
 
 namespace tfring {
@@ -319,6 +320,17 @@ StoreModes storeModes(bool large) {
   g.engine->storeTuner(large)->snapshot(&m.ordinary_s_per_byte, &m.streaming_s_per_byte,
                                         &m.calls);
   return m;
+}
+
+void setParts(Request* req, std::vector<Request::Part> parts,
+              const std::vector<std::vector<int64_t>>& shapes) {
+  int64_t total = 0;
+  for (const Request::Part& p : parts) total += p.count;
+  req->parts = std::move(parts);
+  req->input = nullptr;
+  req->output = nullptr;
+  req->shape = {total};
+  req->splits = partLayout(shapes);
 }
 
 Status enqueue(Request req, DoneCallback done) {

@@ -104,8 +104,9 @@ struct Request {
   // addProcessSet. Every request of one batch names the same set.
   int process_set = 0;
   // alltoall: rows of dim 0 for each rank, in rank order (empty: an even
-  // split); an allreduce with parts: their layout; received_splits, when set, gets the rows that came from each
-  // rank before `done`. The output is allocated through `allocate`.
+  // split); received_splits, when set, gets the rows that came from each
+  // rank before `done`. The output is allocated through `allocate`. An
+  // allreduce with parts: their layout (setParts).
   std::vector<int64_t> splits;
   std::vector<int64_t>* received_splits = nullptr;
   // join: `output` points to an int32 that gets the last rank to join.
@@ -114,6 +115,12 @@ struct Request {
   // woken for it.
   bool caller_drives = false;
 };
+
+// Makes `req` (its name, dtype, op and scales already set) the one request
+// of a grouped allreduce: `parts` in order, `shapes` their tensors' shapes.
+// Sets parts, shape {total elements} and splits, and clears input/output.
+void setParts(Request* req, std::vector<Request::Part> parts,
+              const std::vector<std::vector<int64_t>>& shapes);
 
 // Queues a request. Errors found locally (not initialized, duplicate name in
 // flight, bad shape) are returned at once and `done` is not called;

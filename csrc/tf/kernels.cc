@@ -7,16 +7,16 @@
 // Output buffers: allreduce and broadcast know their output shape (the
 // input's), so they allocate it here, reusing the input buffer when TF says
 // nobody else holds it; a grouped allreduce puts the outputs it cannot
-// forward in one shared allocation (RingGroupedAllreduceOp). Allgather and reducescatter learn their output shape
-// only once every rank has been heard from, so the engine calls back into
-// outputAllocator() to allocate it.
+// forward in one shared allocation (RingGroupedAllreduceOp). Allgather and
+// reducescatter learn their output shape only once every rank has been
+// heard from, so the engine calls back into outputAllocator() to allocate
+// it.
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
 
-#include "runtime/messages.h"
 #include "tf/adapter.h"
 
 namespace tfring {
@@ -136,28 +136,28 @@ class RingGroupedAllreduceOp : public ReduceKernel {
     const int n = ctx->num_inputs();
     const tfw::DataType dt = ctx->input(0).dtype();
     const int64_t align = std::max<int64_t>(1, 64 / tfw::DataTypeSize(dt));
+    auto padded = [align](int64_t count) { return (count + align - 1) / align * align; };
     std::vector<std::vector<int64_t>> shapes(n);
+    std::vector<runtime::Request::Part> parts(n);
     std::vector<int> rest;
-    req->parts.resize(n);
-    int64_t total = 0, shared = 0;
+    int64_t shared = 0;
     for (int i = 0; i < n; ++i) {
       const tfw::Tensor& in = ctx->input(i);
       tfw::Tensor* out = nullptr;
       shapes[i] = dimsOf(in.shape());
-      total += in.NumElements();
-      req->parts[i] = {dataOf(in), nullptr, in.NumElements()};
+      parts[i] = {dataOf(in), nullptr, in.NumElements()};
       if (ctx->forward_input_to_output_with_shape(i, i, in.shape(), &out)) {
-        req->parts[i].output = dataOf(*out);
+        parts[i].output = dataOf(*out);
       } else if (in.NumElements() > 0) {
         rest.push_back(i);
-        shared += (in.NumElements() + align - 1) / align * align;
+        shared += padded(in.NumElements());
       } else {
         auto st = ctx->allocate_output(i, in.shape(), &out);
         if (!st.ok()) {
           ctx->SetStatus(st);
           return false;
         }
-        req->parts[i].output = dataOf(*out);
+        parts[i].output = dataOf(*out);
       }
     }
     if (!rest.empty()) {
@@ -178,17 +178,14 @@ class RingGroupedAllreduceOp : public ReduceKernel {
           return false;
         }
         ctx->set_output(i, out);
-        req->parts[i].output = dataOf(out);
-        off += (in.NumElements() + align - 1) / align * align;
+        parts[i].output = dataOf(out);
+        off += padded(in.NumElements());
       }
     }
     req->op = op();
     req->prescale = prescale();
     req->postscale = postscale();
-    req->input = nullptr;
-    req->output = nullptr;
-    req->shape = {total};
-    req->splits = runtime::partLayout(shapes);
+    runtime::setParts(req, std::move(parts), shapes);
     return true;
   }
 };

@@ -46,7 +46,6 @@
 #include "common/status.h"
 #include "common/types.h"
 #include "gpu/stream_completion.h"
-#include "runtime/messages.h"
 #include "runtime/runtime.h"
 
 namespace tfring {
@@ -325,19 +324,15 @@ bool asParts(std::string_view name, std::vector<runtime::Request>* reqs) {
     if (r.dtype != (*reqs)[0].dtype) return false;
   runtime::Request one = (*reqs)[0];
   one.name = std::string(name);
+  std::vector<runtime::Request::Part> parts;
   std::vector<std::vector<int64_t>> shapes;
-  int64_t total = 0;
   for (const auto& r : *reqs) {
     int64_t count = 1;
     for (auto d : r.shape) count *= d;
-    one.parts.push_back({r.input, r.output, count});
+    parts.push_back({r.input, r.output, count});
     shapes.push_back(r.shape);
-    total += count;
   }
-  one.input = nullptr;
-  one.output = nullptr;
-  one.shape = {total};
-  one.splits = runtime::partLayout(shapes);
+  runtime::setParts(&one, std::move(parts), shapes);
   reqs->assign(1, std::move(one));
   return true;
 }

@@ -44,6 +44,13 @@ def data_links(keep_ports):
     return fds
 
 
+def wait_for(path, timeout=30):
+    """Until another rank has created `path` (at most `timeout` s)."""
+    deadline = time.time() + timeout
+    while not os.path.exists(path) and time.time() < deadline:
+        time.sleep(0.01)
+
+
 def attempt(fn):
     try:
         fn()
@@ -79,9 +86,7 @@ elif scenario == "duplicate_batch":
     # others stay free.
     flag = os.environ["FLAG"]
     if rank == 1:  # rank 0's "g.1" stays in flight until rank 0 has tried
-        deadline = time.time() + 30
-        while not os.path.exists(flag) and time.time() < deadline:
-            time.sleep(0.01)
+        wait_for(flag)
     else:
         import tensorflow as tf
 
@@ -104,9 +109,7 @@ elif scenario == "duplicate_group":
 
     flag = os.environ["FLAG"]
     if rank == 1:
-        deadline = time.time() + 30
-        while not os.path.exists(flag) and time.time() < deadline:
-            time.sleep(0.01)
+        wait_for(flag)
     h = _core.allreduce_async(np.ones(4, np.float32), name="p")
     if rank == 0:
         attempt(lambda: tfring.grouped_allreduce([tf.ones([3]), tf.ones([4])],
