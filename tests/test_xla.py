@@ -32,7 +32,7 @@ CHECKS = ["placement", "ops_match_numpy_and_no_xla", "while_loop",
           "allgather_needs_equal_rows_under_xla", "dynamic_shape_names_the_op",
           "tape_training_matches_no_xla", "keras_fit_jit_matches_no_xla",
           "gradients_match_no_xla", "calls_chained_where_they_block",
-          "free_calls_run_in_any_order"]
+          "free_calls_run_in_any_order", "outputs_written_over_inputs"]
 
 
 def _xla_built():

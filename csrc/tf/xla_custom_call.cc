@@ -11,7 +11,9 @@
 // runtime goes on with independent work meanwhile, so no XLA thread waits on
 // the network and several collectives of one step can be in flight together
 // in whatever order XLA's threads reach them (no rank can deadlock another
-// by blocking its threads on a different collective). Completion never runs
+// by blocking its threads on a different collective). XLA:CPU runs small
+// programs (<= 8 thunks, or buffers <= 512 bytes) one thunk at a time and
+// waits for each future: there the calls go in the schedule's order. Completion never runs
 // XLA code on a thread that holds the engine: if the requests finished
 // before the handler returned (every rank was ready and tryDrive ran them),
 // the future is returned complete; otherwise a completer thread fulfils it.

@@ -2,7 +2,9 @@
 // jit_compile=True (Keras's train step on GPU hosts included) runs them.
 // Each op becomes one typed-FFI custom call (targets in xla_custom_call.cc)
 // whose attributes carry the op's cross-rank `tensor_name` and its reduce
-// attributes; XLA passes the input and a preallocated output buffer.
+// attributes. An allreduce or broadcast writes over its operand's buffer
+// (output_to_operand_aliasing), as TF kernels do when TF forwards their
+// input; the other ops get an output buffer of their own.
 //
 // XLA fixes every shape when it compiles, so:
 //   * allreduce and broadcast produce the input's shape;
@@ -42,8 +44,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tensorflow/compiler/tf2xla/xla_context.h"
+#include "tensorflow/compiler/tf2xla/xla_expression.h"
 #include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
 #include "tensorflow/compiler/tf2xla/xla_op_registry.h"
+#include "tensorflow/compiler/tf2xla/xla_resource.h"
 #include "xla/hlo/builder/xla_builder.h"
 #include "xla/shape.h"
 #include "xla/shape_util.h"
@@ -130,6 +135,22 @@ class CallChain {
   }
 };
 
+// Whether `op` is one of the computation's arguments as they arrive: a
+// tensor argument, or a resource variable's value before any update (a
+// step that reads a variable and reduces it). XLA must keep those buffers,
+// so an output aliased to one costs a copy instruction of its own, and
+// many small ones cost more than the engine's copy of the same bytes.
+bool isArgument(tfw::XlaOpKernelContext* ctx, const xla::XlaOp& op) {
+  for (const tfw::XlaExpression& arg : ctx->xla_context()->args()) {
+    if (arg.kind() == tfw::XlaExpression::Kind::kXlaOp && arg.handle().IsIdenticalTo(op))
+      return true;
+    if (arg.kind() == tfw::XlaExpression::Kind::kResource && arg.resource() != nullptr &&
+        arg.resource()->initial_value().IsIdenticalTo(op))
+      return true;
+  }
+  return false;
+}
+
 class RingXlaOp : public tfw::XlaOpKernel {
  public:
   RingXlaOp(tfw::OpKernelConstruction* c, CollectiveType type)
@@ -190,9 +211,20 @@ class RingXlaOp : public tfw::XlaOpKernel {
     }
     const bool tuple = grouped || chained_;
     xla::Shape result = tuple ? xla::ShapeUtil::MakeTupleShape(results) : results[0];
+    // An allreduce or broadcast writes its result over its input, as the TF
+    // kernels do when TF forwards the input: XLA gives the call one buffer
+    // per tensor, so the engine copies nothing. Not over an argument: XLA
+    // would copy it first, one instruction per tensor (isArgument).
+    std::vector<std::pair<xla::ShapeIndex, std::pair<int64_t, xla::ShapeIndex>>> alias;
+    if ((type_ == CollectiveType::kAllreduce || type_ == CollectiveType::kBroadcast)) {
+      for (int i = 0; i < n; ++i)
+        if (!isArgument(ctx, operands[i]))
+          alias.push_back({tuple ? xla::ShapeIndex({i}) : xla::ShapeIndex({}),
+                         {i, xla::ShapeIndex({})}});
+    }
     xla::XlaOp call = xla::CustomCall(
         b, target(), operands, result, backendConfig(grouped),
-        /*has_side_effect=*/true, /*output_operand_aliasing=*/{}, /*literal=*/nullptr,
+        /*has_side_effect=*/true, alias, /*literal=*/nullptr,
         xla::CustomCallSchedule::SCHEDULE_NONE, xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
     if (!tuple) {
       ctx->SetOutput(0, call);
