@@ -8,7 +8,10 @@ Two steps, each timed both ways in one job, alternating:
     each result assigned to a variable (what an optimizer does).
 
 Prints each step's median time (max over ranks), and the XLA / no-XLA
-ratio (target: <= 1.10).
+ratio (target: <= 1.10). Each step also runs without communication (the
+plain tape; tf.identity_n in place of the allreduce), XLA and not, in the
+same alternation: what XLA costs by itself, and what the collective adds
+with and without XLA.
 
     python benchmarks/xla_bench.py              # 2 ranks via tfring-run
     python benchmarks/xla_bench.py --np 4 --reps 7
@@ -41,7 +44,7 @@ def worker(args):
     rank, size = tfring.rank(), tfring.size()
     rng = np.random.default_rng(rank)
 
-    def mlp_step(jit):
+    def mlp_step(jit, comm=True):
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((args.features,))]
                                  + [keras.layers.Dense(args.width, "relu")
@@ -56,19 +59,21 @@ def worker(args):
         def step():
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, model(x))
-            tape = tfring.DistributedGradientTape(tape)
+            if comm:
+                tape = tfring.DistributedGradientTape(tape)
             grads = tape.gradient(loss, model.trainable_variables)
             opt.apply_gradients(zip(grads, model.trainable_variables))
             return loss
         return step
 
-    def fused_step(jit):
+    def fused_step(jit, comm=True):
         grads = [tf.Variable(rng.normal(size=4096).astype("float32")) for _ in range(100)]
         outs = [tf.Variable(tf.zeros(4096)) for _ in range(100)]
+        reduce = tfring.grouped_allreduce if comm else tf.identity_n
 
         @tf.function(jit_compile=jit)
         def step():
-            reduced = tfring.grouped_allreduce([g.read_value() for g in grads])
+            reduced = reduce([g.read_value() for g in grads])
             for o, r in zip(outs, reduced):
                 o.assign(r)
         return step
@@ -85,17 +90,20 @@ def worker(args):
     report = {}
     for label, make, iters in (("mlp", mlp_step, args.iters),
                                ("fused", fused_step, args.iters * 4)):
-        steps = {jit: make(jit) for jit in (False, True)}
+        kinds = [(jit, comm) for comm in (True, False) for jit in (False, True)]
+        steps = {k: make(*k) for k in kinds}
         for fn in steps.values():
             for _ in range(3):
                 fn()  # trace, compile, warm the engine's cache
-        times = {False: [], True: []}
+        times = {k: [] for k in kinds}
         for _ in range(args.reps):
-            for jit in (False, True):
-                times[jit].append(timed(steps[jit], iters))
-        report[label] = {"no_xla_s": statistics.median(times[False]),
-                         "xla_s": statistics.median(times[True]),
-                         "no_xla_all": times[False], "xla_all": times[True]}
+            for k in kinds:
+                times[k].append(timed(steps[k], iters))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        report[label] = {"no_xla_s": med[(False, True)], "xla_s": med[(True, True)],
+                         "alone_no_xla_s": med[(False, False)],
+                         "alone_xla_s": med[(True, False)],
+                         "no_xla_all": times[(False, True)], "xla_all": times[(True, True)]}
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump({"ranks": size, "steps": report}, f, indent=2)
@@ -123,12 +131,18 @@ def driver(args):
             res = json.load(f)
     print(f"XLA-compiled step vs the same step without XLA, {res['ranks']} ranks, CPU "
           f"(median of {args.reps}, max over ranks)")
-    print(f"{'step':8} {'no XLA ms':>10} {'XLA ms':>10} {'XLA/no XLA':>11}")
+    print("(alone: the same step without communication; added: the step less alone)")
+    print(f"{'step':8} {'no XLA ms':>10} {'XLA ms':>10} {'XLA/no XLA':>11} "
+          f"{'alone ms':>9} {'alone XLA':>10} {'ratio':>6} {'added ms':>9} {'added XLA':>10}")
     worst = 0.0
     for label, r in res["steps"].items():
         ratio = r["xla_s"] / r["no_xla_s"]
         worst = max(worst, ratio)
-        print(f"{label:8} {r['no_xla_s'] * 1e3:10.3f} {r['xla_s'] * 1e3:10.3f} {ratio:11.3f}")
+        alone = r["alone_xla_s"] / r["alone_no_xla_s"]
+        print(f"{label:8} {r['no_xla_s'] * 1e3:10.3f} {r['xla_s'] * 1e3:10.3f} {ratio:11.3f} "
+              f"{r['alone_no_xla_s'] * 1e3:9.3f} {r['alone_xla_s'] * 1e3:10.3f} {alone:6.3f} "
+              f"{(r['no_xla_s'] - r['alone_no_xla_s']) * 1e3:9.3f} "
+              f"{(r['xla_s'] - r['alone_xla_s']) * 1e3:10.3f}")
     print(f"target XLA/no XLA <= 1.10: {'met' if worst <= 1.10 else 'NOT met'} "
           f"(worst {worst:.3f})")
     if args.json:
