@@ -92,6 +92,49 @@ def test_job_of_one_runs_inline_and_checks_its_input():
     assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
 
 
+def test_collective_arguments_bind_like_python():
+    # The collectives parse their arguments by hand (runtime_binding.cc):
+    # positional and keyword forms give the same results as numpy, and a
+    # bad call raises TypeError naming the function and the argument.
+    code = (
+        "import numpy as np, tfring.basics as b; from tfring import _core\n"
+        "b.init()\n"
+        "x = np.arange(6, dtype=np.float32).reshape(2, 3)\n"
+        "want = x * 2.0 * 3.0\n"
+        "for got in (_core.allreduce(x, 'sum', 'p', 0, 2.0, 3.0),\n"
+        "            _core.allreduce(x, postscale=3, prescale=2, name='k', op='sum'),\n"
+        "            _core.allreduce(x, 'sum', None, 0, 2, postscale=3.0, process_set=0),\n"
+        "            _core.allreduce_async(array=x, prescale=2.0, postscale=3.0).wait()):\n"
+        "    assert np.array_equal(got, want), got\n"
+        "out = np.zeros_like(x); r = _core.allreduce(x, out=out)\n"
+        "assert r is out and np.array_equal(out, x)\n"
+        "assert np.array_equal(_core.broadcast(x, root=0, name='bc'), x)\n"
+        "assert np.array_equal(_core.allgather(x, dtype='float32'), x)\n"
+        "bad = [(lambda: _core.allreduce(x, op=3), \"allreduce(): argument 'op' must be str\"),\n"
+        "       (lambda: _core.broadcast(x, root=0.5), \"broadcast(): argument 'root' must be int\"),\n"
+        "       (lambda: _core.allgather_async(x, bogus=1),\n"
+        "        \"allgather_async() got an unexpected keyword argument 'bogus'\"),\n"
+        "       (lambda: _core.reducescatter(x, 'sum', op='sum'),\n"
+        "        \"reducescatter() got multiple values for argument 'op'\"),\n"
+        "       (lambda: _core.allreduce(), \"allreduce() missing required argument 'array'\"),\n"
+        "       (lambda: _core.allreduce(x, 'sum', None, 0, 1.0, 1.0, None, None, 0, 9),\n"
+        "        'allreduce() takes at most 9 positional arguments (10 given)'),\n"
+        "       (lambda: _core.allreduce(x, prescale='2'),\n"
+        "        \"allreduce(): argument 'prescale' must be float, not str\")]\n"
+        "for call, needle in bad:\n"
+        "    try:\n"
+        "        call(); raise SystemExit('no error: ' + needle)\n"
+        "    except TypeError as e:\n"
+        "        assert needle in str(e), (needle, str(e))\n"
+        "assert 'allreduce(array, op=' in _core.allreduce.__doc__\n"
+        "b.shutdown(); print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TFRING_", "OMPI_", "PMI_",
+                                                                     "SLURM_"))}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
+
+
 # Ring vote on one host; recursive doubling forced; the host vote across
 # two simulated hosts of two ranks.
 @pytest.mark.parametrize("n,env,hosts", [
