@@ -687,6 +687,54 @@ void bindGpu(py::module_& m) {
       "with root >= 0 broadcasts the one input from `root`: returns once submitted; work "
       "queued on `stream` afterwards sees the results.");
   m.def(
+      "cuda_grouped_allreduce",
+      [](const std::vector<py::object>& inputs, const std::vector<py::object>& outputs,
+         const std::string& name, const std::string& op, double prescale, double postscale) {
+        // What TF's GPU kernel and XLA's CUDA target do with a grouped
+        // allreduce of one dtype: one request, a part per tensor
+        // (runtime::setParts), negotiated and fused as one tensor.
+        if (inputs.empty() || inputs.size() != outputs.size())
+          throw py::value_error("inputs and outputs must have the same, nonzero length");
+        runtime::Request req;
+        std::vector<runtime::Request::Part> parts;
+        std::vector<std::vector<int64_t>> shapes;
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          CudaView in = viewOf(inputs[i], "input"), o = viewOf(outputs[i], "out");
+          if (o.count() != in.count() || o.itemsize != in.itemsize || o.readonly)
+            throw py::value_error("each output must be writable and have its input's size");
+          const DataType dt = resolveCudaDtype(in, py::none());
+          const int device = deviceOfView(in, inputs[i], "input");
+          if (i == 0) {
+            req.dtype = dt;
+            req.device = device;
+            req.stream = in.stream;
+          } else if (dt != req.dtype || device != req.device) {
+            throw py::value_error("a group's tensors must share one dtype and one GPU");
+          }
+          parts.push_back({in.ptr, o.ptr, static_cast<int64_t>(in.count())});
+          shapes.push_back(in.shape);
+        }
+        req.name = name;
+        req.type = CollectiveType::kAllreduce;
+        req.op = opOf(op);
+        req.prescale = prescale;
+        req.postscale = postscale;
+        runtime::setParts(&req, std::move(parts), shapes);
+        auto st = std::make_shared<GpuState>();
+        st->device = req.device;
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = runtime::enqueue(std::move(req), [st](const Status& status) { st->finish(status); });
+        }
+        if (!s.ok()) throwStatus(s);
+        st->wait(-1.0);
+      },
+      py::arg("inputs"), py::arg("outputs"), py::arg("name"), py::arg("op") = "sum",
+      py::arg("prescale") = 1.0, py::arg("postscale") = 1.0,
+      "Allreduces CUDA arrays into outputs as one grouped request (a part per tensor), as "
+      "TensorFlow's grouped GPU op does; returns when the outputs are complete.");
+  m.def(
       "cuda_gated_error",
       []() -> py::object {
         Status s = gpu::streamCompletionError();

@@ -113,9 +113,9 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
         return Status(Code::kInvalidArgument, strCat("tensor '", m.name,
                                                      "' has a negative dimension ",
                                                      m.shapeString()));
-    if (!req.parts.empty() && (m.type != CollectiveType::kAllreduce || req.device >= 0))
+    if (!req.parts.empty() && m.type != CollectiveType::kAllreduce)
       return Status(Code::kInternal, strCat("tensor '", m.name,
-                                            "': only a host allreduce may have parts"));
+                                            "': only an allreduce may have parts"));
     e->req = std::move(req);
     e->done = std::move(dones[i]);
     e->submitted = now;

@@ -20,6 +20,23 @@ gpu::Buffer bufferOf(const Entry& e) {
   return b;
 }
 
+// An allreduce entry's buffers: one per part of a grouped request (each
+// reduced where it lies, all behind the one input event), else its own.
+void appendBuffers(const Entry& e, std::vector<gpu::Buffer>* out) {
+  if (e.req.parts.empty()) {
+    out->push_back(bufferOf(e));
+    return;
+  }
+  for (const Request::Part& p : e.req.parts) {
+    gpu::Buffer b;
+    b.input = p.input;
+    b.output = p.output;
+    b.count = static_cast<size_t>(p.count);
+    b.ready = e.gpu_ready;
+    out->push_back(std::move(b));
+  }
+}
+
 }  // namespace
 
 Status Engine::acceptGpu(Entry& e) {
@@ -44,7 +61,7 @@ Status Engine::execGpu(const Group& g, const std::vector<std::shared_ptr<Entry>>
   switch (g.type) {
     case CollectiveType::kAllreduce: {
       std::vector<gpu::Buffer> bufs;
-      for (auto& e : es) bufs.push_back(bufferOf(*e));
+      for (auto& e : es) appendBuffers(*e, &bufs);
       gpu_->allreduce(bufs, m.dtype, m.op, m.prescale, m.postscale);
       break;
     }

@@ -102,16 +102,18 @@ class RingAllreduceOp : public ReduceKernel {
 // then copies into the variable's own buffer, as after TF's own ops, rather
 // than adopting a fresh buffer and freeing the last one, one pair a tensor
 // a step (measured: 100 x 16 KiB assigned, 10-20% of the step).
-// A mix of dtypes, or GPU tensors, go as one request per tensor, request
-// i named "<tensor name>.i", all enqueued before the engine's next cycle,
-// so they are fused; the op finishes when the last one does.
+// GPU tensors of one dtype are one request with parts too: the GPU
+// executor reduces the parts as one fused buffer. A mix of dtypes goes as
+// one request per tensor, request i named "<tensor name>.i", all enqueued
+// before the engine's next cycle, so they are fused; the op finishes when
+// the last one does.
 class RingGroupedAllreduceOp : public ReduceKernel {
  public:
   using ReduceKernel::ReduceKernel;
 
   void ComputeAsync(tfw::OpKernelContext* ctx, DoneCallback done) override {
     const int n = ctx->num_inputs();
-    bool one_dtype = n > 0 && !onGpu();
+    bool one_dtype = n > 0;
     for (int i = 1; one_dtype && i < n; ++i)
       one_dtype = ctx->input(i).dtype() == ctx->input(0).dtype();
     if (one_dtype) {

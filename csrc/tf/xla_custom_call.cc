@@ -316,7 +316,7 @@ ffi::Future failed(const Status& s) {
   return f;
 }
 
-// A grouped allreduce of one dtype on the host is one request with a part
+// A grouped allreduce of one dtype (host or GPU) is one request with a part
 // per buffer pair, named "<name>", as the TF kernel makes it
 // (kernels.cc, runtime::Request::parts): ranks with and without XLA then
 // submit the same request, and the engine handles the group as one tensor.
@@ -479,6 +479,7 @@ ffi::Error gpuAllreduce(CUstream_st* stream, int32_t device, ffi::RemainingArgs 
   Status err = allreduceRequests(reduceAttrs(name, op, pre, post), args, rets, grouped,
                                  ordered, &reqs);
   if (!err.ok()) return toFfiError(err);
+  if (grouped) asParts(name, &reqs);
   return submitOnGpu(std::move(reqs), false, device, stream);
 }
 

@@ -92,6 +92,51 @@ def run_fused(count_each=37, tensors=6):
         outs.append(got)
 
 
+def run_grouped():
+    # One request with a part per tensor (what TF's grouped GPU op and XLA's
+    # CUDA target submit): separate outputs, outputs written over the
+    # inputs, an empty tensor and a scalar among the parts, a second pass
+    # on the engine's cached path, and a part whose shape differs by rank.
+    shapes = [(5, 3), (0,), (), (1000,), (7,)]
+
+    def inputs(r, salt):
+        return [(np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) % 17) * (r + 1) + salt
+                for s in shapes]
+
+    for salt, in_place in ((1, False), (2, True), (1, False)):
+        xs = [to_gpu(x) for x in inputs(rank, salt)]
+        ys = xs if in_place else [to_gpu(np.zeros(s, np.float32)) for s in shapes]
+        _core.cuda_grouped_allreduce(xs, ys, "grp", op="sum", prescale=2.0, postscale=0.25)
+        every = [inputs(r, salt) for r in range(n)]
+        for i, y in enumerate(ys):
+            want = sum(e[i].astype(np.float64) for e in every) * 0.5
+            got = to_host(y)
+            check(f"grouped part {i} salt {salt} in_place {in_place}",
+                  got.astype(np.float64).reshape(want.shape), want, 1e-6 * n)
+            outs.append(got)
+    xs = [to_gpu(x) for x in inputs(rank, 3)[3:]]
+    ys = [to_gpu(np.zeros(s, np.float32)) for s in shapes[3:]]
+    _core.cuda_grouped_allreduce(xs, ys, "grp.avg", op="average")
+    for i, y in enumerate(ys):
+        want = sum(inputs(r, 3)[3 + i].astype(np.float64) for r in range(n)) / n
+        check(f"grouped average part {i}", to_host(y).astype(np.float64), want, 1e-6)
+    if n > 1:
+        # Same total size, tensor 1 split differently on rank 0.
+        split = [(3,), (4,)] if rank == 0 else [(4,), (3,)]
+        xs = [to_gpu(np.ones(s, np.float32)) for s in split]
+        try:
+            _core.cuda_grouped_allreduce(xs, xs, "grp.bad")
+        except Exception as e:  # noqa: BLE001 - MismatchError
+            msg = str(e)
+            if "tensor 'grp.bad.0' (the group's tensor 0)" not in msg:
+                failures.append(f"grouped mismatch message: {msg}")
+        else:
+            failures.append("grouped mismatch: no error")
+        # The job goes on.
+        y = to_host(_core.allreduce(to_gpu(np.ones(3, np.float32)), op="sum", name="grp.after"))
+        check("allreduce after a grouped mismatch", y.astype(np.float64), np.full(3, n), 0)
+
+
 def run_large():
     count = 3_000_017  # many pipeline chunks, odd split across ranks
     x = (np.arange(count, dtype=np.float64) % 1000) * (rank + 1)
@@ -431,6 +476,7 @@ error = None
 if mode == "full":
     run_allreduce(DTYPES, [0, 1, max(n - 1, 1), 2 * n + 1, 1000])
     run_fused()
+    run_grouped()
     run_large()
     run_allgather()
     run_broadcast()
@@ -439,6 +485,7 @@ if mode == "full":
 elif mode == "quick":
     run_allreduce(["float32", "bfloat16", "int32"], [1, 2 * n + 1, 1000])
     run_fused()
+    run_grouped()
     run_large()
     run_allgather()
     run_broadcast()

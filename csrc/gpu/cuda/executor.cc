@@ -132,7 +132,9 @@ class CudaExecutor : public Executor {
     const size_t es = dtypeSize(dt);
     const double fin = op == ReduceOp::kAverage ? post / host_.topo->size : post;
     const ReduceOp kop = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
-    for (auto& b : bufs) waitReady(b);
+    // The parts of a grouped request share one input event: wait on it once.
+    for (size_t i = 0; i < bufs.size(); ++i)
+      if (i == 0 || bufs[i].ready != bufs[i - 1].ready) waitReady(bufs[i]);
     if (bufs.size() == 1) {
       const Buffer& b = bufs[0];
       if (b.count && !comm_->allreduceFrom(b.input, b.output, b.count, dt, kop, pre, fin)) {
