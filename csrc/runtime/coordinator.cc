@@ -71,6 +71,12 @@ std::string describeMismatch(const std::vector<Meta>& m, size_t first_bad) {
   if (a.type != b.type)
     return strCat("operation ", collectiveName(a.type), r0, collectiveName(b.type), rb);
   if (a.dtype != b.dtype) return strCat("dtype ", dtypeName(a.dtype), r0, dtypeName(b.dtype), rb);
+  // Host against GPU memory first: the rest (a group against one tensor,
+  // say) follows from it.
+  if (a.device != b.device) {
+    auto where = [](const Meta& m) { return m.device < 0 ? "host memory" : "a GPU"; };
+    return strCat("device: ", where(a), r0, where(b), rb);
+  }
   if (a.type == CollectiveType::kAllreduce && a.splits != b.splits) {
     std::string what, va, vb;
     if (describeParts(a, b, &what, &va, &vb)) return strCat(what, " ", va, r0, vb, rb);
@@ -90,7 +96,6 @@ std::string describeMismatch(const std::vector<Meta>& m, size_t first_bad) {
   if (a.prescale != b.prescale || a.postscale != b.postscale)
     return strCat("scale factors (", a.prescale, ", ", a.postscale, ")", r0, "(",
                   b.prescale, ", ", b.postscale, ")", rb);
-  if (a.device != b.device) return strCat("device ", a.device, r0, b.device, rb);
   return "metadata";
 }
 

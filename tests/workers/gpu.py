@@ -132,6 +132,19 @@ def run_grouped():
                 failures.append(f"grouped mismatch message: {msg}")
         else:
             failures.append("grouped mismatch: no error")
+        # A GPU group on rank 0 against host memory elsewhere, under the
+        # same name: refused on every rank, naming the device, no stall.
+        try:
+            if rank == 0:
+                xs = [to_gpu(np.ones(s, np.float32)) for s in ((3,), (4,))]
+                _core.cuda_grouped_allreduce(xs, xs, "grp.mixed")
+            else:
+                _core.allreduce(np.ones(7, np.float32), name="grp.mixed")
+        except Exception as e:  # noqa: BLE001 - MismatchError
+            if "grp.mixed" not in str(e) or "GPU" not in str(e):
+                failures.append(f"GPU/host group mismatch message: {e}")
+        else:
+            failures.append("GPU/host group mismatch: no error")
         # The job goes on.
         y = to_host(_core.allreduce(to_gpu(np.ones(3, np.float32)), op="sum", name="grp.after"))
         check("allreduce after a grouped mismatch", y.astype(np.float64), np.full(3, n), 0)
