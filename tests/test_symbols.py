@@ -21,17 +21,14 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 
+import static_runtime
 from multiproc import check_ok, run_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "tfring")
-BUILD = os.environ.get("TFRING_BUILD_DIR") or os.path.join(ROOT, "build")
-STATIC_BUILD = os.path.join(BUILD, "static-runtime")
-STATIC_PKG = os.path.join(STATIC_BUILD, "pkg")
 
 # Demangled names that belong to the C++ runtime, with the prefixes the
 # compiler puts before a class's own symbols (typeinfo, vtable, ...).
@@ -114,72 +111,19 @@ def test_emulation_build_exports_no_runtime_symbols():
     assert_exports_api(libs)
 
 
-def _compiler():
-    for cxx in (os.environ.get("CXX"), "c++", "g++"):
-        if cxx and shutil.which(cxx.split()[0]):
-            return cxx.split()[0]
-    return None
-
-
-def _static_runtime_available(cxx):
-    """Whether `cxx` can link libstdc++ and libgcc statically: their
-    archives exist (-print-file-name returns the bare name when not)."""
-    for archive in ("libstdc++.a", "libgcc_eh.a"):
-        out = subprocess.run([cxx, f"-print-file-name={archive}"],
-                             capture_output=True, text=True).stdout.strip()
-        if not os.path.isabs(out) or not os.path.exists(out):
-            return f"{cxx} has no {archive} (install the compiler's static libstdc++)"
-    return None
-
-
 @pytest.fixture(scope="module")
 def static_runtime_pkg():
     """A package whose libraries are the static-runtime variant's and whose
-    Python files are links to the sources, like tests/gpu_emu.sh builds."""
+    Python files are links to the sources (tests/static_runtime.py; built
+    in the background by ./dev.sh test, else here)."""
     _tools()
-    cxx = _compiler()
-    if cxx is None:
-        pytest.skip("no C++ compiler to build the static-runtime variant")
-    why = _static_runtime_available(cxx)
+    why = static_runtime.unavailable()
     if why:
         pytest.skip(why)
-    if not shutil.which("cmake"):
-        pytest.skip("cmake is needed to build the static-runtime variant")
-    import pybind11
-
-    out = os.path.join(STATIC_PKG, "tfring")
-    if not os.path.exists(os.path.join(STATIC_BUILD, "CMakeCache.txt")):
-        static = "-static-libstdc++ -static-libgcc"
-        # -O0: a quarter faster to build, and stricter (more of the C++
-        # runtime's templates are emitted out of line, so any leak shows).
-        cmd = ["cmake", "-S", ROOT, "-B", STATIC_BUILD, "-DCMAKE_BUILD_TYPE=None",
-               "-DCMAKE_CXX_FLAGS=-O0",
-               f"-DCMAKE_CXX_COMPILER={cxx}",
-               "-DTFRING_WITH_CUDA=OFF", "-DTFRING_WITH_TF=OFF",
-               f"-DCMAKE_SHARED_LINKER_FLAGS={static}",
-               f"-DCMAKE_MODULE_LINKER_FLAGS={static}",
-               f"-DTFRING_OUTPUT_DIR={out}",
-               f"-DPython_EXECUTABLE={sys.executable}",
-               f"-Dpybind11_DIR={pybind11.get_cmake_dir()}"]
-        if shutil.which("ninja"):
-            cmd += ["-G", "Ninja"]
-        if shutil.which("ccache"):
-            cmd += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DCMAKE_C_COMPILER_LAUNCHER=ccache"]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, (
-            f"configuring {STATIC_BUILD} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
-    jobs = os.environ.get("TFRING_BUILD_JOBS") or str(os.cpu_count() or 2)
-    r = subprocess.run(["cmake", "--build", STATIC_BUILD, "-j", jobs],
-                       capture_output=True, text=True, timeout=1800)
-    assert r.returncode == 0, (
-        f"building {STATIC_BUILD} failed:\n{r.stdout[-5000:]}{r.stderr[-3000:]}")
-    for f in glob.glob(os.path.join(PKG, "*.py")) + [
-            d for d in glob.glob(os.path.join(PKG, "*")) if os.path.isdir(d)]:
-        name = os.path.join(out, os.path.basename(f))
-        if os.path.basename(f) == "__pycache__" or os.path.lexists(name):
-            continue
-        os.symlink(f, name)
-    return STATIC_PKG
+    try:
+        return static_runtime.build()
+    except RuntimeError as e:
+        pytest.fail(str(e))
 
 
 def test_static_runtime_variant_exports_no_runtime_symbols(static_runtime_pkg):
