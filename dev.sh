@@ -159,7 +159,7 @@ case "$cmd" in
         fi
       ) >"$emu_build/background.log" 2>&1 &
       emu_pid=$!
-      trap 'pkill -P "$emu_pid" 2>/dev/null; kill "$emu_pid" 2>/dev/null || true' EXIT
+      trap '{ pkill -P "$emu_pid" || true; kill "$emu_pid" || true; } 2>/dev/null' EXIT
     fi
     "$PY" -m pytest -q --durations=15 tests/ "$@" || rc=$?
     if [[ $rc -eq 5 ]]; then
