@@ -13,10 +13,11 @@
 // in whatever order XLA's threads reach them (no rank can deadlock another
 // by blocking its threads on a different collective). XLA:CPU runs small
 // programs (<= 8 thunks, or buffers <= 512 bytes) one thunk at a time and
-// waits for each future: there the calls go in the schedule's order. Completion never runs
-// XLA code on a thread that holds the engine: if the requests finished
-// before the handler returned (every rank was ready and tryDrive ran them),
-// the future is returned complete; otherwise a completer thread fulfils it.
+// waits for each future: there the calls go in the schedule's order.
+// Completion never runs XLA code on a thread that holds the engine: if the
+// requests finished before the handler returned (every rank was ready and
+// tryDrive ran them), the future is returned complete; otherwise a
+// completer thread fulfils it.
 //
 // CUDA: XLA:GPU runs custom calls on its host thread in program order. The
 // handler hands the engine XLA's stream (the input is read after the work
