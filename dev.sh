@@ -144,8 +144,9 @@ case "$cmd" in
     [[ $# -eq 0 && "${TFRING_SKIP_GPU_EMU:-0}" != 1 ]] && emu=1
     emu_build=${TFRING_EMU_BUILD:-$ROOT/build-emu-test}
     # The static-runtime variant tests/test_symbols.py links against the
-    # system libstdc++ builds the same way first (its fixture waits on the
-    # build's lock, then finds nothing left to do).
+    # system libstdc++, and the parsers' AddressSanitizer fuzzer
+    # (test_security.py), build the same way first (their tests wait on the
+    # build's lock, then find nothing left to do).
     bg=0
     [[ $# -eq 0 ]] && bg=1
     emu_pid=
@@ -153,6 +154,8 @@ case "$cmd" in
       mkdir -p "$emu_build"
       (
         nice -n 19 "$PY" tests/static_runtime.py || true
+        TFRING_FUZZ_BUILD="$TFRING_BUILD_DIR/fuzz-asan" TFRING_FUZZ_BUILD_ONLY=1 \
+          nice -n 19 bash tests/fuzz/run_asan.sh || true
         if [[ $emu -eq 1 && -z "${TFRING_EMU_BUILD:-}" ]]; then
           PYTHON="$PY" TFRING_EMU_BUILD="$emu_build" TFRING_EMU_BUILD_ONLY=1 \
             nice -n 19 bash tests/gpu_emu.sh
