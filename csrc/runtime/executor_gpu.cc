@@ -20,23 +20,6 @@ gpu::Buffer bufferOf(const Entry& e) {
   return b;
 }
 
-// An allreduce entry's buffers: one per part of a grouped request (each
-// reduced where it lies, all behind the one input event), else its own.
-void appendBuffers(const Entry& e, std::vector<gpu::Buffer>* out) {
-  if (e.req.parts.empty()) {
-    out->push_back(bufferOf(e));
-    return;
-  }
-  for (const Request::Part& p : e.req.parts) {
-    gpu::Buffer b;
-    b.input = p.input;
-    b.output = p.output;
-    b.count = static_cast<size_t>(p.count);
-    b.ready = e.gpu_ready;
-    out->push_back(std::move(b));
-  }
-}
-
 }  // namespace
 
 Status Engine::acceptGpu(Entry& e) {
@@ -60,8 +43,16 @@ Status Engine::execGpu(const Group& g, const std::vector<std::shared_ptr<Entry>>
   const int me = links_->topology().rank;
   switch (g.type) {
     case CollectiveType::kAllreduce: {
+      // Each entry's parts (a grouped request), else its one buffer, all
+      // behind the entry's one input event.
       std::vector<gpu::Buffer> bufs;
-      for (auto& e : es) appendBuffers(*e, &bufs);
+      std::vector<collectives::Span> spans;
+      for (auto& e : es) {
+        spans.clear();
+        entrySpans(*e, &spans);
+        for (const collectives::Span& s : spans)
+          bufs.push_back({s.in, s.out, s.count, e->gpu_ready});
+      }
       gpu_->allreduce(bufs, m.dtype, m.op, m.prescale, m.postscale);
       break;
     }

@@ -17,16 +17,9 @@ if command -v flock >/dev/null 2>&1; then
   exec 9>"$OUT/.build.lock"
   flock 9
 fi
-stale=0
-[[ -x "$BIN" ]] || stale=1
-if [[ $stale -eq 0 ]]; then
-  # Any source or header it may include newer than the binary.
-  if [[ -n "$(find tests/fuzz csrc \
-               -newer "$BIN" \( -name '*.cc' -o -name '*.h' \) -print -quit)" ]]; then
-    stale=1
-  fi
-fi
-if [[ $stale -eq 1 ]]; then
+# Built when missing, or older than any source or header it may include.
+if [[ ! -x "$BIN" || -n "$(find tests/fuzz csrc -newer "$BIN" \( -name '*.cc' -o -name '*.h' \) \
+                             -print -quit)" ]]; then
   ${CXX:-g++} -std=c++17 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
     -Icsrc -o "$BIN.tmp" "${SRCS[@]}" -lpthread
   mv -f "$BIN.tmp" "$BIN"
