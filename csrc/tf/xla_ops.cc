@@ -216,7 +216,7 @@ class RingXlaOp : public tfw::XlaOpKernel {
     // per tensor, so the engine copies nothing. Not over an argument: XLA
     // would copy it first, one instruction per tensor (isArgument).
     std::vector<std::pair<xla::ShapeIndex, std::pair<int64_t, xla::ShapeIndex>>> alias;
-    if ((type_ == CollectiveType::kAllreduce || type_ == CollectiveType::kBroadcast)) {
+    if (type_ == CollectiveType::kAllreduce || type_ == CollectiveType::kBroadcast) {
       for (int i = 0; i < n; ++i)
         if (!isArgument(ctx, operands[i]))
           alias.push_back({tuple ? xla::ShapeIndex({i}) : xla::ShapeIndex({}),
