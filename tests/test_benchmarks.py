@@ -554,7 +554,7 @@ def test_keras_scaling_bench_runs_every_configuration(tmp_path):
     assert r["tfring_over_mwms"] > 0 and "tfring x2 / MWMS x2 throughput" in out
 
 
-def test_keras_scaling_rounds_alternate_and_keep_the_median(monkeypatch, capsys):
+def test_keras_scaling_rounds_alternate_and_keep_the_median(monkeypatch):
     # --rounds: the four 2-rank runs the exposed time compares go in turn,
     # round after round; each keeps its median run (by step time), and the
     # exposed time compares those medians.
