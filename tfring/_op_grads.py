@@ -1,0 +1,184 @@
+"""Gradients of tfring's TensorFlow ops (tfring/ops.py), registered with
+TensorFlow when tfring.ops is imported.
+
+With y = postscale * op_r(prescale * x_r) on every rank and a loss summed
+over ranks, dL/dx_r = sum over ranks r' of dL_r'/dy * dy/dx_r. Allgather
+and broadcast follow Horovod instead (see below). Every gradient runs on
+the op's own process set.
+"""
+
+import tensorflow as tf
+
+from tfring import basics
+from tfring.ops import (
+    _allreduce,
+    _in_xla_context,
+    allgather,
+    alltoall,
+    grouped_allreduce,
+)
+from tfring.process_sets import _rank_size
+
+
+def _attr_str(op, name):
+    v = op.get_attr(name)
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _ps_of(op):
+    """The op's process set: (id, the ProcessSet or None for the world).
+    Gradients run on the same set as the op."""
+    try:
+        ps_id = int(op.get_attr("process_set_id"))
+    except ValueError:  # graphs built before the attribute existed
+        ps_id = 0
+    if ps_id == 0:
+        return 0, None
+    from tfring.process_sets import process_set_by_id
+    return ps_id, process_set_by_id(ps_id)
+
+
+def _reduce_grad(op_name, x, y_full, g_full, pre, post, ps_id=0):
+    """dL/dx for y_full = post * op_r(pre * x_r), given g_full = the sum over
+    ranks of dL/dy_full (y_full: the whole reduced tensor)."""
+    ps = None
+    if ps_id:
+        from tfring.process_sets import process_set_by_id
+        ps = process_set_by_id(ps_id)
+    me, size = _rank_size(ps_id)
+    if op_name in ("sum", "average"):
+        scale = pre * post / (size if op_name == "average" else 1)
+        return g_full * tf.cast(scale, g_full.dtype)
+    if op_name in ("min", "max"):
+        # The gradient goes to the ranks holding the extreme value, split
+        # evenly on ties. The winners are found from unscaled inputs (a
+        # negative prescale swaps min and max).
+        if pre < 0:
+            op_name = "max" if op_name == "min" else "min"
+        best = _allreduce(x, op_name, ps_id=ps_id)
+        mask = tf.cast(tf.equal(x, best), g_full.dtype)
+        count = _allreduce(mask, "sum", ps_id=ps_id)
+        return g_full * tf.cast(pre * post, g_full.dtype) * mask / count
+    if op_name == "product":
+        # dy/dx_r = post * pre^size * product of the other ranks' x, built
+        # from exclusive cumulative products so zeros need no division.
+        xs = allgather(tf.expand_dims(x, 0), process_set=ps)
+        others = (tf.math.cumprod(xs, axis=0, exclusive=True)
+                  * tf.math.cumprod(xs, axis=0, exclusive=True, reverse=True))
+        scale = post * pre ** size
+        return g_full * others[me] * tf.cast(scale, g_full.dtype)
+    raise NotImplementedError(f"tfring: no gradient for reduce op {op_name}")
+
+
+def _allreduce_grad(op, grad):
+    op_name = _attr_str(op, "reduce_op")
+    pre = op.get_attr("prescale_factor")
+    post = op.get_attr("postscale_factor")
+    ps_id, _ = _ps_of(op)
+    if op_name in ("sum", "average"):
+        return _allreduce(grad, op_name, None, pre, post, ps_id=ps_id)
+    return _reduce_grad(op_name, op.inputs[0], op.outputs[0],
+                        _allreduce(grad, "sum", ps_id=ps_id), pre, post, ps_id)
+
+
+def _grouped_allreduce_grad(op, *grads):
+    op_name = _attr_str(op, "reduce_op")
+    pre = op.get_attr("prescale_factor")
+    post = op.get_attr("postscale_factor")
+    present = [i for i, g in enumerate(grads) if g is not None]
+    out = [None] * len(grads)
+    ps_id, ps = _ps_of(op)
+    if op_name in ("sum", "average"):
+        reduced = grouped_allreduce([grads[i] for i in present], op_name,
+                                    prescale_factor=pre, postscale_factor=post,
+                                    process_set=ps)
+        for i, r in zip(present, reduced):
+            out[i] = r
+        return out
+    summed = grouped_allreduce([grads[i] for i in present], "sum", process_set=ps)
+    for i, g in zip(present, summed):
+        out[i] = _reduce_grad(op_name, op.inputs[i], op.outputs[i], g, pre, post,
+                              ps_id)
+    return out
+
+
+# Allgather and broadcast: Horovod's gradients, which average the upstream
+# gradients over ranks where the plain chain rule (with every rank's loss
+# summed) would sum them. Averaged data-parallel training divides the summed
+# loss by the number of ranks, so these match it; a rank that wants the sum
+# multiplies by size(). (Allreduce and reducescatter keep the chain rule.)
+
+def _allgather_grad(op, grad):
+    # Every rank's loss depends on every rank's rows: average the gradients
+    # over ranks, then keep this rank's rows. Ranks may contribute different
+    # row counts, so the offsets come from the gathered counts.
+    ps_id, ps = _ps_of(op)
+    grad = _allreduce(tf.convert_to_tensor(grad), "average", ps_id=ps_id)
+    rows = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
+    if _in_xla_context(tf.compat.v1.get_default_graph()):
+        # Under XLA every rank gathers the same row count (docs/xla.md),
+        # and XLA needs the slice's bounds without running a collective.
+        begin = rows[0] * _rank_size(ps_id)[0]
+    else:
+        all_rows = allgather(rows, process_set=ps)
+        begin = tf.reduce_sum(all_rows[:_rank_size(ps_id)[0]])
+    return grad[begin:begin + rows[0]]
+
+
+def _broadcast_grad(op, grad):
+    # Only the root's input reaches the outputs: it gets the average of every
+    # rank's gradient, the others zero. Every rank builds the same graph
+    # (the allreduce feeds the result on all of them), or graph optimizers
+    # could drop the allreduce on non-root ranks only.
+    ps_id, _ = _ps_of(op)
+    grad = _allreduce(tf.convert_to_tensor(grad), "average", ps_id=ps_id)
+    is_root = basics.rank() == op.get_attr("root_rank")
+    return grad * tf.constant(1 if is_root else 0, grad.dtype)
+
+
+def _reducescatter_grad(op, grad):
+    # Rank r's output is rows r of the reduced tensor, so the gradient with
+    # respect to the whole reduced tensor is every rank's gradient stacked.
+    op_name = _attr_str(op, "reduce_op")
+    pre = op.get_attr("prescale_factor")
+    post = op.get_attr("postscale_factor")
+    ps_id, ps = _ps_of(op)
+    g_full = allgather(tf.convert_to_tensor(grad), process_set=ps)
+    return _reduce_grad(op_name, op.inputs[0], None, g_full, pre, post, ps_id)
+
+
+def _alltoall_grad(op, grad, _grad_received):
+    # Rows went from rank s to rank d, so their gradients go back from d to
+    # s: an alltoall of the gradient with the received splits, on the op's
+    # process set.
+    _, ps = _ps_of(op)
+    grad, _ = alltoall(tf.convert_to_tensor(grad), splits=op.outputs[1],
+                       process_set=ps)
+    return [grad, None]
+
+
+def _outputs_grad(op, *grads):
+    return list(grads)
+
+
+def _register_gradients():
+    for op_type, fn in (("RingOutputs", _outputs_grad),
+                        ("RingAllreduce", _allreduce_grad),
+                        ("RingGroupedAllreduce", _grouped_allreduce_grad),
+                        ("RingAllgather", _allgather_grad),
+                        ("RingBroadcast", _broadcast_grad),
+                        ("RingReducescatter", _reducescatter_grad),
+                        ("RingAlltoall", _alltoall_grad)):
+        try:
+            tf.RegisterGradient(op_type)(fn)
+        except KeyError:  # already registered (module imported twice)
+            pass
+    for op_type in ("RingRank", "RingLocalRank", "RingSize", "RingLocalSize",
+                    "RingProcessSetIncluded"):
+        try:
+            tf.no_gradient(op_type)
+        except KeyError:
+            pass
+
+
+_register_gradients()
