@@ -17,7 +17,7 @@ from tfring.ops import (
     alltoall,
     grouped_allreduce,
 )
-from tfring.process_sets import _rank_size
+from tfring.process_sets import _rank_size, process_set_by_id
 
 
 def _attr_str(op, name):
@@ -34,17 +34,12 @@ def _ps_of(op):
         ps_id = 0
     if ps_id == 0:
         return 0, None
-    from tfring.process_sets import process_set_by_id
     return ps_id, process_set_by_id(ps_id)
 
 
-def _reduce_grad(op_name, x, y_full, g_full, pre, post, ps_id=0):
+def _reduce_grad(op_name, x, y_full, g_full, pre, post, ps_id, ps):
     """dL/dx for y_full = post * op_r(pre * x_r), given g_full = the sum over
     ranks of dL/dy_full (y_full: the whole reduced tensor)."""
-    ps = None
-    if ps_id:
-        from tfring.process_sets import process_set_by_id
-        ps = process_set_by_id(ps_id)
     me, size = _rank_size(ps_id)
     if op_name in ("sum", "average"):
         scale = pre * post / (size if op_name == "average" else 1)
@@ -74,11 +69,11 @@ def _allreduce_grad(op, grad):
     op_name = _attr_str(op, "reduce_op")
     pre = op.get_attr("prescale_factor")
     post = op.get_attr("postscale_factor")
-    ps_id, _ = _ps_of(op)
+    ps_id, ps = _ps_of(op)
     if op_name in ("sum", "average"):
         return _allreduce(grad, op_name, None, pre, post, ps_id=ps_id)
     return _reduce_grad(op_name, op.inputs[0], op.outputs[0],
-                        _allreduce(grad, "sum", ps_id=ps_id), pre, post, ps_id)
+                        _allreduce(grad, "sum", ps_id=ps_id), pre, post, ps_id, ps)
 
 
 def _grouped_allreduce_grad(op, *grads):
@@ -98,7 +93,7 @@ def _grouped_allreduce_grad(op, *grads):
     summed = grouped_allreduce([grads[i] for i in present], "sum", process_set=ps)
     for i, g in zip(present, summed):
         out[i] = _reduce_grad(op_name, op.inputs[i], op.outputs[i], g, pre, post,
-                              ps_id)
+                              ps_id, ps)
     return out
 
 
@@ -144,7 +139,7 @@ def _reducescatter_grad(op, grad):
     post = op.get_attr("postscale_factor")
     ps_id, ps = _ps_of(op)
     g_full = allgather(tf.convert_to_tensor(grad), process_set=ps)
-    return _reduce_grad(op_name, op.inputs[0], None, g_full, pre, post, ps_id)
+    return _reduce_grad(op_name, op.inputs[0], None, g_full, pre, post, ps_id, ps)
 
 
 def _alltoall_grad(op, grad, _grad_received):
