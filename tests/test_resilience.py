@@ -225,14 +225,14 @@ def test_no_restart_after_timeout(tmp_path):
 # ----------------------------------------------------------- leaks ----
 
 
-def run_leak(*args, timeout=240):
+def run_leak(*args, n=2, timeout=240):
     """Each rank's report; also fails if the job left segments in /dev/shm
     (as the autouse fixture in conftest.py does after every test)."""
     import conftest
     from multiproc import check_ok, run_ranks
 
     before = shm_segments()
-    results = check_ok(run_ranks(2, "leak.py", args, timeout=timeout))
+    results = check_ok(run_ranks(n, "leak.py", args, timeout=timeout))
     left = [n for n in shm_segments() - before if conftest._ours(n)]
     assert not left, f"segments left in /dev/shm: {left}"
     return results
@@ -264,17 +264,25 @@ def test_unnamed_collectives_keep_rss_flat():
             f"allreduces")
 
 
-def test_init_shutdown_cycles_rejoin_and_leak_no_fds_or_shm():
-    # tfring.init() after tfring.shutdown() in the same job joins again
-    # (20 times), and leaves no fd, memory or /dev/shm segment behind.
-    for rank, out in enumerate(run_leak("cycles", 20)):
+def test_100_init_shutdown_cycles_with_process_sets_stay_flat():
+    # A Spark or Ray worker runs job after job in one process:
+    # tfring.init() after tfring.shutdown() joins again, 100 times, with two
+    # process sets added and removed and a TF step every 10th cycle, and
+    # leaves no fd, thread, mapped /dev/shm segment or memory behind.
+    outs = run_leak("cycles", 100, n=3, timeout=400)
+    for rank, out in enumerate(outs):
         print(f"rank {rank}: before {out['before']}, after cycle 1 "
-              f"{out['after_first']}, after "
-              f"cycle 20 {out['after_last']}")
-        assert out["after_last"]["fds"] == out["after_first"]["fds"] \
-            == out["before"]["fds"], f"rank {rank}: {out}"
+              f"{out['after_first']}, after cycle 100 {out['after_last']}")
+        for key in ("fds", "threads", "shm"):
+            assert out["after_last"][key] == out["after_first"][key], (
+                f"rank {rank}: {key} went from {out['after_first'][key]} after "
+                f"the first cycle to {out['after_last'][key]} after the last ({out})")
+        assert out["after_first"]["shm"] == out["before"]["shm"], out
+        assert out["after_first"]["fds"] == out["before"]["fds"], out
         growth = out["after_last"]["rss_kib"] - out["after_first"]["rss_kib"]
-        assert growth < 4 * 1024, f"rank {rank}: RSS grew {growth} KiB ({out})"
+        assert growth < 8 * 1024, f"rank {rank}: RSS grew {growth} KiB ({out})"
+        np.testing.assert_allclose(out["weights"], out["reference"], rtol=1e-5)
+        assert out["weights"] == outs[0]["weights"], "ranks' weights differ"
 
 
 # ------------------------------------------------- the shm fixture ----

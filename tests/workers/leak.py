@@ -12,9 +12,15 @@ wait; spot-checks results against numpy; samples VmRSS and the number of
 open file descriptors after the warm-up and at the end. unnamed: the same
 with small allreduces given no name.
 
-cycles: tfring.init(), one allreduce, tfring.shutdown(), COUNT times in the
-same job; samples before the first init, after the first shutdown and after
-the last.
+cycles: COUNT times in the same job, as a Spark or Ray worker that runs job
+after job lives: tfring.init(), a process set of all ranks but the last and
+one of all ranks but the first added, an allreduce on the world and on each
+set this rank belongs to, a broadcast, a TF training step through
+DistributedGradientTape (every CYCLE_TF-th cycle), both sets removed,
+tfring.shutdown(). Samples RSS, open fds, threads and this process's
+/dev/shm segments before the first init, after the first shutdown and after
+the last; checks every result against numpy and, after the last step, that
+every rank holds the same weights.
 """
 
 import os
@@ -38,8 +44,21 @@ def fd_count():
     return len(os.listdir("/proc/self/fd"))
 
 
+def thread_count():
+    return len(os.listdir("/proc/self/task"))
+
+
+def shm_count():
+    """Shared-memory segments mapped into this process (its links' and its
+    host segment's): a segment left mapped after shutdown shows here even
+    when another rank has already unlinked its name."""
+    with open("/proc/self/maps") as f:
+        return len({line.split()[-1] for line in f if "/dev/shm/" in line})
+
+
 def sample():
-    return {"rss_kib": rss_kib(), "fds": fd_count()}
+    return {"rss_kib": rss_kib(), "fds": fd_count(), "threads": thread_count(),
+            "shm": shm_count()}
 
 
 SIZES = (1, 7, 100, 1000, 4096, 65536)
@@ -107,18 +126,76 @@ def collectives(iterations, warmup, call=one):
     return {"start": start, "end": end, "transport": transport}
 
 
+CYCLE_TF = 10
+
+
+def train_step(tf, tfring, w, x, c):
+    """One data-parallel step of a linear model on this rank's rows; the
+    reference applies the same update with every rank's rows in numpy."""
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.linalg.matvec(x, w) - 1.0))
+        tape = tfring.DistributedGradientTape(tape)
+        (g,) = tape.gradient(loss, [w])
+        w.assign_sub(0.1 * g)
+    step()
+
+
 def cycles(count):
+    import tensorflow as tf
+
+    import tfring
+
     samples = []
     before = sample()
+    w = None
     for c in range(count):
         basics.init()
-        y = _core.allreduce(np.ones(1000, np.float32), op="sum", name="cycle")
-        if not np.all(y == basics.size()):
+        rank, n = basics.rank(), basics.size()
+        sets = []
+        if n > 1:
+            sets = [tfring.add_process_set(list(range(n - 1))),
+                    tfring.add_process_set(list(range(1, n)))]
+        y = _core.allreduce(np.full(1000, rank + 1.0, np.float32), op="sum",
+                            name="cycle")
+        if not np.all(y == n * (n + 1) / 2):
             raise AssertionError(f"cycle {c}: got {y[:4]}")
+        for ps in sets:
+            if not ps.included():
+                continue
+            got = tfring.allreduce(np.full(4, rank + 1.0, np.float32),
+                                   op=tfring.Sum, process_set=ps).numpy()
+            want = sum(r + 1.0 for r in ps.ranks)
+            if not np.all(got == want):
+                raise AssertionError(f"cycle {c}, set {ps.ranks}: {got} != {want}")
+        root = c % n
+        b = _core.broadcast(np.full(3, float(rank), np.float32), root=root,
+                            name="cycle.bc")
+        if not np.all(b == root):
+            raise AssertionError(f"cycle {c}: broadcast from {root} gave {b}")
+        if c % CYCLE_TF == 0:
+            if w is None:
+                w = tf.Variable(np.zeros(4, np.float32))
+            x = tf.constant(np.arange(8, dtype=np.float32).reshape(2, 4) + rank)
+            train_step(tf, tfring, w, x, c)
+        for ps in sets:
+            tfring.remove_process_set(ps)
         basics.shutdown()
         samples.append(sample())
+    # The same steps in numpy with every rank's rows: the mean over ranks of
+    # each rank's mean-loss gradient.
+    n = int(os.environ["TFRING_SIZE"])
+    ref = np.zeros(4, np.float64)
+    for _ in range(0, count, CYCLE_TF):
+        g = np.zeros(4)
+        for r in range(n):
+            x = np.arange(8, dtype=np.float64).reshape(2, 4) + r
+            g += 2 * x.T @ (x @ ref - 1.0) / 2
+        ref -= 0.1 * g / n
     return {"before": before, "after_first": samples[0],
-            "after_last": samples[-1]}
+            "after_last": samples[-1], "weights": w.numpy().tolist(),
+            "reference": ref.tolist()}
 
 
 mode = sys.argv[1]
