@@ -10,7 +10,7 @@ training alone, so the VM's drift between jobs cancels out.
         --image-size 224                                  # ranks share GPU 0
 
 With --gpu the ranks train on GPU 0 (share it under MPS: see
-benchmarks/gpu_run.sh's STEP_BENCH), the batch is made on the GPU, and
+tools/gpu_run.sh's STEP_BENCH), the batch is made on the GPU, and
 the floor is the TF op's allreduce of a GPU tensor of the gradients' size.
 
 Entry points (each has its own model and optimizer, built alike):

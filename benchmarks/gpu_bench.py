@@ -6,7 +6,7 @@ algorithm at 1, 2 and 4 ranks, a batch of small tensors, NCCL for reference.
     python benchmarks/gpu_bench.py --dry-run --json FILE   # any GPU build, emulation too
 
 Needs a GPU and a CUDA build of tfring importable as `tfring`
-(benchmarks/gpu_run.sh builds it and runs this, once time-sliced and once
+(tools/gpu_run.sh builds it and runs this, once time-sliced and once
 under MPS); CuPy for the kernel rows other than pack/unpack. Everything is
 measured in this one run, on this GPU, next to its reference:
 
@@ -574,7 +574,7 @@ def main():
         sys.exit(f"no usable GPU: {_core.cuda_unavailable_reason()}")
     if _core.cuda_emulated() and not args.dry_run:
         sys.exit("this tfring is the CUDA emulation build (tests/gpu_emu.sh): its timings "
-                 "measure host threads, not a GPU; build with nvcc (benchmarks/gpu_run.sh), "
+                 "measure host threads, not a GPU; build with nvcc (tools/gpu_run.sh), "
                  "or pass --dry-run to exercise the code paths only")
     if args.dry_run:
         print("DRY RUN: tiny sizes, single iterations; the numbers below measure nothing")

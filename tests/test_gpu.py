@@ -16,7 +16,7 @@ Always run (no GPU needed):
 Need a GPU (skipped cleanly without one): the CUDA kernels against the CPU
 kernels and numpy, and multi-process jobs with several ranks sharing GPU 0
 over every backend. On a GPU machine: `python -m pytest -q tests/test_gpu.py`
-(benchmarks/gpu_run.sh builds tfring and runs this and the benchmark).
+(tools/gpu_run.sh builds tfring and runs this and the benchmark).
 """
 
 import ctypes.util

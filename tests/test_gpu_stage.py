@@ -1,4 +1,4 @@
-"""benchmarks/gpu_tf_stage.py / .sh: carrying wheels in pieces to a machine
+"""tools/gpu_tf_stage.py / .sh: carrying wheels in pieces to a machine
 without network. Split, manifest, transfers of a few pieces at a time,
 resume after an interrupted transfer or append, a corrupt piece caught and
 a missing one named, install into a target directory, and the CUDA library
@@ -17,11 +17,11 @@ import zipfile
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+sys.path.insert(0, os.path.join(REPO, "tools"))
 import gpu_tf_stage as st  # noqa: E402
 
-SCRIPT = os.path.join(REPO, "benchmarks", "gpu_tf_stage.sh")
-HELPER = os.path.join(REPO, "benchmarks", "gpu_tf_stage.py")
+SCRIPT = os.path.join(REPO, "tools", "gpu_tf_stage.sh")
+HELPER = os.path.join(REPO, "tools", "gpu_tf_stage.py")
 PIECE = 1000
 
 

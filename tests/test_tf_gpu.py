@@ -148,7 +148,7 @@ if __name__ != "__main__":
         if not _probe()["gpus"]:
             pytest.skip("no GPU visible to TensorFlow")
 
-    # Ranks sharing GPU 0 (benchmarks/gpu_tf_stage.sh run asks for 1,2,4).
+    # Ranks sharing GPU 0 (tools/gpu_tf_stage.sh run asks for 1,2,4).
     GPU_SIZES = [int(n) for n in os.environ.get("TFRING_TF_GPU_SIZES", "1,2").split(",")]
 
     @pytest.mark.parametrize("check", GPU_CHECKS)

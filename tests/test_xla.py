@@ -6,7 +6,7 @@ training step and a Keras fit with jit_compile=True reaching the non-XLA
 weights, and the errors for what XLA
 cannot run (ragged allgather, dynamic shapes, a late import).
 
-TFRING_TEST_XLA_GPU=1 (benchmarks/gpu_tf_stage.sh run sets it on a GPU
+TFRING_TEST_XLA_GPU=1 (tools/gpu_tf_stage.sh run sets it on a GPU
 machine) runs the same checks with the GPU visible: TensorFlow places the
 steps on GPU:0, XLA compiles them for the GPU and the collectives run as
 tfring's "CUDA" custom-call target, both ranks sharing the one GPU (MPS).

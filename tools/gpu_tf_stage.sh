@@ -3,31 +3,31 @@
 # takes files in pieces of at most ~60 MiB (docs/gpu-tensorflow.md).
 #
 # On a machine with pip (this repository's checkout):
-#   bash benchmarks/gpu_tf_stage.sh stage [--dry-run]
+#   bash tools/gpu_tf_stage.sh stage [--dry-run]
 #       pip download $TF_WHEELS and $CUDA12_WHEELS for CPython 3.12,
 #       manylinux_2_27 x86_64, then split every wheel into numbered pieces
 #       with a manifest (sizes and sha256 of pieces and wholes):
 #       $STAGE/pieces/
-#   bash benchmarks/gpu_tf_stage.sh send PIECE...
+#   bash tools/gpu_tf_stage.sh send PIECE...
 #       empty $STAGE/send/ and put manifest.json and the given pieces (names,
 #       or 0-based positions in the manifest's order) in it: one transfer.
 # On the GPU machine, after each transfer of $STAGE/send/:
-#   bash benchmarks/gpu_tf_stage.sh receive
+#   bash tools/gpu_tf_stage.sh receive
 #       append the pieces that arrived (each verified first) to their files
 #       in $STAGE/recv/, say which are still missing; once all files are
 #       whole and verified, install the wheels into $TARGET. Run it after
 #       every transfer; it resumes where the last one stopped.
-#   bash benchmarks/gpu_tf_stage.sh probe
+#   bash tools/gpu_tf_stage.sh probe
 #       which CUDA 12 libraries TensorFlow needs load, from the machine's
 #       own libraries and with the staged ones ($OUT/tf_probe.json).
-#   bash benchmarks/gpu_tf_stage.sh prebuild
+#   bash tools/gpu_tf_stage.sh prebuild
 #       start the CUDA build of tfring's core (no op library yet) in the
 #       background, detached, unless one runs: call it with each transfer so
 #       that `run` only builds the op library ($STAGE/prebuild.log).
-#   bash benchmarks/gpu_tf_stage.sh run [pytest args...]
+#   bash tools/gpu_tf_stage.sh run [pytest args...]
 #       with $TARGET on PYTHONPATH and its CUDA libraries on
 #       LD_LIBRARY_PATH: the probe, TensorFlow's view of the GPU, then
-#       benchmarks/gpu_run.sh with a CUDA + TensorFlow build of tfring, its
+#       tools/gpu_run.sh with a CUDA + TensorFlow build of tfring, its
 #       GPU tests plus $TF_TESTS under MPS, and the GPU benchmark. Logs and
 #       JSON go to $OUT when set.
 #
@@ -46,7 +46,7 @@ ROOT=$PWD
 PY=${PYTHON:-python3}
 STAGE=$(realpath -m "${STAGE:-$ROOT/gpu-tf-stage}")
 TARGET=$(realpath -m "${TARGET:-$STAGE/site}")
-HELPER=$ROOT/benchmarks/gpu_tf_stage.py
+HELPER=$ROOT/tools/gpu_tf_stage.py
 log() { printf 'gpu_tf_stage: %s\n' "$*" >&2; }
 
 # TensorFlow and what it imports that the GPU machine lacks (it has numpy,
@@ -194,7 +194,7 @@ export TFRING_TF_PYTHONPATH=$TARGET
 export TFRING_TF_GPU=${TFRING_TF_GPU:-ON}
 export GPU_TESTS=${GPU_TESTS:-"tests/test_gpu.py $TF_TESTS"}
 export TFRING_TF_GPU_SIZES=${TFRING_TF_GPU_SIZES:-1,2,4}
-bash "$ROOT/benchmarks/gpu_run.sh" "$@"
+bash "$ROOT/tools/gpu_run.sh" "$@"
 rc=$?
 
 # The CPU side of a TensorFlow step on this machine's cores (CPU_BENCH:

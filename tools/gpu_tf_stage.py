@@ -17,7 +17,7 @@ cannot download anything and receives files in pieces of at most ~60 MiB.
            register a GPU, with the machine's own libraries only and with the
            staged ones too, and say which load and from where.
 
-benchmarks/gpu_tf_stage.sh is the entry point (it adds the `run` mode);
+tools/gpu_tf_stage.sh is the entry point (it adds the `run` mode);
 docs/gpu-tensorflow.md describes the whole procedure.
 
 Resuming. The state of a file being assembled is its `.part` file alone:

@@ -5,9 +5,9 @@
 # otherwise, cmake, ninja and pybind11 from this machine's environment
 # (deps/, about 50 MiB). Then, on the GPU machine:
 #
-#   bash benchmarks/gpu_run.sh          (with build-gpu/carry carried along)
+#   bash tools/gpu_run.sh          (with build-gpu/carry carried along)
 #
-# Usage: bash benchmarks/gpu_carry.sh [BUILD_DIR]   (default build-gpu, which
+# Usage: bash tools/gpu_carry.sh [BUILD_DIR]   (default build-gpu, which
 # must hold a CUDA build whose TFRING_OUTPUT_DIR is BUILD_DIR/pkg/tfring).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

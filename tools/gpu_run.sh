@@ -5,7 +5,7 @@
 # that share the GPU time-sliced (each its own GPU context, the default), and
 # under the CUDA Multi-Process Service (MPS: one server context for all).
 #
-#   bash benchmarks/gpu_run.sh [pytest args...]
+#   bash tools/gpu_run.sh [pytest args...]
 #
 # Steps, each reported and none stopping the others (only a missing build
 # skips what needs it); a summary at the end:
@@ -33,12 +33,12 @@
 # NAME=value words in a list are that job's environment) and
 # STEP_BENCH_TIMEOUT (seconds per list, default 900; step_bench.log and
 # step_bench_N.json in OUT). TFRING_TF_PYTHONPATH (where TensorFlow is
-# importable from; benchmarks/gpu_tf_stage.sh run sets it): build the
+# importable from; tools/gpu_tf_stage.sh run sets it): build the
 # TensorFlow op library too (build-gpu-tf-run/; never the carried build,
 # which has none), its GPU kernels registered as TFRING_TF_GPU says
 # (cmake/tensorflow.cmake; default AUTO).
 # Building needs cmake, ninja (or make) and pybind11: from PATH and Python,
-# or from build-gpu/carry/deps (benchmarks/gpu_carry.sh prepares it on a
+# or from build-gpu/carry/deps (tools/gpu_carry.sh prepares it on a
 # machine that has them). Exit status: 0 when every step that ran passed,
 # 1 otherwise, 2 when there is no usable build.
 set -uo pipefail
