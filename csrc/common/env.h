@@ -1,25 +1,15 @@
-// Tunables: every environment variable the core reads is declared here, once,
-// with its default; README.md documents the same table.
+// Config: the core's tunables (common/tunables.h declares each variable, its
+// default and range) resolved into one struct.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 namespace tfring {
-namespace env {
-
-int64_t getInt(const char* name, int64_t dflt);
-double getDouble(const char* name, double dflt);
-std::string getString(const char* name, const std::string& dflt);
-bool isSet(const char* name);
-
-// Parses "64M", "4KiB", "1048576" into bytes. Returns dflt on garbage.
-int64_t parseBytes(const std::string& s, int64_t dflt);
-
-}  // namespace env
 
 // The resolved configuration of one process; read once at init so a run
-// cannot change behaviour half-way through.
+// cannot change behaviour half-way through. The defaults below are the
+// table's (tunables.cc), restated for a Config built without fromEnv.
 struct Config {
   int64_t fusion_threshold = 64ll << 20;  // TFRING_FUSION_THRESHOLD
   double cycle_time_ms = 2.0;             // TFRING_CYCLE_TIME
@@ -56,6 +46,8 @@ struct Config {
   // ring's own local size. Not read from the environment.
   int host_procs = 0;
 
+  // Reads every field through the tunables table (overrides given to init,
+  // then the environment); a bad value throws InvalidArgument naming it.
   static Config fromEnv();
 };
 
