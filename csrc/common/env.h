@@ -51,4 +51,26 @@ struct Config {
   static Config fromEnv();
 };
 
+// Job-wide policy: the settings every rank must share because they decide
+// which algorithm runs and how tensors are fused, so rank 0's values hold
+// for the whole job. Agreed through the store when the ring connects
+// (transport/ring_links.cc: the links it opens depend on them), then read
+// by the collectives' algorithm choice and the engine's fusion.
+struct JobPolicy {
+  std::string allreduce_algo = "auto";  // TFRING_ALLREDUCE_ALGO
+  std::string allgather_algo = "auto";  // TFRING_ALLGATHER_ALGO
+  std::string broadcast_algo = "auto";  // TFRING_BROADCAST_ALGO
+  std::string vote_algo = "auto";       // TFRING_VOTE_ALGO
+  int64_t small_threshold = 32ll << 10; // TFRING_SMALL_THRESHOLD
+  int64_t fusion_threshold = 64ll << 20;  // TFRING_FUSION_THRESHOLD
+  double cycle_time_ms = 2.0;           // TFRING_CYCLE_TIME
+  std::string transport = "auto";       // TFRING_TRANSPORT: tcp keeps hosts off shared memory
+
+  // This rank's values; throws naming the variable when one is not valid.
+  static JobPolicy of(const Config& c);
+  // The form rank 0 publishes, and its inverse (which checks every value).
+  std::string encode() const;
+  static JobPolicy decode(const std::string& text);
+};
+
 }  // namespace tfring

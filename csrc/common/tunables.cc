@@ -340,6 +340,8 @@ ScopedOverrides::~ScopedOverrides() {
   overrideMap() = saved_;
 }
 
+void checkValue(const char* name, const std::string& value) { check(find(name), value); }
+
 void validateAll() {
   for (const Tunable& t : table()) check(t, rawValue(t.name));
 }

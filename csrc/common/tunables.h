@@ -85,6 +85,8 @@ class ScopedOverrides {
 // Checks the present value of every declared variable; throws the first
 // error.
 void validateAll();
+// Checks `value` as a value of `name` (another rank's, say).
+void checkValue(const char* name, const std::string& value);
 
 // The raw text the getters would parse (override or environment), "" when
 // unset.
