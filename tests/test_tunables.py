@@ -53,6 +53,12 @@ def test_every_tunable_documented_with_its_default():
             assert f"`{choice}`" in line, f"{t.name}: choice {choice!r} is not documented"
 
 
+def test_elastic_worker_defaults_documented():
+    rows = _doc_rows()
+    for name, value in _tunables.ELASTIC_WORKER_DEFAULTS.items():
+        assert f"`{value}` in elastic workers" in rows[name][0], rows[name]
+
+
 def test_every_documented_variable_is_declared():
     table = _tunables.table()
     for name in _doc_rows():
