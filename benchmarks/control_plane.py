@@ -280,7 +280,7 @@ def main():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--algo", default="", help="TFRING_ALLREDUCE_ALGO for the ranks (auto)")
     p.add_argument("--env", action="append", default=[],
-                   help="KEY=VALUE for every rank (repeatable), e.g. TFRING_LOG_LEVEL=debug")
+                   help="KEY=VALUE for every rank (repeatable), e.g. TFRING_LOG_LEVEL=0")
     p.add_argument("--tree", default=REPO, help="the tfring checkout the ranks import "
                    "(default this one): compare two builds")
     p.add_argument("--nice", type=int, default=5)

@@ -18,7 +18,7 @@ import re
 import secrets
 import socket
 
-from tfring import _core
+from tfring import _core, _tunables
 
 # Keeps the store server (hosted by rank 0 when no launcher does) alive.
 _server = None
@@ -26,7 +26,7 @@ _server = None
 
 def _env_int(*names):
     for n in names:
-        v = os.environ.get(n)
+        v = _tunables.raw(n) if n.startswith("TFRING_") else os.environ.get(n)
         if v not in (None, ""):
             try:
                 return int(v)
@@ -36,10 +36,7 @@ def _env_int(*names):
 
 
 def _timeout():
-    try:
-        return float(os.environ.get("TFRING_TIMEOUT", "300"))
-    except ValueError:
-        return 300.0
+    return _tunables.get("TFRING_TIMEOUT")
 
 
 def _split_addr(addr):
@@ -58,11 +55,11 @@ def _chosen_address():
     """The address the core binds to when the user or launcher pins one:
     TFRING_IFACE_ADDR, TFRING_IFACE's address, or loopback when every rank
     is on this host; else None."""
-    pinned = os.environ.get("TFRING_IFACE_ADDR") or os.environ.get("TFRING_IFACE")
+    pinned = _tunables.raw("TFRING_IFACE_ADDR") or _tunables.raw("TFRING_IFACE")
     local, world = (_env_int("OMPI_COMM_WORLD_LOCAL_SIZE", "TFRING_LOCAL_SIZE"),
                     _env_int("OMPI_COMM_WORLD_SIZE", "TFRING_SIZE"))
     if pinned or (local is not None and local == world):
-        return _core._listen_address()
+        return _core._listen_address(_tunables.core_config())
     return None
 
 
@@ -118,12 +115,12 @@ def discover(comm=None):
     rank = _env_int("TFRING_RANK")
     size = _env_int("TFRING_SIZE")
     if rank is not None and size is not None:
-        secret = os.environ.get("TFRING_SECRET", "")
+        secret = _tunables.raw("TFRING_SECRET")
         if size == 1:
             return 0, 1, None, secret
-        if os.environ.get("TFRING_FILE_STORE"):
-            return rank, size, _core.FileStore(os.environ["TFRING_FILE_STORE"]), secret
-        addr = os.environ.get("TFRING_STORE_ADDR")
+        if _tunables.raw("TFRING_FILE_STORE"):
+            return rank, size, _core.FileStore(_tunables.raw("TFRING_FILE_STORE")), secret
+        addr = _tunables.raw("TFRING_STORE_ADDR")
         if not addr:
             raise RuntimeError("TFRING_RANK/TFRING_SIZE are set but TFRING_STORE_ADDR is not; "
                                "launch with tfring-run or set the store address")
@@ -174,8 +171,8 @@ def _via_tf_config(text):
 
     job = _tf_config.parse(text)
     if job.size == 1:
-        return 0, 1, None, os.environ.get("TFRING_SECRET", "")
-    secret = os.environ.get("TFRING_SECRET")
+        return 0, 1, None, _tunables.raw("TFRING_SECRET")
+    secret = _tunables.raw("TFRING_SECRET")
     if not secret:
         # Every task derives the same secret from the cluster it is part of.
         secret = hashlib.sha256(
@@ -183,8 +180,9 @@ def _via_tf_config(text):
         if job.rank == 0:
             _warn_derived_secret("TF_CONFIG's cluster")
     if job.rank == 0:
-        pinned = os.environ.get("TFRING_IFACE_ADDR") or os.environ.get("TFRING_IFACE")
-        _serve(secret, job.store_port, bind=_core._listen_address() if pinned else "0.0.0.0")
+        pinned = _tunables.raw("TFRING_IFACE_ADDR") or _tunables.raw("TFRING_IFACE")
+        bind = _core._listen_address(_tunables.core_config()) if pinned else "0.0.0.0"
+        _serve(secret, job.store_port, bind=bind)
     addr = (f"[{job.store_host}]:{job.store_port}" if ":" in job.store_host
             else f"{job.store_host}:{job.store_port}")
     return job.rank, job.size, _connect(addr, secret), secret
@@ -227,7 +225,7 @@ def _via_mpi(comm):
     info = None
     if rank == 0:
         secret = secrets.token_hex(16)
-        addr = os.environ.get("TFRING_STORE_ADDR")
+        addr = _tunables.raw("TFRING_STORE_ADDR")
         if not addr:
             addr = f"{_my_address()}:{_serve(secret)}"
         info = (addr, secret)
@@ -238,16 +236,16 @@ def _via_mpi(comm):
 def _via_fallback(rank, size, host):
     """No mpi4py: a store at a well-known place derived from the job id."""
     job = _job_id()
-    secret = os.environ.get("TFRING_SECRET") or hashlib.sha256(
+    secret = _tunables.raw("TFRING_SECRET") or hashlib.sha256(
         f"{job}:{os.getuid()}".encode()).hexdigest()[:32]
-    addr = os.environ.get("TFRING_STORE_ADDR")
+    addr = _tunables.raw("TFRING_STORE_ADDR")
     if addr:
         if rank == 0:
             # The address was given: listen wherever it may point.
             _serve(secret, _split_addr(addr)[1], bind="0.0.0.0")
         return rank, size, _connect(addr, secret), secret
     if host is not None:
-        if not os.environ.get("TFRING_SECRET") and rank == 0:
+        if not _tunables.raw("TFRING_SECRET") and rank == 0:
             _warn_derived_secret("the job id")
         port = 20000 + int(hashlib.sha256(job.encode()).hexdigest(), 16) % 20000
         if rank == 0:

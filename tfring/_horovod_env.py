@@ -2,20 +2,22 @@
 
 A job script written for Horovod sets ``HOROVOD_FUSION_THRESHOLD``,
 ``HOROVOD_CYCLE_TIME``, ``HOROVOD_TIMELINE``... Each one that has a meaning
-here is copied, converted to tfring's units, into its ``TFRING_*`` variable
-before the core reads its configuration (at ``tfring.init()``, and in
-``tfring-run`` so that remote ranks get it too). A ``TFRING_*`` variable that
-is already set wins. Every ``HOROVOD_*`` variable gets one notice per
-process: what it became, or why it is ignored.
+here becomes, converted to tfring's units, the value of its ``TFRING_*``
+tunable: at ``tfring.init()`` as part of the configuration passed to the
+core's init (tfring/_tunables.py), and in ``tfring-run`` in the environment
+of the ranks it starts, so that remote ranks get it too. A ``TFRING_*``
+variable that is already set wins. Every ``HOROVOD_*`` variable gets one
+notice per process: what it became, or why it is ignored.
 
 ``translate`` is pure (it reads a mapping and returns what to set);
-``apply`` writes the result into ``os.environ`` and returns the notices.
+``read`` translates the process's environment without changing it, and
+gives each notice once per process.
 """
 
 import os
 import sys
 
-__all__ = ["ALIASES", "IGNORED", "SEEN_VAR", "apply", "emit", "translate"]
+__all__ = ["ALIASES", "IGNORED", "SEEN_VAR", "emit", "read", "translate"]
 
 # tfring-run lists here the HOROVOD_* names it has already reported, so that
 # its ranks do not report them again.
@@ -258,16 +260,16 @@ class _Notices:
 _reported = set()  # HOROVOD names this process has given a notice about
 
 
-def apply(environ=None):
-    """Sets the TFRING_* equivalents of the HOROVOD_* variables in
-    ``environ`` (default ``os.environ``). Returns the notices not given yet
-    in this process (nor by the tfring-run that started it)."""
+def read(environ=None):
+    """Returns ({TFRING name: value}, notices): the TFRING_* equivalents of
+    the HOROVOD_* variables in ``environ`` (default ``os.environ``, which is
+    not changed), and the notices not given yet in this process (nor by the
+    tfring-run that started it)."""
     environ = os.environ if environ is None else environ
     already = set(filter(None, environ.get(SEEN_VAR, "").split(",")))
     updates, notices, names = translate(environ, quiet=already | _reported)
-    environ.update(updates)
     _reported.update(names)
-    return notices
+    return updates, notices
 
 
 def emit(notices, stream=None):

@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 
-from tfring import _bootstrap, _core, _horovod_env
+from tfring import _bootstrap, _core, _horovod_env, _tunables
 from tfring.process_sets import _process_set_arg
 
 
@@ -25,10 +25,12 @@ def init(comm=None, process_sets=None):
     global _joins
     if _core.is_initialized():
         return
-    # Before anything reads TFRING_*: the bootstrap (TFRING_TIMEOUT,
-    # TFRING_IFACE) and the core's configuration at _core.init.
-    notices = _horovod_env.apply()
-    if os.environ.get("TFRING_ELASTIC_ID"):
+    # This init's configuration, before anything reads TFRING_*: the
+    # bootstrap (TFRING_TIMEOUT, TFRING_IFACE) reads it through _tunables,
+    # and the core gets it as init's config argument.
+    config, notices = _horovod_env.read()
+    _tunables.configure(config)
+    if _tunables.is_set("TFRING_ELASTIC_ID"):
         # Started by the elastic driver (tfring-run --min-np...): the driver
         # assigns rank and size per membership epoch (tfring/elastic/_worker.py).
         from tfring.elastic import _worker
@@ -49,7 +51,7 @@ def init(comm=None, process_sets=None):
         # own.
         store = _core.PrefixStore(f"join{_joins}/", store)
     _joins += 1
-    _core.init(rank, size, store, secret)
+    _core.init(rank, size, store, secret, config=_tunables.core_config())
     _joined(process_sets)
 
 

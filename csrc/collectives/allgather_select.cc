@@ -25,10 +25,12 @@ AllgatherAlgo chooseAllgather(const RingComm& c, size_t total_bytes) {
   const transport::HostLinks* H = c.host;
   if (!H || c.size == 1) return AllgatherAlgo::kRing;
   const bool p2p = H->want_peers;
-  if (H->allgather_algo == "recdbl") return p2p ? AllgatherAlgo::kRecDbl : AllgatherAlgo::kRing;
-  if (H->allgather_algo == "ring") return AllgatherAlgo::kRing;
+  const std::string& a = H->policy.allgather_algo;
+  if (a == "recdbl") return p2p ? AllgatherAlgo::kRecDbl : AllgatherAlgo::kRing;
+  if (a == "ring") return AllgatherAlgo::kRing;
   if (!recursiveAtScale(c)) return AllgatherAlgo::kRing;
-  if (total_bytes <= static_cast<uint64_t>(H->small_threshold)) return AllgatherAlgo::kRecDbl;
+  if (total_bytes <= static_cast<uint64_t>(H->policy.small_threshold))
+    return AllgatherAlgo::kRecDbl;
   const bool one_per_host = H->num_hosts == c.size;
   return one_per_host && total_bytes <= kGatherRecursiveMaxBytes ? AllgatherAlgo::kRecDbl
                                                                  : AllgatherAlgo::kRing;

@@ -126,7 +126,7 @@ AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes) {
     if (!spans) return H->segment ? AllreduceAlgo::kOneShot : AllreduceAlgo::kRing;
     return cross ? AllreduceAlgo::kSmall : AllreduceAlgo::kRing;
   };
-  const std::string& a = H->algo;
+  const std::string& a = H->policy.allreduce_algo;
   const bool p2p = H->want_peers;
   if (a == "recdbl") return p2p ? AllreduceAlgo::kRecDbl : AllreduceAlgo::kRing;
   if (a == "rabenseifner") return p2p ? AllreduceAlgo::kRabenseifner : AllreduceAlgo::kRing;
@@ -137,7 +137,7 @@ AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes) {
     return cross ? AllreduceAlgo::kHier : AllreduceAlgo::kRing;
   }
   const bool at_scale = recursiveAtScale(c);
-  if (bytes <= static_cast<uint64_t>(H->small_threshold))
+  if (bytes <= static_cast<uint64_t>(H->policy.small_threshold))
     return at_scale ? AllreduceAlgo::kRecDbl : small();
   // Medium buffers: the hierarchical scheme where hosts hold several ranks
   // (it keeps most traffic in shared memory; measured faster than

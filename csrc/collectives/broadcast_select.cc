@@ -29,12 +29,12 @@ BroadcastAlgo chooseBroadcast(const RingComm& c, size_t bytes) {
   const transport::HostLinks* H = c.host;
   if (!H || c.size == 1) return BroadcastAlgo::kRing;
   const bool p2p = H->want_peers;
-  if (H->broadcast_algo == "tree") return p2p ? BroadcastAlgo::kTree : BroadcastAlgo::kRing;
-  if (H->broadcast_algo == "scatter_allgather")
+  if (H->policy.broadcast_algo == "tree") return p2p ? BroadcastAlgo::kTree : BroadcastAlgo::kRing;
+  if (H->policy.broadcast_algo == "scatter_allgather")
     return p2p ? BroadcastAlgo::kScatterAllgather : BroadcastAlgo::kRing;
-  if (H->broadcast_algo == "ring") return BroadcastAlgo::kRing;
+  if (H->policy.broadcast_algo == "ring") return BroadcastAlgo::kRing;
   if (!recursiveAtScale(c)) return BroadcastAlgo::kRing;
-  if (bytes <= static_cast<uint64_t>(H->small_threshold)) return BroadcastAlgo::kTree;
+  if (bytes <= static_cast<uint64_t>(H->policy.small_threshold)) return BroadcastAlgo::kTree;
   const bool one_per_host = H->num_hosts == c.size;
   return one_per_host && bytes <= kGatherRecursiveMaxBytes ? BroadcastAlgo::kTree
                                                            : BroadcastAlgo::kRing;

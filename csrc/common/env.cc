@@ -1,85 +1,105 @@
 #include "common/env.h"
 
-#include <cctype>
-#include <cstdlib>
+#include <stdexcept>
+#include <vector>
+
+#include "common/status.h"
+#include "common/tunables.h"
 
 namespace tfring {
-namespace env {
-
-bool isSet(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0';
-}
-
-std::string getString(const char* name, const std::string& dflt) {
-  const char* v = std::getenv(name);
-  return (v && *v) ? std::string(v) : dflt;
-}
-
-int64_t getInt(const char* name, int64_t dflt) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return dflt;
-  char* end = nullptr;
-  long long r = std::strtoll(v, &end, 10);
-  return (end && *end == '\0') ? r : dflt;
-}
-
-double getDouble(const char* name, double dflt) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return dflt;
-  char* end = nullptr;
-  double r = std::strtod(v, &end);
-  return (end && *end == '\0') ? r : dflt;
-}
-
-int64_t parseBytes(const std::string& s, int64_t dflt) {
-  if (s.empty()) return dflt;
-  char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
-  if (end == s.c_str() || v < 0) return dflt;
-  std::string unit;
-  for (const char* p = end; *p; ++p)
-    if (!std::isspace(static_cast<unsigned char>(*p)))
-      unit += static_cast<char>(std::toupper(static_cast<unsigned char>(*p)));
-  double mult = 1;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "K" || unit == "KB" || unit == "KIB") mult = 1024.0;
-  else if (unit == "M" || unit == "MB" || unit == "MIB") mult = 1024.0 * 1024;
-  else if (unit == "G" || unit == "GB" || unit == "GIB") mult = 1024.0 * 1024 * 1024;
-  else return dflt;
-  return static_cast<int64_t>(v * mult);
-}
-
-}  // namespace env
 
 Config Config::fromEnv() {
+  namespace t = tunables;
   Config c;
-  c.fusion_threshold = env::parseBytes(env::getString("TFRING_FUSION_THRESHOLD", ""), c.fusion_threshold);
-  c.cycle_time_ms = env::getDouble("TFRING_CYCLE_TIME", c.cycle_time_ms);
-  c.timeout_s = env::getDouble("TFRING_TIMEOUT", c.timeout_s);
-  c.stall_warning_s = env::getDouble("TFRING_STALL_CHECK_TIME", c.stall_warning_s);
-  c.heartbeat_timeout_s = env::getDouble("TFRING_HEARTBEAT_TIMEOUT", c.heartbeat_timeout_s);
-  c.chunk_bytes = env::parseBytes(env::getString("TFRING_CHUNK_SIZE", ""), c.chunk_bytes);
-  if (c.chunk_bytes < 8) c.chunk_bytes = 8;
-  c.shm_buffer_bytes = env::parseBytes(env::getString("TFRING_SHM_BUFFER", ""), c.shm_buffer_bytes);
-  if (c.shm_buffer_bytes < 4096) c.shm_buffer_bytes = 4096;
-  c.transport = env::getString("TFRING_TRANSPORT", c.transport);
-  c.spin = env::getString("TFRING_SPIN", c.spin);
-  c.timeline = env::getString("TFRING_TIMELINE", "");
-  c.iface_addr = env::getString("TFRING_IFACE_ADDR", "");
-  c.log_level = static_cast<int>(env::getInt("TFRING_LOG_LEVEL", c.log_level));
-  c.cache_enabled = env::getInt("TFRING_CACHE", 1) != 0;
-  c.allreduce_algo = env::getString("TFRING_ALLREDUCE_ALGO", c.allreduce_algo);
-  c.vote_data_bytes = env::parseBytes(env::getString("TFRING_VOTE_DATA", ""), c.vote_data_bytes);
-  if (c.vote_data_bytes < 0) c.vote_data_bytes = 0;
-  if (c.vote_data_bytes > (1 << 20)) c.vote_data_bytes = 1 << 20;
-  c.allgather_algo = env::getString("TFRING_ALLGATHER_ALGO", c.allgather_algo);
-  c.broadcast_algo = env::getString("TFRING_BROADCAST_ALGO", c.broadcast_algo);
-  c.small_threshold = env::parseBytes(env::getString("TFRING_SMALL_THRESHOLD", ""), c.small_threshold);
-  if (c.small_threshold < 0) c.small_threshold = 0;
-  if (c.small_threshold > (256ll << 20)) c.small_threshold = 256ll << 20;
-  c.vote_algo = env::getString("TFRING_VOTE_ALGO", c.vote_algo);
+  c.fusion_threshold = t::getInt("TFRING_FUSION_THRESHOLD");
+  c.cycle_time_ms = t::getDouble("TFRING_CYCLE_TIME");
+  c.timeout_s = t::getDouble("TFRING_TIMEOUT");
+  c.stall_warning_s = t::getDouble("TFRING_STALL_CHECK_TIME");
+  c.heartbeat_timeout_s = t::getDouble("TFRING_HEARTBEAT_TIMEOUT");
+  c.chunk_bytes = t::getInt("TFRING_CHUNK_SIZE");
+  c.shm_buffer_bytes = t::getInt("TFRING_SHM_BUFFER");
+  c.transport = t::getString("TFRING_TRANSPORT");
+  c.spin = t::getString("TFRING_SPIN");
+  c.timeline = t::getString("TFRING_TIMELINE");
+  c.iface_addr = t::getString("TFRING_IFACE_ADDR");
+  c.log_level = static_cast<int>(t::getInt("TFRING_LOG_LEVEL"));
+  c.cache_enabled = t::getBool("TFRING_CACHE");
+  c.allreduce_algo = t::getString("TFRING_ALLREDUCE_ALGO");
+  c.vote_data_bytes = t::getInt("TFRING_VOTE_DATA");
+  c.allgather_algo = t::getString("TFRING_ALLGATHER_ALGO");
+  c.broadcast_algo = t::getString("TFRING_BROADCAST_ALGO");
+  c.small_threshold = t::getInt("TFRING_SMALL_THRESHOLD");
+  c.vote_algo = t::getString("TFRING_VOTE_ALGO");
   return c;
+}
+
+namespace {
+
+// Every value of a policy is one of its tunable's (a Config may be built
+// without fromEnv; rank 0's arrives through the store).
+void checkPolicy(const JobPolicy& p) {
+  namespace t = tunables;
+  t::checkValue("TFRING_ALLREDUCE_ALGO", p.allreduce_algo);
+  t::checkValue("TFRING_ALLGATHER_ALGO", p.allgather_algo);
+  t::checkValue("TFRING_BROADCAST_ALGO", p.broadcast_algo);
+  t::checkValue("TFRING_VOTE_ALGO", p.vote_algo);
+  t::checkValue("TFRING_SMALL_THRESHOLD", strCat(p.small_threshold));
+  t::checkValue("TFRING_FUSION_THRESHOLD", strCat(p.fusion_threshold));
+  t::checkValue("TFRING_TRANSPORT", p.transport);
+  if (!(p.cycle_time_ms >= 0)) fail(Code::kInvalidArgument, "TFRING_CYCLE_TIME=",
+                                    p.cycle_time_ms, " is out of range (at least 0)");
+}
+
+}  // namespace
+
+JobPolicy JobPolicy::of(const Config& c) {
+  JobPolicy p;
+  p.allreduce_algo = c.allreduce_algo;
+  p.allgather_algo = c.allgather_algo;
+  p.broadcast_algo = c.broadcast_algo;
+  p.vote_algo = c.vote_algo;
+  p.small_threshold = c.small_threshold;
+  p.fusion_threshold = c.fusion_threshold;
+  p.cycle_time_ms = c.cycle_time_ms;
+  p.transport = c.transport;
+  checkPolicy(p);
+  return p;
+}
+
+std::string JobPolicy::encode() const {
+  return strCat(allreduce_algo, "|", small_threshold, "|", transport, "|", fusion_threshold, "|",
+                cycle_time_ms, "|", allgather_algo, "|", broadcast_algo, "|", vote_algo);
+}
+
+JobPolicy JobPolicy::decode(const std::string& text) {
+  std::vector<std::string> f;
+  size_t b = 0;
+  for (;;) {
+    size_t e = text.find('|', b);
+    f.push_back(text.substr(b, e == std::string::npos ? std::string::npos : e - b));
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  if (f.size() != 8) fail(Code::kInternal, "malformed job policy from rank 0: ", text);
+  JobPolicy p;
+  try {
+    p.allreduce_algo = f[0];
+    p.small_threshold = std::stoll(f[1]);
+    p.transport = f[2];
+    p.fusion_threshold = std::stoll(f[3]);
+    p.cycle_time_ms = std::stod(f[4]);
+    p.allgather_algo = f[5];
+    p.broadcast_algo = f[6];
+    p.vote_algo = f[7];
+  } catch (const std::logic_error&) {
+    fail(Code::kInternal, "malformed job policy from rank 0: ", text);
+  }
+  try {
+    checkPolicy(p);
+  } catch (const Error& e) {
+    fail(Code::kInvalidArgument, e.status().message(), " (rank 0's value)");
+  }
+  return p;
 }
 
 }  // namespace tfring

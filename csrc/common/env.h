@@ -1,25 +1,15 @@
-// Tunables: every environment variable the core reads is declared here, once,
-// with its default; README.md documents the same table.
+// Config: the core's tunables (common/tunables.h declares each variable, its
+// default and range) resolved into one struct.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 namespace tfring {
-namespace env {
-
-int64_t getInt(const char* name, int64_t dflt);
-double getDouble(const char* name, double dflt);
-std::string getString(const char* name, const std::string& dflt);
-bool isSet(const char* name);
-
-// Parses "64M", "4KiB", "1048576" into bytes. Returns dflt on garbage.
-int64_t parseBytes(const std::string& s, int64_t dflt);
-
-}  // namespace env
 
 // The resolved configuration of one process; read once at init so a run
-// cannot change behaviour half-way through.
+// cannot change behaviour half-way through. The defaults below are the
+// table's (tunables.cc), restated for a Config built without fromEnv.
 struct Config {
   int64_t fusion_threshold = 64ll << 20;  // TFRING_FUSION_THRESHOLD
   double cycle_time_ms = 2.0;             // TFRING_CYCLE_TIME
@@ -56,7 +46,31 @@ struct Config {
   // ring's own local size. Not read from the environment.
   int host_procs = 0;
 
+  // Reads every field through the tunables table (overrides given to init,
+  // then the environment); a bad value throws InvalidArgument naming it.
   static Config fromEnv();
+};
+
+// Job-wide policy: the settings every rank must share because they decide
+// which algorithm runs and how tensors are fused, so rank 0's values hold
+// for the whole job. Agreed through the store when the ring connects
+// (transport/ring_links.cc: the links it opens depend on them), then read
+// by the collectives' algorithm choice and the engine's fusion.
+struct JobPolicy {
+  std::string allreduce_algo = "auto";  // TFRING_ALLREDUCE_ALGO
+  std::string allgather_algo = "auto";  // TFRING_ALLGATHER_ALGO
+  std::string broadcast_algo = "auto";  // TFRING_BROADCAST_ALGO
+  std::string vote_algo = "auto";       // TFRING_VOTE_ALGO
+  int64_t small_threshold = 32ll << 10; // TFRING_SMALL_THRESHOLD
+  int64_t fusion_threshold = 64ll << 20;  // TFRING_FUSION_THRESHOLD
+  double cycle_time_ms = 2.0;           // TFRING_CYCLE_TIME
+  std::string transport = "auto";       // TFRING_TRANSPORT: tcp keeps hosts off shared memory
+
+  // This rank's values; throws naming the variable when one is not valid.
+  static JobPolicy of(const Config& c);
+  // The form rank 0 publishes, and its inverse (which checks every value).
+  std::string encode() const;
+  static JobPolicy decode(const std::string& text);
 };
 
 }  // namespace tfring

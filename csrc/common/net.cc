@@ -21,7 +21,7 @@
 #include <fstream>
 #include <thread>
 
-#include "common/env.h"
+#include "common/tunables.h"
 #include "common/status.h"
 
 namespace tfring {
@@ -150,7 +150,7 @@ int connectTo(const std::string& host, int port, const Deadline& deadline) {
   // until the deadline. No answer at all (SYN unanswered, host unreachable)
   // for 80% of TFRING_HEARTBEAT_TIMEOUT (the budget of setLiveness) means the
   // host is down or cut off: fail then rather than at the deadline.
-  const double heartbeat = env::getDouble("TFRING_HEARTBEAT_TIMEOUT", 10.0);
+  const double heartbeat = tunables::getDouble("TFRING_HEARTBEAT_TIMEOUT");
   const double silent_limit = heartbeat > 0 ? std::max(2.0, 0.8 * heartbeat) : 0;
   double silent_since = -1;  // when the current run of unanswered attempts began
   double backoff = 0.01;
@@ -316,7 +316,7 @@ void setLiveness(int fd, double timeout_s) {
 }
 
 void setDefaultLiveness(int fd) {
-  const double timeout_s = env::getDouble("TFRING_HEARTBEAT_TIMEOUT", 10.0);
+  const double timeout_s = tunables::getDouble("TFRING_HEARTBEAT_TIMEOUT");
   if (timeout_s > 0) setLiveness(fd, timeout_s);
 }
 
@@ -350,9 +350,9 @@ void raiseFdLimit(long wanted) {
 }
 
 std::string ifaceAddress() {
-  std::string forced = env::getString("TFRING_IFACE_ADDR", "");
+  std::string forced = tunables::getString("TFRING_IFACE_ADDR");
   if (!forced.empty()) return forced;
-  std::string name = env::getString("TFRING_IFACE", "");
+  std::string name = tunables::getString("TFRING_IFACE");
   if (name.empty()) return "";
   struct ifaddrs* ifs = nullptr;
   std::string found;
@@ -372,11 +372,19 @@ std::string ifaceAddress() {
 }
 
 bool singleHostJob() {
-  for (auto vars : {std::make_pair("TFRING_LOCAL_SIZE", "TFRING_SIZE"),
-                    std::make_pair("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE")}) {
-    int64_t local = env::getInt(vars.first, -1), world = env::getInt(vars.second, -1);
-    if (local > 0 && world > 0) return local == world;
-  }
+  // tfring-run's variables, then Open MPI's (not ours: read as they are).
+  const int64_t local = tunables::getInt("TFRING_LOCAL_SIZE");
+  const int64_t world = tunables::getInt("TFRING_SIZE");
+  if (local > 0 && world > 0) return local == world;
+  auto ompi = [](const char* name) {
+    const std::string v = tunables::foreignEnv(name);
+    char* end = nullptr;
+    long long r = std::strtoll(v.c_str(), &end, 10);
+    return v.empty() || *end != '\0' ? -1ll : r;
+  };
+  const long long ompi_local = ompi("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const long long ompi_world = ompi("OMPI_COMM_WORLD_SIZE");
+  if (ompi_local > 0 && ompi_world > 0) return ompi_local == ompi_world;
   return false;
 }
 
@@ -426,7 +434,7 @@ std::string localAddress(const std::string& towards) {
 }
 
 std::string hostIdentity() {
-  std::string forced = env::getString("TFRING_HOSTNAME", "");
+  std::string forced = tunables::getString("TFRING_HOSTNAME");
   if (!forced.empty()) return forced;
   char host[256] = {0};
   if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown-host");

@@ -1,5 +1,5 @@
-// GPU tunables: every environment variable the GPU side reads, declared
-// once with its default (README documents the same table).
+// GPU tunables resolved into one struct (common/tunables.h declares each
+// variable, its default and range; the defaults below are the table's).
 #pragma once
 
 #include <cstdint>

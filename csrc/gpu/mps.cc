@@ -6,13 +6,14 @@
 #include <map>
 
 #include "common/status.h"
+#include "common/tunables.h"
 
 namespace tfring {
 namespace gpu {
 
 std::string mpsPipeDirectory() {
-  const char* dir = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
-  return dir && *dir ? std::string(dir) : std::string("/tmp/nvidia-mps");
+  const std::string dir = tunables::foreignEnv("CUDA_MPS_PIPE_DIRECTORY");
+  return dir.empty() ? std::string("/tmp/nvidia-mps") : dir;
 }
 
 bool mpsControlPresent(const std::string& pipe_dir) {

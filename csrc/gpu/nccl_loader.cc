@@ -5,7 +5,7 @@
 
 #include <mutex>
 
-#include "common/env.h"
+#include "common/tunables.h"
 #include "common/logging.h"
 #include "common/status.h"
 
@@ -48,7 +48,7 @@ std::vector<std::string> candidatesLocked() {
       if (q == p) return;
     out.push_back(p);
   };
-  std::string env = env::getString("TFRING_NCCL_LIB", "");
+  std::string env = tunables::getString("TFRING_NCCL_LIB");
   if (!env.empty()) add(isDir(env) ? env + "/libnccl.so.2" : env);
   std::vector<std::string> dirs = g_python_dirs;
   std::string core = coreLibraryDir();
@@ -139,7 +139,7 @@ const Library& load() {
   if (g_lib.api) return g_lib;
   g_lib = Library();
   std::vector<std::string> cands = candidatesLocked();
-  const bool forced = env::isSet("TFRING_NCCL_LIB");
+  const bool forced = tunables::isSet("TFRING_NCCL_LIB");
   cands.push_back("libnccl.so.2");
   std::string errors;
   for (size_t i = 0; i < cands.size(); ++i) {

@@ -9,7 +9,7 @@
 
 #include "collectives/ring.h"
 #include "common/abort.h"
-#include "common/env.h"
+#include "common/tunables.h"
 #include "common/status.h"
 #include "kernels/cpu/reduce.h"
 #include "transport/shm/shm_channel.h"
@@ -338,7 +338,10 @@ std::vector<std::vector<char>> emulatePullRing(const std::string& kind,
           run.self = &counters[r];
           run.left = &counters[lr];
           run.right = &counters[rr];
-          run.timeout_s = env::getDouble("TFRING_TIMEOUT", 60);
+          // The emulation's own bound unless TFRING_TIMEOUT is set.
+          run.timeout_s = tunables::isSet("TFRING_TIMEOUT")
+                              ? tunables::getDouble("TFRING_TIMEOUT")
+                              : 60;
           run.what = "emulated collective";
           HostDevice dev(b.data(), bufs[lr].data(), dtype, op);
           runPull(run, dev, st);

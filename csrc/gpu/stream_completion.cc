@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "common/tunables.h"
 #include "gpu/device.h"
 
 namespace tfring {
@@ -34,13 +35,14 @@ void recordError(const Status& s) {
 
 bool streamCompletion(int device) {
   static const bool wanted = [] {
-    const char* v = std::getenv("TFRING_GPU_COMPLETION");
-    std::string s = v ? v : "host";
-    if (s == "stream") return true;
-    if (s != "host" && !s.empty())
-      TFRING_LOG(kWarning, "TFRING_GPU_COMPLETION='", s,
-                 "' is not one of host|stream; using host");
-    return false;
+    // Read once, maybe before init (which rejects a bad value): here a bad
+    // value is a warning.
+    try {
+      return tunables::getString("TFRING_GPU_COMPLETION") == "stream";
+    } catch (const Error& e) {
+      TFRING_LOG(kWarning, e.status().message(), "; using host");
+      return false;
+    }
   }();
   if (!wanted) return false;
   static std::once_flag once;

@@ -70,18 +70,18 @@ class DirectAllreduce {
     links_ = transport::RingLinks::connect(store_.get(), rank, size, secret, cfg_);
     waiter_.reset(new transport::Waiter(links_->bell(), links_->right(), links_->left()));
     comm_ = collectives::makeRingComm(*links_, waiter_.get(), cfg_);
-    default_algo_ = comm_.host->algo;
-    default_allgather_ = comm_.host->allgather_algo;
-    default_broadcast_ = comm_.host->broadcast_algo;
+    default_algo_ = comm_.host->policy.allreduce_algo;
+    default_allgather_ = comm_.host->policy.allgather_algo;
+    default_broadcast_ = comm_.host->policy.broadcast_algo;
     // Waits spin only where every local rank has a core, as in the engine.
     transport::setSpinning(links_->topology().local_size <= transport::usableCores());
   }
 
   void run(float* data, size_t count, const std::string& algo) {
     live();
-    comm_.host->algo = algo == "auto" ? default_algo_ : algo;
+    comm_.host->policy.allreduce_algo = algo == "auto" ? default_algo_ : algo;
     collectives::allreduce(comm_, data, data, count, DataType::kFloat32, ReduceOp::kSum, 1.0);
-    comm_.host->algo = default_algo_;
+    comm_.host->policy.allreduce_algo = default_algo_;
   }
 
   // The allgather of this rank's `mine` bytes; every rank's size travels
@@ -101,9 +101,9 @@ class DirectAllreduce {
     }
     std::vector<char> out(total);
     if (n) std::memcpy(out.data() + off, mine, n);
-    comm_.host->allgather_algo = algo == "auto" ? default_allgather_ : algo;
+    comm_.host->policy.allgather_algo = algo == "auto" ? default_allgather_ : algo;
     collectives::allgather(comm_, out.data(), rank_bytes);
-    comm_.host->allgather_algo = default_allgather_;
+    comm_.host->policy.allgather_algo = default_allgather_;
     return out;
   }
 
@@ -111,16 +111,16 @@ class DirectAllreduce {
     live();
     if (root < 0 || root >= comm_.size)
       fail(Code::kInvalidArgument, "broadcast root ", root, " is not a rank of ", comm_.size);
-    comm_.host->broadcast_algo = algo == "auto" ? default_broadcast_ : algo;
+    comm_.host->policy.broadcast_algo = algo == "auto" ? default_broadcast_ : algo;
     collectives::broadcast(comm_, data, n, root);
-    comm_.host->broadcast_algo = default_broadcast_;
+    comm_.host->policy.broadcast_algo = default_broadcast_;
   }
 
   std::string algorithm(size_t nbytes, const std::string& algo) {
     live();
-    comm_.host->algo = algo == "auto" ? default_algo_ : algo;
+    comm_.host->policy.allreduce_algo = algo == "auto" ? default_algo_ : algo;
     auto a = collectives::chooseAllreduce(comm_, nbytes);
-    comm_.host->algo = default_algo_;
+    comm_.host->policy.allreduce_algo = default_algo_;
     return collectives::allreduceAlgoName(a);
   }
 
@@ -133,9 +133,9 @@ class DirectAllreduce {
         run(buf.data(), buf.size(), algo);
       } else if (what == "allgather") {
         live();
-        comm_.host->allgather_algo = algo == "auto" ? default_allgather_ : algo;
+        comm_.host->policy.allgather_algo = algo == "auto" ? default_allgather_ : algo;
         collectives::allgather(comm_, out.data(), rank_bytes);
-        comm_.host->allgather_algo = default_allgather_;
+        comm_.host->policy.allgather_algo = default_allgather_;
       } else if (what == "broadcast") {
         broadcast(reinterpret_cast<char*>(buf.data()), nbytes, 0, algo);
       } else {
@@ -166,9 +166,9 @@ class DirectAllreduce {
   // allreduce by recursive doubling where the links exist.
   void barrier() {
     float x = 0;
-    comm_.host->algo = comm_.host->want_peers ? "recdbl" : default_algo_;
+    comm_.host->policy.allreduce_algo = comm_.host->want_peers ? "recdbl" : default_algo_;
     collectives::allreduce(comm_, &x, &x, 1, DataType::kFloat32, ReduceOp::kSum, 1.0);
-    comm_.host->algo = default_algo_;
+    comm_.host->policy.allreduce_algo = default_algo_;
   }
 
   void close() { links_.reset(); }

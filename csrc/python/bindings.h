@@ -3,6 +3,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <map>
 #include <string>
 
 namespace tfring {
@@ -15,6 +16,11 @@ void bindGpu(pybind11::module_& m);      // gpu_binding.cc
 void bindAlgorithms(pybind11::module_& m);  // algorithms_binding.cc
 void bindSecurity(pybind11::module_& m); // security_binding.cc
 void bindAlltoallJoin(pybind11::module_& m);  // alltoall_binding.cc
+void bindTunables(pybind11::module_& m);  // tunables_binding.cc
+
+// init's `config` argument: a mapping of TFRING_* names to values, or None
+// (tunables_binding.cc).
+std::map<std::string, std::string> configArg(const pybind11::object& config);
 
 // A collective's cross-rank name: the caller's, else "<kind>.noname.<n>"
 // for the n-th unnamed call of the process (runtime_binding.cc).

@@ -11,4 +11,5 @@ PYBIND11_MODULE(_core, m) {
   tfring::python::bindAlgorithms(m);
   tfring::python::bindSecurity(m);
   tfring::python::bindAlltoallJoin(m);
+  tfring::python::bindTunables(m);
 }

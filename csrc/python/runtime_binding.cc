@@ -18,6 +18,7 @@
 #include "python/completion.h"
 #include "python/errors.h"
 #include "python/gpu_binding.h"
+#include "common/tunables.h"
 #include "rendezvous/store.h"
 #include "runtime/runtime.h"
 
@@ -274,7 +275,15 @@ void bindRuntime(py::module_& m) {
       .def("poll", &Handle::poll, "True once the collective has finished.");
 
   m.def("init",
-        [](int rank, int size, std::shared_ptr<rendezvous::Store> store, const std::string& secret) {
+        [](int rank, int size, std::shared_ptr<rendezvous::Store> store, const std::string& secret,
+           const py::object& config) {
+          // The configuration of this init: it takes precedence over the
+          // environment until the next init, and every variable is checked
+          // now (common/tunables.h).
+          if (!runtime::isInitialized()) {
+            tunables::setOverrides(configArg(config));
+            tunables::validateAll();
+          }
           runtime::InitOptions o;
           o.rank = rank;
           o.size = size;
@@ -288,7 +297,9 @@ void bindRuntime(py::module_& m) {
           if (!s.ok()) throwStatus(s);
         },
         py::arg("rank") = 0, py::arg("size") = 1, py::arg("store") = nullptr,
-        py::arg("secret") = "");
+        py::arg("secret") = "", py::arg("config") = py::none(),
+        "Joins the job. `config`: a mapping of TFRING_* tunables to values that takes "
+        "precedence over the environment (tfring._core.tunables() lists them).");
   m.def("shutdown", &runtime::shutdown, py::call_guard<py::gil_scoped_release>());
   m.def("is_initialized", &runtime::isInitialized);
   m.def("rank", &runtime::rank);

@@ -11,6 +11,7 @@
 
 #include "common/hmac.h"
 #include "common/net.h"
+#include "common/tunables.h"
 #include "common/wire.h"
 #include "python/bindings.h"
 #include "python/errors.h"
@@ -75,9 +76,13 @@ void bindSecurity(py::module_& m) {
   }, py::arg("kind"), py::arg("data"),
         "Runs the parser `kind` (hello, meta, response, store, frame) over `data`; "
         "returns None or raises a tfring error.");
-  m.def("_listen_address", [] { return net::localAddress(); },
+  m.def("_listen_address", [](const py::object& config) {
+          tunables::ScopedOverrides scope(configArg(config));
+          return net::localAddress();
+        }, py::arg("config") = py::none(),
         "The address this process's listening sockets bind to and publish "
-        "(TFRING_IFACE_ADDR, TFRING_IFACE, loopback on single-host jobs, ...).");
+        "(TFRING_IFACE_ADDR, TFRING_IFACE, loopback on single-host jobs, ...); `config` "
+        "as for init.");
 }
 
 }  // namespace python

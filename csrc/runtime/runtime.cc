@@ -176,8 +176,8 @@ std::unique_ptr<Comm> connectComm(rendezvous::Store* store, int rank, int size,
     fail(Code::kTimeout, accept_error);
   }
   // Rank 0's fusion settings hold for every rank (see HostLinks).
-  c->cfg.fusion_threshold = links->host()->fusion_threshold;
-  c->cfg.cycle_time_ms = links->host()->cycle_time_ms;
+  c->cfg.fusion_threshold = links->host()->policy.fusion_threshold;
+  c->cfg.cycle_time_ms = links->host()->policy.cycle_time_ms;
   const auto& T = links->topology();
 
   std::unique_ptr<Coordinator> coord;

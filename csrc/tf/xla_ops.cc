@@ -53,6 +53,7 @@
 #include "xla/shape.h"
 #include "xla/shape_util.h"
 
+#include "common/tunables.h"
 #include "common/types.h"
 #include "runtime/runtime.h"
 
@@ -90,10 +91,20 @@ std::string mlirDouble(double v) {
 std::string mlirInt(int64_t v) { return std::to_string(v) + " : i32"; }
 
 // TFRING_XLA_ORDER: "auto" (default: chain where the calls block, every
-// XLA device but the CPU), "chain" (everywhere), "free" (nowhere).
-bool chainCalls(const std::string& xla_device) {
-  const char* env = std::getenv("TFRING_XLA_ORDER");
-  const std::string mode = env && *env ? env : "auto";
+// XLA device but the CPU), "chain" (everywhere), "free" (nowhere). Read
+// once per process (ops are built before init, so a bad value fails the
+// op's construction, naming the variable).
+bool chainCalls(const std::string& xla_device, std::string* error) {
+  static std::string bad;
+  static const std::string mode = [] {
+    try {
+      return ::tfring::tunables::getString("TFRING_XLA_ORDER");
+    } catch (const ::tfring::Error& e) {
+      bad = e.status().message();
+      return std::string("auto");
+    }
+  }();
+  *error = bad;
   if (mode == "chain") return true;
   if (mode == "free") return false;
   return xla_device != "XLA_CPU_JIT";
@@ -169,7 +180,9 @@ class RingXlaOp : public tfw::XlaOpKernel {
       postscale_ = post;
     }
     if (type == CollectiveType::kBroadcast) OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_));
-    chained_ = chainCalls(c->device_type().type_string());
+    std::string bad_order;
+    chained_ = chainCalls(c->device_type().type_string(), &bad_order);
+    OP_REQUIRES(c, bad_order.empty(), absl::InvalidArgumentError("tfring: " + bad_order));
   }
 
   void Compile(tfw::XlaOpKernelContext* ctx) override {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/env.h"
 #include "transport/channel.h"
 #include "transport/peer_links.h"
 #include "transport/shm/host_segment.h"
@@ -29,16 +30,10 @@ constexpr int kVoteRecdblMinRanks = 16;
 constexpr uint64_t kHostVoteSlotBytes = 64 << 10;
 
 struct HostLinks {
-  // Job-wide settings, rank 0's values (agreed through the store at init).
-  std::string algo = "auto";          // TFRING_ALLREDUCE_ALGO
-  std::string allgather_algo = "auto";  // TFRING_ALLGATHER_ALGO: auto|ring|recdbl
-  std::string broadcast_algo = "auto";  // TFRING_BROADCAST_ALGO
-  int64_t small_threshold = 0;        // TFRING_SMALL_THRESHOLD, bytes
-  // Every rank must fuse the same tensors into the same groups, and hold
-  // them for fusion alike (runtime/engine_round.cc).
-  int64_t fusion_threshold = 0;       // TFRING_FUSION_THRESHOLD, bytes
-  double cycle_time_ms = 0;           // TFRING_CYCLE_TIME
-  std::string vote_algo = "auto";     // TFRING_VOTE_ALGO
+  // The job's policy (common/env.h), rank 0's values, agreed through the
+  // store when the ring connected: which links are opened below depends
+  // on it, and the collectives choose their algorithms by it.
+  JobPolicy policy;
   // The agreement round votes by recursive doubling over `peers`
   // (runtime/vote.h) rather than round the ring; the same on every rank.
   bool vote_recdbl = false;

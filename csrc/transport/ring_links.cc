@@ -19,20 +19,11 @@ namespace transport {
 
 namespace {
 
-bool knownVoteAlgo(const std::string& a) {
-  return a == "auto" || a == "ring" || a == "recdbl" || a == "host";
-}
-
-bool knownAlgo(const std::string& a) {
-  return a == "auto" || a == "ring" || a == "oneshot" || a == "hier" || a == "recdbl" ||
-         a == "rabenseifner";
-}
-
 // Bytes of each slot of the host segment: the small threshold, and when the
 // job spans hosts at least one pipeline chunk, so the hierarchical allreduce
 // moves large buffers in few steps.
 uint64_t hostSlotBytes(const HostLinks& H, const Config& cfg) {
-  uint64_t b = static_cast<uint64_t>(std::max<int64_t>(H.small_threshold, 4096));
+  uint64_t b = static_cast<uint64_t>(std::max<int64_t>(H.policy.small_threshold, 4096));
   if (H.num_hosts > 1) b = std::max<uint64_t>(b, static_cast<uint64_t>(cfg.chunk_bytes));
   return b;
 }
@@ -67,17 +58,6 @@ std::vector<std::string> splitBar(const std::string& s) {
   return out;
 }
 
-// TFRING_ALLGATHER_ALGO and TFRING_BROADCAST_ALGO (collectives/allgather.h,
-// broadcast.h): throws naming the variable when either is unknown.
-void checkGatherAlgos(const std::string& ag, const std::string& bc, const char* whose) {
-  if (ag != "auto" && ag != "ring" && ag != "recdbl")
-    fail(Code::kInvalidArgument, "TFRING_ALLGATHER_ALGO=", ag, whose,
-         " is not one of auto, ring, recdbl");
-  if (bc != "auto" && bc != "ring" && bc != "tree" && bc != "scatter_allgather")
-    fail(Code::kInvalidArgument, "TFRING_BROADCAST_ALGO=", bc, whose,
-         " is not one of auto, ring, tree, scatter_allgather");
-}
-
 }  // namespace
 
 void storeBarrier(rendezvous::Store& store, const std::string& name, int rank,
@@ -97,23 +77,11 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   T.size = size;
   L->host_.reset(new HostLinks());
   HostLinks& H = *L->host_;
-  H.algo = cfg.allreduce_algo;
-  H.allgather_algo = cfg.allgather_algo;
-  H.broadcast_algo = cfg.broadcast_algo;
-  H.small_threshold = cfg.small_threshold;
-  H.fusion_threshold = cfg.fusion_threshold;
-  H.cycle_time_ms = cfg.cycle_time_ms;
-  H.vote_algo = cfg.vote_algo;
+  const JobPolicy own = JobPolicy::of(cfg);  // throws naming a bad value
+  H.policy = own;
   H.local_ranks = {rank};
   H.cross_ranks = {rank};
   if (size == 1) {  // a job of one: no store, no links
-    if (!knownAlgo(H.algo))
-      fail(Code::kInvalidArgument, "TFRING_ALLREDUCE_ALGO=", H.algo,
-           " is not one of auto, ring, oneshot, hier, recdbl, rabenseifner");
-    checkGatherAlgos(H.allgather_algo, H.broadcast_algo, "");
-    if (!knownVoteAlgo(H.vote_algo))
-      fail(Code::kInvalidArgument, "TFRING_VOTE_ALGO=", H.vote_algo,
-           " is not one of auto, ring, recdbl, host");
     T.ring = {0};
     T.peers = {PeerInfo{net::hostIdentity(), static_cast<int>(::getpid()), "127.0.0.1", 0}};
     return L;
@@ -158,48 +126,35 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     job = buf;
     // Rank 0's algorithm settings hold for every rank, so a mismatch in the
     // environment cannot make ranks run different algorithms.
-    store.setString("job/allreduce", strCat(cfg.allreduce_algo, "|", cfg.small_threshold, "|",
-                                            cfg.transport, "|", cfg.fusion_threshold, "|",
-                                            cfg.cycle_time_ms, "|", cfg.allgather_algo, "|",
-                                            cfg.broadcast_algo, "|", cfg.vote_algo));
+    store.setString("job/allreduce", own.encode());
     store.setString("job/id", job);
   } else {
     job = store.getString("job/id", timeout);
   }
   bool host_shm = true;  // TFRING_TRANSPORT=tcp (rank 0's) keeps off shared memory
   {
-    auto f = splitBar(store.getString("job/allreduce", timeout));
-    if (f.size() != 8) fail(Code::kInternal, "malformed allreduce settings from rank 0");
-    H.algo = f[0];
-    H.small_threshold = std::stoll(f[1]);
-    host_shm = f[2] != "tcp";
-    H.fusion_threshold = std::stoll(f[3]);
-    H.cycle_time_ms = std::stod(f[4]);
-    H.allgather_algo = f[5];
-    H.broadcast_algo = f[6];
-    checkGatherAlgos(H.allgather_algo, H.broadcast_algo, " (rank 0's value)");
-    if (H.allgather_algo != cfg.allgather_algo || H.broadcast_algo != cfg.broadcast_algo)
+    const JobPolicy job = JobPolicy::decode(store.getString("job/allreduce", timeout));
+    H.policy = job;
+    host_shm = job.transport != "tcp";
+    if (job.allgather_algo != own.allgather_algo || job.broadcast_algo != own.broadcast_algo)
       TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_ALLGATHER_ALGO=",
-                 H.allgather_algo, " and TFRING_BROADCAST_ALGO=", H.broadcast_algo,
-                 " instead of this rank's ", cfg.allgather_algo, " and ", cfg.broadcast_algo);
-    H.vote_algo = f[7];
-    if (!knownVoteAlgo(H.vote_algo))
-      fail(Code::kInvalidArgument, "TFRING_VOTE_ALGO=", H.vote_algo,
-           " (rank 0's value) is not one of auto, ring, recdbl, host");
-    if (H.vote_algo != cfg.vote_algo)
-      TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_VOTE_ALGO=", H.vote_algo,
-                 " instead of this rank's ", cfg.vote_algo);
-    if (H.fusion_threshold != cfg.fusion_threshold || H.cycle_time_ms != cfg.cycle_time_ms)
+                 job.allgather_algo, " and TFRING_BROADCAST_ALGO=", job.broadcast_algo,
+                 " instead of this rank's ", own.allgather_algo, " and ", own.broadcast_algo);
+    if (job.vote_algo != own.vote_algo)
+      TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_VOTE_ALGO=", job.vote_algo,
+                 " instead of this rank's ", own.vote_algo);
+    if (job.fusion_threshold != own.fusion_threshold ||
+        job.cycle_time_ms != own.cycle_time_ms)
       TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_FUSION_THRESHOLD=",
-                 H.fusion_threshold, " and TFRING_CYCLE_TIME=", H.cycle_time_ms,
-                 " instead of this rank's ", cfg.fusion_threshold, " and ", cfg.cycle_time_ms);
-    if (!knownAlgo(H.algo))
-      fail(Code::kInvalidArgument, "TFRING_ALLREDUCE_ALGO=", H.algo,
-           " (rank 0's value) is not one of auto, ring, oneshot, hier, recdbl, rabenseifner");
-    if (H.algo != cfg.allreduce_algo || H.small_threshold != cfg.small_threshold)
-      TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_ALLREDUCE_ALGO=", H.algo,
-                 " and TFRING_SMALL_THRESHOLD=", H.small_threshold, " instead of this rank's ",
-                 cfg.allreduce_algo, " and ", cfg.small_threshold);
+                 job.fusion_threshold, " and TFRING_CYCLE_TIME=", job.cycle_time_ms,
+                 " instead of this rank's ", own.fusion_threshold, " and ",
+                 own.cycle_time_ms);
+    if (job.allreduce_algo != own.allreduce_algo ||
+        job.small_threshold != own.small_threshold)
+      TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_ALLREDUCE_ALGO=",
+                 job.allreduce_algo, " and TFRING_SMALL_THRESHOLD=", job.small_threshold,
+                 " instead of this rank's ", own.allreduce_algo, " and ",
+                 own.small_threshold);
   }
   store.setString(strCat("peer/", rank),
                   strCat(net::hostIdentity(), "|", ::getpid(), "|", my_addr, "|", port, "|",
@@ -276,8 +231,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   // is recdbl. Only job-wide values decide (host_shm is rank 0's).
   const bool host_vote_ok = H.num_hosts > 1 && host_shm && most_local > 1;
   H.vote_host = host_vote_ok &&
-                (H.vote_algo == "host" ||
-                 (H.vote_algo == "auto" && size >= kVoteRecdblMinRanks));
+                (H.policy.vote_algo == "host" ||
+                 (H.policy.vote_algo == "auto" && size >= kVoteRecdblMinRanks));
   L->right_shm_ = !force_tcp && T.peers[T.right].host == T.peers[rank].host;
   L->left_shm_ = !force_tcp && T.peers[T.left].host == T.peers[rank].host;
 
@@ -484,14 +439,16 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   // The agreement round's vote uses the same links (runtime/vote.h).
   // auto: where the ring crosses TCP (several hosts, or TFRING_TRANSPORT=
   // tcp); a ring through shared memory on one host stays faster.
-  H.vote_recdbl = H.vote_host || H.vote_algo == "recdbl" || H.vote_algo == "host" ||
-                  (H.vote_algo == "auto" && size >= kVoteRecdblMinRanks &&
+  const JobPolicy& pol = H.policy;
+  H.vote_recdbl = H.vote_host || pol.vote_algo == "recdbl" || pol.vote_algo == "host" ||
+                  (pol.vote_algo == "auto" && size >= kVoteRecdblMinRanks &&
                    (H.num_hosts > 1 || !host_shm));
   const bool want_peers =
-      H.vote_recdbl || H.algo == "recdbl" || H.algo == "rabenseifner" ||
-      H.allgather_algo == "recdbl" || H.broadcast_algo == "tree" ||
-      H.broadcast_algo == "scatter_allgather" ||
-      (H.algo == "auto" && size >= 8 && H.num_hosts > 1 && (H.num_hosts >= 4 || !cross_ok));
+      H.vote_recdbl || pol.allreduce_algo == "recdbl" || pol.allreduce_algo == "rabenseifner" ||
+      pol.allgather_algo == "recdbl" || pol.broadcast_algo == "tree" ||
+      pol.broadcast_algo == "scatter_allgather" ||
+      (pol.allreduce_algo == "auto" && size >= 8 && H.num_hosts > 1 &&
+       (H.num_hosts >= 4 || !cross_ok));
   if (want_peers) {
     std::vector<std::string> addrs;
     std::vector<int> ports;

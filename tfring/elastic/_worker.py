@@ -35,12 +35,9 @@ import json
 import os
 import time
 
-from tfring import _bootstrap, _core
+from tfring import _bootstrap, _core, _tunables
 
 PREFIX = "elastic/"
-# Default core timeout for elastic workers (unless TFRING_TIMEOUT is set): a
-# rendezvous or collective stuck on a peer that vanished fails within this.
-DEFAULT_TIMEOUT_S = "30"
 POISON = 1 << 40  # see _arrive
 
 
@@ -53,7 +50,7 @@ class _Worker:
         self.wid = int(os.environ["TFRING_ELASTIC_ID"])
         self.secret = os.environ.get("TFRING_SECRET", "")
         self.addr = os.environ["TFRING_STORE_ADDR"]
-        self.join_timeout = float(os.environ.get("TFRING_ELASTIC_JOIN_TIMEOUT", "600"))
+        self.join_timeout = _tunables.get("TFRING_ELASTIC_JOIN_TIMEOUT")
         self.control = _bootstrap._connect(self.addr, self.secret)
         self.epoch = -1  # the epoch joined last
         self.record = None
@@ -144,7 +141,8 @@ class _Worker:
         self.record = rec
         self.epoch = e
         try:
-            _core.init(rank, len(members), store, f"{self.secret}:{rec['token']}")
+            _core.init(rank, len(members), store, f"{self.secret}:{rec['token']}",
+                       config=_tunables.core_config())
         except Exception as err:
             self.report_failure(err)
             raise
@@ -183,11 +181,12 @@ def active():
 def worker():
     global _worker
     if _worker is None:
-        os.environ.setdefault("TFRING_TIMEOUT", DEFAULT_TIMEOUT_S)
         _worker = _Worker()
     return _worker
 
 
 def join():
     """tfring.init() in an elastic worker: joins the newest membership."""
+    for name, value in _tunables.ELASTIC_WORKER_DEFAULTS.items():
+        _tunables.set_default(name, value)
     worker().join()

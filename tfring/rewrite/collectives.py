@@ -6,7 +6,7 @@ average_scalars, and the fusion bucketing they share with the graph rewrite."""
 import numpy as np
 import tensorflow as tf
 
-from tfring import Average, _core, basics
+from tfring import Average, _core, _tunables, basics
 from tfring import ops as _ops
 from tfring._buckets import plan as _bucket_plan
 from tfring.compression import Compression
@@ -14,12 +14,13 @@ from tfring.compression import Compression
 
 def _fusion_bytes(fusion_threshold):
     """Bucket size for fused gradient ops: the argument, else the engine's
-    fusion threshold (TFRING_FUSION_THRESHOLD, default 64 MiB)."""
+    fusion threshold (TFRING_FUSION_THRESHOLD: rank 0's after init, this
+    process's before)."""
     if fusion_threshold is not None:
         return int(fusion_threshold)
     if _core.is_initialized():
         return int(_core.config()["fusion_threshold"])
-    return 64 << 20
+    return _tunables.get("TFRING_FUSION_THRESHOLD")
 
 
 def _nbytes(tensor):

@@ -11,7 +11,9 @@ import os
 import signal
 import subprocess
 
-DEFAULT_TIMEOUT_S = 10.0
+from tfring import _tunables
+
+DEFAULT_TIMEOUT_S = _tunables.default("TFRING_DISCOVERY_TIMEOUT")
 
 
 class DiscoveryError(RuntimeError):

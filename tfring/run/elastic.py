@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 
+from tfring import _tunables
 from tfring.elastic._worker import POISON
 from tfring.run import affinity, discovery
 from tfring.run.launcher import (
@@ -64,7 +65,7 @@ DISCOVERY_INTERVAL_S = 1.0
 DEFAULT_ELASTIC_TIMEOUT_S = 600
 # Members that have not reported a collective error this long after another
 # did are taken as unreachable (TFRING_ELASTIC_REPORT_GRACE overrides).
-REPORT_GRACE_S = 5.0
+REPORT_GRACE_S = _tunables.default("TFRING_ELASTIC_REPORT_GRACE")
 POLL_S = 0.02
 START_WAIT_S = 60.0
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <type_traits>
 
-#include "common/env.h"
+#include "common/tunables.h"
 #include "common/logging.h"
 #include "kernels/cpu/reduce_kernels.h"
 
@@ -218,13 +218,17 @@ const KernelTable* pickAtStartup() {
       best = i;
       break;
     }
-  std::string forced = env::getString("TFRING_CPU_ISA", "");
+  // The kernels may be picked before init (which rejects a bad value), so
+  // a bad value here is a warning.
+  std::string forced;
+  try {
+    forced = tunables::getString("TFRING_CPU_ISA");
+  } catch (const Error& e) {
+    TFRING_LOG(kWarning, e.status().message(), "; using ", kIsaNames[best]);
+  }
   if (!forced.empty()) {
     int want = isaIndex(forced.c_str());
-    if (want < 0) {
-      TFRING_LOG(kWarning, "TFRING_CPU_ISA=", forced,
-                 " is not one of scalar, avx2, avx512; using ", kIsaNames[best]);
-    } else if (want > best) {
+    if (want > best) {
       TFRING_LOG(kWarning, "TFRING_CPU_ISA=", forced, " is not supported by this ",
                  "CPU or build; using ", kIsaNames[best]);
     } else {
