@@ -8,9 +8,12 @@
     tfring.remove_process_set(odd)
 
 Each set is a communicator of its own in the core (csrc/runtime/
-process_sets.cc): its own ring over its members, in the order of their
-global ranks, its own negotiation, cache and fusion. Collectives on two
-disjoint sets run at the same time; a set never waits for ranks outside it.
+registry.h): its own ring over its members, in the order of their global
+ranks, its own negotiation, cache and fusion. The core holds the sets and
+gives out their ids; this module only keeps the ProcessSet object it handed
+out for each id, so the same object comes back from `process_set_by_id`.
+Collectives on two disjoint sets run at the same time; a set never waits
+for ranks outside it.
 
 Creating and removing a set are collective over every rank of the job,
 called in the same order with the same ranks (checked: a rank that differs
@@ -112,9 +115,8 @@ def _is_mpi_comm(obj):
 global_process_set = ProcessSet([])
 global_process_set.process_set_id = 0
 
-# id -> the ProcessSet objects registered under it (equal sets: one id).
-_by_id = {0: [global_process_set]}
-_next_id = 1
+# id -> the ProcessSet object handed out for a set the core holds.
+_objects = {0: global_process_set}
 
 
 def _label(ps_id, ranks):
@@ -125,17 +127,29 @@ def _label(ps_id, ranks):
 
 def _setup():
     """Called by tfring.init once the core is up: only the global set."""
-    global _next_id
     _reset()
     global_process_set.ranks = list(range(_core.size()))
-    _next_id = 1
 
 
 def _reset():
     """Called at shutdown: every set but the global one is gone."""
-    for ps_id in [i for i in _by_id if i != 0]:
-        for ps in _by_id.pop(ps_id):
-            ps.invalidate()
+    for ps_id in [i for i in _objects if i != 0]:
+        _objects.pop(ps_id).invalidate()
+
+
+def _live_ids():
+    """The sets the core holds, the global one first."""
+    return [0, *_core.process_set_ids()] if _core.is_initialized() else [0]
+
+
+def _object(ps_id):
+    """The ProcessSet for a set the core holds (made on first use)."""
+    ps = _objects.get(ps_id)
+    if ps is None:
+        ps = ProcessSet(_core.process_set_ranks(ps_id))
+        ps.process_set_id = ps_id
+        _objects[ps_id] = ps
+    return ps
 
 
 def _require_init(what):
@@ -173,7 +187,6 @@ def add_process_set(process_set):
     removes). Takes a ProcessSet or a list of ranks; returns the
     registered ProcessSet. Members connect the set's ring before this
     returns."""
-    global _next_id
     _require_init("add_process_set")
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
@@ -187,16 +200,15 @@ def add_process_set(process_set):
     if outside:
         raise ValueError(f"tfring: ProcessSet({ranks}): rank(s) {outside} are not in "
                          f"[0, {size}) (the job has {size} ranks)")
-    for ps_id, sets in _by_id.items():
-        if sets[0].ranks == ranks:
+    for ps_id in _live_ids():
+        if _ranks_of(ps_id) == ranks:
             raise ValueError(f"tfring: ProcessSet({ranks}) already exists as "
                              f"{_label(ps_id, ranks)}")
-    ps_id = _next_id
+    ps_id = _core.next_process_set_id()
     _agree(_ADD, ps_id, ranks)
-    _next_id += 1
     _core.add_process_set(ps_id, ranks)
     process_set.process_set_id = ps_id
-    _by_id[ps_id] = [process_set]
+    _objects[ps_id] = process_set
     return process_set
 
 
@@ -214,26 +226,35 @@ def remove_process_set(process_set):
                          "already removed)")
     if ps_id == 0:
         return False
-    if ps_id not in _by_id:
+    ranks = _ranks_of(ps_id)
+    if not ranks:
         raise ValueError(f"tfring: process set {ps_id} does not exist")
-    ranks = _by_id[ps_id][0].ranks
     _agree(_REMOVE, ps_id, ranks)
-    for ps in _by_id.pop(ps_id):
+    ps = _objects.pop(ps_id, None)
+    if ps is not None:
         ps.invalidate()
+    process_set.invalidate()
     _core.remove_process_set(ps_id)
     return True
 
 
+def _ranks_of(ps_id):
+    """The set's global ranks as the core holds them ([] if it holds none)."""
+    if ps_id == 0:
+        return list(range(_core.size())) if _core.is_initialized() else []
+    return list(_core.process_set_ranks(ps_id)) if _core.is_initialized() else []
+
+
 def process_set_by_id(process_set_id):
     """The registered ProcessSet with this id."""
-    if process_set_id not in _by_id:
+    if process_set_id not in _live_ids():
         raise ValueError(f"tfring: no process set with id {process_set_id}")
-    return _by_id[process_set_id][0]
+    return _object(process_set_id)
 
 
 def process_sets():
     """Every registered process set, by id (the global one first)."""
-    return [_by_id[i][0] for i in sorted(_by_id)]
+    return [_object(i) for i in _live_ids()]
 
 
 def _process_set_arg(process_set):
@@ -248,7 +269,7 @@ def _process_set_arg(process_set):
     ps_id = process_set.process_set_id
     if ps_id == 0:
         return 0
-    if ps_id is None or ps_id not in _by_id:
+    if ps_id is None or not _ranks_of(ps_id):
         raise ValueError(
             f"tfring: {process_set} is not registered: add it with "
             "tfring.add_process_set or tfring.init(process_sets=[...]); a removed set "
@@ -265,5 +286,5 @@ def _rank_size(ps_id):
     """This rank's index in the set and the set's size (the world's for 0)."""
     if ps_id == 0:
         return _core.rank(), _core.size()
-    ranks = _by_id[ps_id][0].ranks
+    ranks = _ranks_of(ps_id)
     return ranks.index(_core.rank()), len(ranks)

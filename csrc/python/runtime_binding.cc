@@ -394,8 +394,9 @@ void bindRuntime(py::module_& m) {
           strCat(sp.name, kCollSignature, " -> object").c_str());
   }
 
-  // Process sets (runtime.h): the Python layer (tfring/process_sets.py)
-  // assigns ids and checks that every rank passes the same ranks.
+  // Process sets (runtime.h): the core holds the sets and hands out their
+  // ids; the Python layer (tfring/process_sets.py) checks that every rank
+  // passes the same ranks before it adds or removes one.
   m.def("add_process_set",
         [](int id, const std::vector<int>& ranks) {
           Status s;
@@ -417,6 +418,8 @@ void bindRuntime(py::module_& m) {
         },
         py::arg("id"));
   m.def("process_set_ranks", &runtime::processSetRanks, py::arg("id"));
+  m.def("process_set_ids", &runtime::processSetIds);
+  m.def("next_process_set_id", &runtime::nextProcessSetId);
 }
 
 }  // namespace python

@@ -1,9 +1,17 @@
 // A communicator: one ring of ranks with its engine and, on its first rank,
-// its coordinator. The world is one (runtime.cc); every process set is
-// another (process_sets.cc). connectComm() is the collective that builds
-// one from a store: every member calls it with its rank in the ring.
+// its coordinator. The world is the first (id 0); every process set is
+// another over some of the world's ranks (runtime/registry.h holds them
+// all). connectComm() is the collective that builds one from a store:
+// every member calls it with its place in the ring.
+//
+// A communicator's protocol only knows its members' places in its ring
+// (0..n-1). Its edge translates: a broadcast root given as a global rank
+// becomes the member's place, and an error of a process set is prefixed
+// with the set and names the members' global ranks (rank labels given to
+// connectComm).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,24 +20,45 @@
 #include "rendezvous/store.h"
 #include "runtime/coordinator.h"
 #include "runtime/engine.h"
+#include "runtime/runtime.h"
 
 namespace tfring {
 namespace runtime {
 
 struct Comm {
-  Config cfg;  // with rank 0's fusion settings
+  int id = 0;              // 0: the world
+  std::vector<int> ranks;  // the members' global ranks, in ring order
+  int index = -1;          // this process's place in `ranks`; -1: not a member
+  Config cfg;              // with rank 0's fusion settings
   transport::Topology topo;
   std::string transport;
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<Coordinator> coordinator;  // on rank 0 only
+  std::unique_ptr<Engine> engine;            // members only
+  std::unique_ptr<Coordinator> coordinator;  // on the first member only
+  std::atomic<bool> removed{false};
 
-  // Starts the coordinator (rank 0) and the engine's threads.
+  bool member() const { return index >= 0; }
+  bool isWorld() const { return id == 0; }
+  // "process set 2 (ranks [0, 1])"; "the world" for id 0.
+  std::string label() const;
+
+  // Queues requests on this communicator (runtime.h's enqueueBatch): every
+  // request names this communicator; broadcast roots are global ranks.
+  Status enqueue(std::vector<Request> reqs, std::vector<DoneCallback> dones);
+  void drive(const std::function<bool()>& done, const std::function<void()>& wait);
+  void tryDrive();
+
+  // Starts the coordinator (first member) and the engine's threads.
   void start();
   // Stops the engine, then waits briefly for the other ranks' goodbyes.
   // The links stay mapped until the Comm is destroyed, so a thread still
   // inside the engine (a caller driving it) can leave safely.
   void stop();
   ~Comm();  // the engine first: it talks to the coordinator
+
+ private:
+  // The error a caller sees: a process set's is named by the set, its rank
+  // numbers global where they come from the set's own protocol.
+  Status describe(const Status& st) const;
 };
 
 // Joins the ring of `size` ranks as `rank` through `store`, connects to the

@@ -1,8 +1,10 @@
-// The process-wide runtime: one per process, shared by the Python binding and
-// the TensorFlow op library (both link libtfring_core.so). init() joins the
-// job through a store; enqueue() hands a named request to the background
-// engine, which negotiates with the other ranks, fuses, runs the collective
-// and calls `done` from its own thread.
+// The runtime's API, shared by the Python binding and the TensorFlow op
+// library (both link libtfring_core.so). init() joins the job through a
+// store and builds the world, the first communicator (runtime/comm.h);
+// process sets are more of them (runtime/registry.h). enqueue() hands a
+// named request to its communicator's engine, which negotiates with the
+// other ranks, fuses, runs the collective and calls `done` from its own
+// thread.
 #pragma once
 
 #include <cstdint>
@@ -160,6 +162,12 @@ Status addProcessSet(int id, const std::vector<int>& ranks);
 Status removeProcessSet(int id);
 // The set's sorted global ranks; empty if the id is unknown or removed.
 std::vector<int> processSetRanks(int id);
+// The ids of the live process sets, ascending (the world, 0, not among them).
+std::vector<int> processSetIds();
+// The id the next addProcessSet should use: one past every id this world
+// has used, removed sets included, so every rank that makes the same adds
+// gets the same ids. 0 before init.
+int nextProcessSetId();
 
 // Output shape rules, shared with the TF shape functions and the binding.
 // reducescatter splits the first dimension as evenly as possible, the first
