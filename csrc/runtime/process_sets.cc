@@ -146,7 +146,8 @@ std::string globalRanks(const std::string& msg, const std::vector<int>& ranks) {
 Status describe(const Set& s, const Status& st) {
   if (st.ok()) return st;
   std::string msg = st.message();
-  if (st.code() == Code::kMismatch || st.code() == Code::kAborted)
+  if (st.code() == Code::kMismatch || st.code() == Code::kAborted ||
+      st.code() == Code::kInvalidArgument)
     msg = globalRanks(msg, s.ranks);
   return Status(st.code(), strCat(s.label(), ": ", msg));
 }
@@ -305,10 +306,13 @@ Status processSetEnqueue(std::vector<Request> reqs, std::vector<DoneCallback> do
   for (auto& r : reqs) {
     if (r.type != CollectiveType::kBroadcast) continue;
     auto it = std::find(s->ranks.begin(), s->ranks.end(), r.root);
-    if (it == s->ranks.end())
-      return Status(Code::kInvalidArgument,
-                    strCat("broadcast of tensor '", r.name, "' on ", s->label(), ": root rank ",
-                           r.root, " is not in the set"));
+    if (it == s->ranks.end()) {
+      // Failed on every member by the set's coordinator (validate.cc).
+      r.error = strCat("broadcast of tensor '", r.name, "': root_rank=", r.root,
+                       " is not a member of the set");
+      r.root = 0;
+      continue;
+    }
     r.root = static_cast<int>(it - s->ranks.begin());
   }
   std::shared_ptr<Comm> comm = commOf(id);
