@@ -83,7 +83,7 @@ def test_job_of_one_runs_inline_and_checks_its_input():
         "    try:\n"
         "        call(); raise SystemExit('no error')\n"
         "    except Exception as e:\n"
-        "        assert needle in str(e) and type(e).__name__ == 'MismatchError', e\n"
+        "        assert needle in str(e) and type(e).__name__ == 'InvalidArgumentError', e\n"
         "b.shutdown(); print('ok')\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TFRING_", "OMPI_", "PMI_",
                                                                      "SLURM_"))}

@@ -201,7 +201,8 @@ def _meta(name=b"w", shape=(2, 3)):
     return (struct.pack("<I", len(name)) + name + bytes([0, 2]) +
             struct.pack("<I", len(shape)) + b"".join(struct.pack("<q", d) for d in shape) +
             bytes([0]) + struct.pack("<i", 0) + struct.pack("<dd", 1.0, 1.0) +
-            struct.pack("<i", -1) + struct.pack("<I", 0))  # no alltoall splits
+            struct.pack("<i", -1) + struct.pack("<I", 0) +  # no alltoall splits
+            struct.pack("<I", 0))  # valid: no error of its own
 
 
 def _response():

@@ -9,7 +9,7 @@ import os
 import struct
 
 MAGIC = 0x54465247
-VERSION = 3
+VERSION = 4
 PURPOSE_RING, PURPOSE_CONTROL, PURPOSE_STORE = 1, 2, 3
 
 

@@ -454,11 +454,9 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
 def broadcast(tensor, root_rank=0, name=None, ignore_name_scope=False,
               process_set=None):
     """Every rank gets `root_rank`'s `tensor`. On a process set, root_rank
-    is a global rank, which must be in the set (as in Horovod)."""
+    is a global rank, which must be in the set (as in Horovod); the core
+    checks it, failing the broadcast on every rank of the set alike."""
     ps_id = _process_set_arg(process_set)
-    if ps_id and int(root_rank) not in process_set.ranks:
-        raise ValueError(f"tfring: broadcast root rank {int(root_rank)} is not in "
-                         f"process set {ps_id} (ranks {process_set.ranks})")
     return _run_op(_lib.ring_broadcast, "RingBroadcast", name,
                    ignore_name_scope, tensor=tf.convert_to_tensor(tensor),
                    root_rank=int(root_rank), process_set_id=ps_id)
@@ -621,23 +619,6 @@ def process_set_included_op(process_set_id=0, name=None):
 
 # ------------------------------------------------------ alltoall and join ----
 
-def _check_splits_length(splits, ps_id, process_set):
-    # The coordinator checks splits on every rank too; on a process set a
-    # statically known length is checked here, so the error names the set.
-    if not ps_id or splits is None:
-        return
-    try:
-        n = len(splits)
-    except TypeError:  # a symbolic tensor: its length shows up only at run
-        n = splits.shape[0] if hasattr(splits, "shape") and splits.shape.rank == 1 else None
-    _, size = _rank_size(ps_id)
-    if n is not None and n != size:
-        raise ValueError(
-            f"tfring: alltoall on process set {ps_id} (ranks "
-            f"{list(process_set.ranks)}): splits has {n} entries but the set "
-            f"has {size} ranks (one entry per rank of the set, in its order)")
-
-
 @_no_autograph
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
              process_set=None):
@@ -654,7 +635,6 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     entry per rank of the set, and the output holds the set's rows only.
     """
     ps_id = _process_set_arg(process_set)
-    _check_splits_length(splits, ps_id, process_set)
     tensor = tf.convert_to_tensor(tensor)
     splits_t = (tf.constant([], tf.int32) if splits is None
                 else tf.cast(tf.convert_to_tensor(splits), tf.int32))

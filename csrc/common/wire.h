@@ -116,7 +116,9 @@ std::vector<uint8_t> recvFrame(int fd, const Deadline& deadline, const std::stri
 // Builds before the challenge-response sent the same magic followed by a
 // u32 purpose of 1 or 2, which this format reads as versions 1 and 2.
 constexpr uint32_t kHelloMagic = 0x54465247;
-constexpr uint8_t kProtocolVersion = 3;
+// 4: a tensor's Meta carries the rank's own verdict on it (Meta::error) and
+// a response group may be kInvalid.
+constexpr uint8_t kProtocolVersion = 4;
 constexpr uint32_t kMaxHelloFrame = 256;
 constexpr double kHelloTimeout = 10.0;
 constexpr size_t kNonceBytes = 32;

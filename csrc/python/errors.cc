@@ -13,12 +13,14 @@ PyObject* g_base = nullptr;
 PyObject* g_timeout = nullptr;
 PyObject* g_mismatch = nullptr;
 PyObject* g_peer_failure = nullptr;
+PyObject* g_invalid = nullptr;
 
 PyObject* classFor(Code code) {
   switch (code) {
     case Code::kTimeout: return g_timeout;
     case Code::kMismatch: return g_mismatch;
     case Code::kPeerFailure: return g_peer_failure;
+    case Code::kInvalidArgument: return g_invalid;
     default: return g_base;
   }
 }
@@ -39,6 +41,7 @@ void registerErrors(py::module_& m) {
     m.attr("TfringTimeoutError") = py::handle(g_timeout);
     m.attr("MismatchError") = py::handle(g_mismatch);
     m.attr("PeerFailureError") = py::handle(g_peer_failure);
+    m.attr("InvalidArgumentError") = py::handle(g_invalid);
     return;
   }
   g_base = newClass(m, "TfringError", PyExc_RuntimeError,
@@ -50,6 +53,15 @@ void registerErrors(py::module_& m) {
                         "Processes of one job disagree (tensor shape/dtype/op, job secret).");
   g_peer_failure = newClass(m, "PeerFailureError", g_base,
                             "Another process died, closed its connection or reported an error.");
+
+  // A wrong argument, judged by the rank that gave it (a root out of range,
+  // splits that do not add up): raised on every rank of the collective.
+  // Also a ValueError, as Python code expects of a bad argument.
+  py::tuple invalid_bases = py::make_tuple(py::handle(g_base), py::handle(PyExc_ValueError));
+  g_invalid = newClass(m, "InvalidArgumentError", invalid_bases.ptr(),
+                       "A collective's arguments are invalid on some rank (root out of range, "
+                       "bad splits, a dtype the operation does not take); raised on every "
+                       "rank of the collective.");
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {

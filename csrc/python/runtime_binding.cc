@@ -139,9 +139,6 @@ std::unique_ptr<Handle> submit(CollectiveType type, py::array input, const std::
   py::array in = py::array::ensure(input, py::array::c_style);
   if (!in) throw py::type_error("expected an array-like input");
   DataType dt = resolveDtype(in, dtype_override);
-  if (type != CollectiveType::kAllgather && type != CollectiveType::kBroadcast &&
-      dt == DataType::kBool)
-    throw py::type_error(strCat(collectiveName(type), " does not support bool tensors"));
   auto st = std::make_shared<State>();
   st->process_set = process_set;
   runtime::Request req;

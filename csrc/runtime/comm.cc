@@ -287,7 +287,8 @@ namespace {
 Status describeOn(const std::string& label, const std::vector<int>& ranks, const Status& st) {
   if (st.ok()) return st;
   std::string msg = st.message();
-  if (st.code() == Code::kMismatch || st.code() == Code::kAborted)
+  if (st.code() == Code::kMismatch || st.code() == Code::kAborted ||
+      st.code() == Code::kInvalidArgument)
     msg = globalRanks(msg, ranks);
   return Status(st.code(), strCat(label, ": ", msg));
 }
@@ -313,10 +314,13 @@ Status Comm::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> dones)
   for (auto& r : reqs) {
     if (r.type != CollectiveType::kBroadcast) continue;
     auto it = std::find(ranks.begin(), ranks.end(), r.root);
-    if (it == ranks.end())
-      return Status(Code::kInvalidArgument,
-                    strCat("broadcast of tensor '", r.name, "' on ", label(), ": root rank ",
-                           r.root, " is not in the set"));
+    if (it == ranks.end()) {
+      // Failed on every member by the set's coordinator (validate.cc).
+      r.error = strCat("broadcast of tensor '", r.name, "': root_rank=", r.root,
+                       " is not a member of the set");
+      r.root = 0;
+      continue;
+    }
     r.root = static_cast<int>(it - ranks.begin());
   }
   // The callbacks may run while this Comm is torn down: they keep their

@@ -419,6 +419,33 @@ void Coordinator::onMeta(int rank, Meta meta) {
 }
 
 void Coordinator::validate(const std::string& name, Pending& p) {
+  // A rank's own invalid arguments first (validate.cc): an InvalidArgument
+  // on every rank, rather than a mismatch with the ranks that called well.
+  // The engines judged their requests already (Meta::error); judging again
+  // here makes what runs valid whichever path a request took.
+  {
+    std::vector<int> bad;
+    std::string first;
+    for (int r = 0; r < size_; ++r) {
+      if (!p.have[r]) continue;  // a joined rank
+      std::string why = p.metas[r].error.empty() ? checkRequest(p.metas[r], size_)
+                                                 : p.metas[r].error;
+      if (why.empty()) continue;
+      if (bad.empty()) first = why;
+      bad.push_back(r);
+    }
+    if (!bad.empty()) {
+      int have = 0;
+      for (int r = 0; r < size_; ++r) have += p.have[r] ? 1 : 0;
+      errorGroup({name},
+                 static_cast<int>(bad.size()) == have
+                     ? first
+                     : strCat(first, " (on rank", bad.size() > 1 ? "s " : " ", rankList(bad),
+                              "; the other ranks' calls were valid)"),
+                 Group::kInvalid);
+      return;
+    }
+  }
   bool fill = false;  // completed without the joined ranks
   std::string why = checkJoined(p, &fill);
   for (int r = 1; r < size_; ++r) {
@@ -438,21 +465,6 @@ void Coordinator::validate(const std::string& name, Pending& p) {
     return;
   }
   const Meta& m = p.metas[0];
-  if (m.type == CollectiveType::kBroadcast && (m.root < 0 || m.root >= size_)) {
-    errorGroup({name}, strCat("broadcast of tensor '", name, "': root rank ", m.root,
-                              " is not in [0, ", size_, ")"));
-    return;
-  }
-  if (m.type == CollectiveType::kAllgather && m.shape.empty()) {
-    errorGroup({name}, strCat("allgather of tensor '", name,
-                              "': scalars cannot be gathered (give them a first dimension)"));
-    return;
-  }
-  if (m.type == CollectiveType::kReducescatter && m.shape.empty()) {
-    errorGroup({name}, strCat("reducescatter of tensor '", name,
-                              "': scalars cannot be scattered (give them a first dimension)"));
-    return;
-  }
   Ready rd;
   rd.meta = m;
   rd.since = nowSeconds();
@@ -475,9 +487,10 @@ void Coordinator::validate(const std::string& name, Pending& p) {
   ready_.push_back(std::move(rd));
 }
 
-void Coordinator::errorGroup(const std::vector<std::string>& names, const std::string& msg) {
+void Coordinator::errorGroup(const std::vector<std::string>& names, const std::string& msg,
+                             Group::Kind kind) {
   Group g;
-  g.kind = Group::kError;
+  g.kind = kind;
   g.names = names;
   g.error = msg;
   errors_.push_back(std::move(g));

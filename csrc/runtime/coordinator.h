@@ -117,7 +117,8 @@ class Coordinator {
   // Tells every rank but `reporter` (default: the culprit), which already
   // knows, that the job fails because of rank `culprit`.
   void abortAll(int culprit, const std::string& msg, int reporter = -1);
-  void errorGroup(const std::vector<std::string>& names, const std::string& msg);
+  void errorGroup(const std::vector<std::string>& names, const std::string& msg,
+                  Group::Kind kind = Group::kError);
 
   std::vector<int> fds_;
   std::vector<std::string> desc_;

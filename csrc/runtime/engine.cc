@@ -108,11 +108,9 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
     // Ranks agree on host vs GPU; GPU ordinals legitimately differ per rank.
     m.device = req.device < 0 ? -1 : 0;
     m.splits = std::move(req.splits);
-    for (auto d : m.shape)
-      if (d < 0)
-        return Status(Code::kInvalidArgument, strCat("tensor '", m.name,
-                                                     "' has a negative dimension ",
-                                                     m.shapeString()));
+    // A request this rank can judge invalid alone is still queued: it
+    // reaches the coordinator, which fails it on every rank (validate.cc).
+    m.error = req.error.empty() ? checkRequest(m, comm_.size) : std::move(req.error);
     if (!req.parts.empty() && m.type != CollectiveType::kAllreduce)
       return Status(Code::kInternal, strCat("tensor '", m.name,
                                             "': only an allreduce may have parts"));
@@ -186,15 +184,7 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
 Status Engine::runInline(Entry& e) {
   const Meta& m = e.meta;
   // What the coordinator would refuse for a job of one, host or GPU alike.
-  if (m.type == CollectiveType::kBroadcast && m.root != 0)
-    return Status(Code::kMismatch, strCat("broadcast of tensor '", m.name, "': root rank ",
-                                          m.root, " is not in [0, 1)"));
-  if ((m.type == CollectiveType::kAllgather || m.type == CollectiveType::kReducescatter) &&
-      m.shape.empty())
-    return Status(Code::kMismatch,
-                  strCat(collectiveName(m.type), " of tensor '", m.name, "': scalars cannot be ",
-                         m.type == CollectiveType::kAllgather ? "gathered" : "scattered",
-                         " (give them a first dimension)"));
+  if (!m.error.empty()) return Status(Code::kInvalidArgument, m.error);
   try {
     std::vector<std::shared_ptr<Entry>> one{std::shared_ptr<Entry>(&e, [](Entry*) {})};
     if (e.req.device >= 0) {
@@ -212,10 +202,7 @@ Status Engine::runInline(Entry& e) {
       case CollectiveType::kBarrier: break;
       case CollectiveType::kAlltoall: {
         std::vector<int64_t> rows;
-        std::string why = alltoallSplits(m, 1, &rows);
-        if (!why.empty())
-          return Status(Code::kMismatch, strCat("alltoall of tensor '", m.name, "' on rank 0: ",
-                                                why));
+        alltoallSplits(m, 1, &rows);  // valid: checkRequest passed
         execAlltoall(e, rows);
         break;
       }

@@ -263,6 +263,13 @@ void Engine::idleWait() {
 void Engine::classify(std::vector<std::shared_ptr<Entry>>& fresh) {
   std::vector<std::shared_ptr<Entry>> slow;
   for (auto& e : fresh) {
+    // An invalid request never takes a fast path: the coordinator fails it
+    // on every rank (validate.cc), and this rank's vote sends the others'
+    // waiting tensors of the same name there too.
+    if (!e->meta.error.empty()) {
+      slow.push_back(e);
+      continue;
+    }
     auto it = ids_.find(e->meta.name);
     if (cfg_.cache_enabled && it != ids_.end() && e->meta.type != CollectiveType::kJoin &&
         static_cast<size_t>(it->second) < exec_meta_.size() &&
@@ -452,10 +459,11 @@ void Engine::runSlowGroup(const Group& g) {
     slow_outstanding_ -= es.size();
   else
     slow_outstanding_ = 0;
-  if (g.kind == Group::kError) {
+  if (g.kind != Group::kExec) {
     // Only this rank's own requests fail; ranks without them just log.
     if (es.empty()) TFRING_LOG(kError, g.error);
-    finish(es, Status(Code::kMismatch, g.error));
+    finish(es, Status(g.kind == Group::kInvalid ? Code::kInvalidArgument : Code::kMismatch,
+                      g.error));
     return;
   }
   if (es.size() != g.names.size()) {

@@ -6,7 +6,8 @@ namespace runtime {
 bool Meta::operator==(const Meta& o) const {
   return name == o.name && type == o.type && dtype == o.dtype && shape == o.shape &&
          op == o.op && root == o.root && prescale == o.prescale &&
-         postscale == o.postscale && device == o.device && splits == o.splits;
+         postscale == o.postscale && device == o.device && splits == o.splits &&
+         error == o.error;
 }
 
 int64_t Meta::numElements() const {
@@ -59,6 +60,7 @@ void Meta::write(wire::Writer& w) const {
   w.put<double>(postscale);
   w.put<int32_t>(device);
   w.putI64s(splits);
+  w.putStr(error);
 }
 
 Meta Meta::read(wire::Reader& r) {
@@ -80,6 +82,7 @@ Meta Meta::read(wire::Reader& r) {
   m.postscale = r.get<double>();
   m.device = r.get<int32_t>();
   m.splits = r.getI64s();
+  m.error = r.getStr();
   return m;
 }
 
@@ -116,7 +119,9 @@ Response Response::read(wire::Reader& r) {
   uint32_t ng = r.getCount(18);  // the smallest group: kind, type, 4 counts
   resp.groups.resize(ng);
   for (auto& g : resp.groups) {
-    g.kind = static_cast<Group::Kind>(r.get<uint8_t>());
+    const uint8_t kind = r.get<uint8_t>();
+    if (kind > Group::kInvalid) fail(Code::kInternal, "malformed group kind ", unsigned(kind));
+    g.kind = static_cast<Group::Kind>(kind);
     g.type = static_cast<CollectiveType>(r.get<uint8_t>());
     uint32_t nn = r.getCount(4);
     for (uint32_t i = 0; i < nn; ++i) g.names.push_back(r.getStr());

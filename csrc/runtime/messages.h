@@ -26,6 +26,11 @@ struct Meta {
   // an even split. An allreduce of several parts (Request::parts): their
   // shapes, as partLayout() writes them.
   std::vector<int64_t> splits;
+  // Why this rank's request is invalid by itself (checkRequest, or a layer
+  // above the engine such as process sets); empty when it is valid. An
+  // invalid request still goes to the coordinator, which fails it on every
+  // rank (Group::kInvalid), so ranks that called it validly never wait.
+  std::string error;
 
   bool operator==(const Meta& o) const;
   int64_t numElements() const;
@@ -33,6 +38,15 @@ struct Meta {
   static Meta read(wire::Reader& r);
   std::string shapeString() const;
 };
+
+// Every check of one rank's request that needs no other rank: the root's
+// range, scalars where a first dimension is needed, dtypes an operation
+// cannot take, alltoall splits, negative dimensions. Returns the error
+// sentence naming the tensor, or "" when the request is valid. `size` is
+// the number of ranks of the request's process set. Every path runs it:
+// the engine when a request is queued (runtime/engine.cc), and the
+// coordinator on every rank's Meta (coordinator.cc).
+std::string checkRequest(const Meta& m, int size);
 
 // "[2, 3]": how messages print a shape.
 std::string dimsString(const std::vector<int64_t>& dims);
@@ -62,13 +76,15 @@ enum MsgType : uint8_t {
 
 // One unit of execution, identical on every rank.
 struct Group {
-  enum Kind : uint8_t { kExec = 0, kError = 1 } kind = kExec;
+  // kError: ranks disagree (a mismatch, a stall); kInvalid: some rank's
+  // own arguments are wrong (Meta::error), an InvalidArgument everywhere.
+  enum Kind : uint8_t { kExec = 0, kError = 1, kInvalid = 2 } kind = kExec;
   CollectiveType type = CollectiveType::kAllreduce;
   std::vector<std::string> names;           // in execution / fusion order
   std::vector<std::vector<int64_t>> dim0s;  // allgather: per name, per rank
                                             // alltoall: the size x size splits
                                             // join: {last rank to join}
-  std::string error;                        // kError: the message
+  std::string error;                        // kError, kInvalid: the message
   // While ranks have joined: every name's agreed Meta, in `names` order, so
   // a joined rank can take part with zeros in what it never submitted.
   std::vector<Meta> fill;

@@ -116,6 +116,10 @@ struct Request {
   // and drives the engine itself (drive()): a parked engine thread is not
   // woken for it.
   bool caller_drives = false;
+  // Why a layer above the engine (process sets) found the request invalid;
+  // the engine treats it as its own checkRequest's verdict (Meta::error):
+  // the request fails on every rank through the coordinator.
+  std::string error;
 };
 
 // Makes `req` (its name, dtype, op and scales already set) the one request

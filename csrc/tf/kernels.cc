@@ -200,12 +200,8 @@ class RingAllgatherOp : public RingOpKernel {
   void ComputeAsync(tfw::OpKernelContext* ctx, DoneCallback done) override {
     runtime::Request req;
     if (!prepare(ctx, &req)) return done();
-    OP_REQUIRES_ASYNC(
-        ctx, ctx->input(0).dims() >= 1,
-        absl::InvalidArgumentError("tfring: allgather of tensor '" +
-                                   tensorName() +
-                                   "' needs at least one dimension"),
-        done);
+    // A scalar is refused by the core on every rank (runtime/validate.cc),
+    // not here: a rank refusing alone would leave the others waiting.
     req.allocate = outputAllocator(ctx);
     submit(ctx, {std::move(req)}, std::move(done));
   }
@@ -245,12 +241,6 @@ class RingReducescatterOp : public RingOpKernel {
   void ComputeAsync(tfw::OpKernelContext* ctx, DoneCallback done) override {
     runtime::Request req;
     if (!prepare(ctx, &req)) return done();
-    OP_REQUIRES_ASYNC(
-        ctx, ctx->input(0).dims() >= 1,
-        absl::InvalidArgumentError("tfring: reducescatter of tensor '" +
-                                   tensorName() +
-                                   "' needs at least one dimension"),
-        done);
     req.op = op_;
     req.prescale = prescale_;
     req.postscale = postscale_;
@@ -275,12 +265,6 @@ class RingAlltoallOp : public RingOpKernel {
   void ComputeAsync(tfw::OpKernelContext* ctx, DoneCallback done) override {
     runtime::Request req;
     if (!prepare(ctx, &req)) return done();
-    OP_REQUIRES_ASYNC(
-        ctx, ctx->input(0).dims() >= 1,
-        absl::InvalidArgumentError("tfring: alltoall of tensor '" +
-                                   tensorName() +
-                                   "' needs at least one dimension"),
-        done);
     const tfw::Tensor& splits = ctx->input(1);
     auto flat = splits.flat<int32_t>();
     for (int64_t i = 0; i < flat.size(); ++i) req.splits.push_back(flat(i));

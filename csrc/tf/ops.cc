@@ -27,7 +27,15 @@ namespace {
 
 // Output: like the input, with an unknown first dimension (allgather: the sum
 // of every rank's rows; reducescatter: this rank's share of the rows).
+// A scalar input gets an unknown output shape rather than an error here: the
+// core refuses it when the op runs, on every rank of the collective alike
+// (runtime/validate.cc), where an error while building the op would stop
+// this rank alone and leave the others waiting for it.
 absl::Status unknownFirstDim(InferenceContext* c) {
+  if (c->RankKnown(c->input(0)) && c->Rank(c->input(0)) == 0) {
+    c->set_output(0, c->UnknownShape());
+    return absl::OkStatus();
+  }
   ShapeHandle in;
   TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &in));
   ShapeHandle out;
@@ -126,7 +134,7 @@ of the first dimension: rows are split as evenly as possible, the first
 // ---- alltoall and join ----------------------------------------------------
 
 REGISTER_OP("RingAlltoall")
-    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, bool}")
+    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8, int8, int16, uint16, bool}")
     .Attr("tensor_name: string = ''")
     .Attr("process_set_id: int = 0")
     .Input("tensor: T")

@@ -67,6 +67,8 @@ bool toRingDataType(ffi::DataType in, DataType* out) {
     case ffi::DataType::S64: *out = DataType::kInt64; return true;
     case ffi::DataType::U8: *out = DataType::kUInt8; return true;
     case ffi::DataType::S8: *out = DataType::kInt8; return true;
+    case ffi::DataType::S16: *out = DataType::kInt16; return true;
+    case ffi::DataType::U16: *out = DataType::kUInt16; return true;
     case ffi::DataType::PRED: *out = DataType::kBool; return true;
     default: return false;
   }

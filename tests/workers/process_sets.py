@@ -288,7 +288,7 @@ def run_errors():
         return {"msg": expect_error(
             lambda: _core.broadcast(np.ones(2), root=outside, name="bc",
                                     process_set=mine.process_set_id),
-            f"root rank {outside} is not in the set")}
+            f"root_rank={outside} is not a member of the set")}
 
     @check("removed_set")
     def _():
@@ -341,7 +341,7 @@ def run_tf():
                      f"rank {rank} is not in process set {other.process_set_id}")
         expect_error(lambda: tfring.broadcast(tf.ones(2), root_rank=other.ranks[0],
                                               process_set=mine),
-                     f"root rank {other.ranks[0]} is not in process set")
+                     f"root_rank={other.ranks[0]} is not a member of the set")
         gone = tfring.add_process_set([0, 1, 2])
         tfring.remove_process_set(gone)
         expect_error(lambda: tfring.allgather(tf.ones(2), process_set=gone),
@@ -498,7 +498,7 @@ def run_alltoall_adasum():
         expect_error(lambda: tfring.alltoall(tf.ones((4, 1)), splits=[1, 1, 1, 1],
                                              process_set=mine),
                      f"process set {mine.process_set_id}", "splits has 4 entries",
-                     "the set has 2 ranks")
+                     "there are 2 ranks")
         # The same mistake in numpy, caught by the set's coordinator on every
         # member.
         expect_error(lambda: _core.alltoall(np.ones((4, 1)), [1, 1, 1, 1],
