@@ -73,7 +73,15 @@ elif scenario == "allgather_shape":
     attempt(lambda: _core.allgather(np.ones((2, 3 + (rank == 1)), np.float32), name="emb/bad"))
 elif scenario == "missing":
     if rank == 1:
-        time.sleep(float(os.environ["SLEEP"]))
+        # Away until every other rank has reported the error it saw (its
+        # result file exists, multiproc.run_ranks), at most SLEEP seconds.
+        mine = os.environ.get("TFRING_RESULT", "")
+        suffix = f".{rank}.json"
+        others = [mine[:-len(suffix)] + f".{r}.json" for r in range(n) if r != rank] \
+            if mine.endswith(suffix) else []
+        deadline = time.time() + float(os.environ["SLEEP"])
+        while time.time() < deadline and not (others and all(map(os.path.exists, others))):
+            time.sleep(0.05)
     else:
         attempt(lambda: _core.allreduce(np.ones(4, np.float32), name="lonely"))
 elif scenario == "duplicate":
