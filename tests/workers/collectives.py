@@ -132,7 +132,8 @@ def one_pass():
                 y = _core.allreduce(x, op=op, name=f"ar.{dtype}.{op}.{count}", dtype=dt)
                 want = reference([make_input(dtype, count, r, salt, op)[0] for r in range(n)],
                                  dtype, op, n)
-                check(f"allreduce {dtype} {op} n={count}", to_f64(y, dtype), want, tolerance(dtype, n))
+                check(f"allreduce {dtype} {op} n={count}", to_f64(y, dtype), want,
+                      tolerance(dtype, n))
                 outs.append(y)
                 if op in ("min", "max") or dtype.startswith(("int", "uint")):
                     exact.append(y)
@@ -154,8 +155,9 @@ def one_pass():
                 "uint16" if dtype == "bfloat16" else dtype)
             y = _core.allgather(x, name=f"ag.{dtype}.{rows_of(0)}",
                                 dtype="bfloat16" if dtype == "bfloat16" else None)
-            want = np.concatenate([(np.arange(rows_of(r) * 3).reshape(rows_of(r), 3) + 100 * r).astype(
-                "uint16" if dtype == "bfloat16" else dtype) for r in range(n)])
+            want = np.concatenate([
+                (np.arange(rows_of(r) * 3).reshape(rows_of(r), 3) + 100 * r).astype(
+                    "uint16" if dtype == "bfloat16" else dtype) for r in range(n)])
             check(f"allgather {dtype}", y, want, 0)
             outs.append(y)
 
