@@ -10,6 +10,9 @@ segment is this test's when a process that made it (rank 0 or the creator)
 still runs and carries this session's marker in its environment, or when
 both are gone (nothing else can be told then). Leftovers fail the test and
 are removed.
+
+Tests marked `slow` (soak repeats, the largest rank counts) are skipped
+unless TFRING_TEST_SLOW=1; the default run keeps a smaller case of each.
 """
 
 import os
@@ -23,6 +26,22 @@ PREFIX = "tfring-"
 MARKER = "TESTS_TFRING_SHM_SESSION"  # inherited by every process a test starts
 _token = os.environ.setdefault(MARKER, secrets.token_hex(8))
 _PID_OFFSET = 20  # ShmHeader: magic u64, capacity u64, rank i32, pid i32
+SLOW = os.environ.get("TFRING_TEST_SLOW", "") not in ("", "0")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow: a soak repeat or the largest scale of a test whose smaller case "
+        "runs by default; runs only with TFRING_TEST_SLOW=1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if SLOW:
+        return
+    skip = pytest.mark.skip(reason="slow or soak case: TFRING_TEST_SLOW=1 runs it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 def tfring_segments():

@@ -91,6 +91,20 @@ def run_ranks(n, worker, args=(), env=None, timeout=120, per_rank_env=None):
         server.stop()
 
 
+def run_passes(n, worker, passes, args=(), env=None, timeout=120, per_rank_env=None):
+    """One launch of n ranks that runs the worker once per environment in
+    `passes` (the worker loops with common.run_passes: set the pass's
+    variables, init, run, shutdown), instead of one launch per
+    configuration. `timeout` is per pass. Returns [pass][rank] of what each
+    pass reported; fails like check_ok when a rank fails."""
+    env = dict(env or {}, TEST_PASSES=json.dumps(passes))
+    res = check_ok(run_ranks(n, worker, args, env=env, timeout=timeout * len(passes),
+                             per_rank_env=per_rank_env))
+    for r, out in enumerate(res):
+        assert isinstance(out, list) and len(out) == len(passes), (r, out)
+    return [list(per_rank) for per_rank in zip(*res)]
+
+
 def check_ok(results):
     for r in results:
         assert r.returncode == 0, (

@@ -3,11 +3,15 @@ each forced and chosen automatically, against numpy float64 references:
 world sizes 1-4 and 7 on one host, two simulated hosts (TFRING_HOSTNAME) of
 two ranks for the hierarchical and the small cross-host schemes. Results
 must be bitwise identical on every rank, and a rank killed inside a
-one-shot allreduce must be named by every survivor."""
+one-shot allreduce must be named by every survivor. The algorithms a test
+compares on the same ranks run as passes of one launch
+(multiproc.run_passes), shared by the tests that read them."""
+
+import functools
 
 import pytest
 
-from multiproc import check_ok, check_peer_failure, run_ranks
+from multiproc import check_ok, check_peer_failure, run_passes, run_ranks
 
 # A 4 KiB threshold and small pipeline chunks, so counts around the threshold
 # and buffers spanning many segment slots stay cheap.
@@ -30,6 +34,31 @@ def _run(n, algo, mode="full", per_rank_env=None, extra=None):
     return res
 
 
+def _check(res):
+    for r, out in enumerate(res):
+        assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"][:20])
+    assert len({out["digest"] for out in res}) == 1, "ranks ended with different results"
+    return res
+
+
+@functools.lru_cache(maxsize=None)
+def _algos(n, mode, algos, hosts=None):
+    """{algo: rank results} of one launch, one pass per algorithm; `hosts`
+    a tuple of host names by rank."""
+    passes = []
+    for a in algos:
+        p = {"TFRING_ALLREDUCE_ALGO": a}
+        if hosts:
+            p["TFRING_HOSTNAME"] = list(hosts)
+        passes.append(p)
+    res = run_passes(n, "algorithms.py", passes, [mode], env=BASE, timeout=300)
+    return dict(zip(algos, res))
+
+
+ONE_HOST = ("ring", "oneshot", "hier", "auto")
+TWO_HOSTS = ("hostA", "hostA", "hostB", "hostB")
+
+
 def _used(res):
     """Algorithms some call ran, the same on every rank."""
     counts = [out["counts"] for out in res]
@@ -38,9 +67,9 @@ def _used(res):
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-@pytest.mark.parametrize("algo", ["ring", "oneshot", "hier", "auto"])
+@pytest.mark.parametrize("algo", ONE_HOST)
 def test_one_host(n, algo):
-    res = _run(n, algo, "full" if n in (1, 2, 4) else "quick")
+    res = _check(_algos(n, "full" if n in (1, 2, 4) else "quick", ONE_HOST)[algo])
     used = _used(res)
     if n == 1:
         assert used <= {"ring"}
@@ -52,14 +81,14 @@ def test_one_host(n, algo):
 
 @pytest.mark.parametrize("algo", ["oneshot", "auto"])
 def test_seven_ranks_oversubscribed(algo):
-    used = _used(_run(7, algo, "quick"))
+    used = _used(_check(_algos(7, "quick", ("oneshot", "auto"))[algo]))
     assert used == ({"oneshot"} if algo == "oneshot" else {"oneshot", "ring"})
 
 
 @pytest.mark.parametrize("algo,expect", [("hier", {"hier"}), ("oneshot", {"small"}),
                                          ("auto", {"small", "hier"}), ("ring", {"ring"})])
 def test_two_hosts_two_ranks_each(algo, expect):
-    res = _run(4, algo, "full", per_rank_env=two_hosts)
+    res = _check(_algos(4, "full", ("hier", "oneshot", "auto", "ring"), TWO_HOSTS)[algo])
     assert {(o["local_size"], o["cross_size"]) for o in res} == {(2, 2)}
     assert _used(res) == expect
 
@@ -107,9 +136,18 @@ def test_rank_killed_in_small_cross_host_scheme():
             assert r.result["counts"]["small"] > 10, r.result
 
 
+@functools.lru_cache(maxsize=None)
+def _tcp_passes():
+    """{hosts: rank results}: one launch of 4 ranks over TCP, as one host
+    and as two."""
+    one = {"TFRING_ALLREDUCE_ALGO": "auto", "TFRING_TRANSPORT": "tcp"}
+    res = run_passes(4, "algorithms.py", [one, dict(one, TFRING_HOSTNAME=list(TWO_HOSTS))],
+                     ["quick"], env=BASE, timeout=300)
+    return {1: res[0], 2: res[1]}
+
+
 @pytest.mark.parametrize("hosts", [1, 2])
 def test_tcp_transport_keeps_off_shared_memory(hosts):
     # TFRING_TRANSPORT=tcp: no host segment, so every size takes the ring.
-    res = _run(4, "auto", "quick", extra={"TFRING_TRANSPORT": "tcp"},
-               per_rank_env=two_hosts if hosts == 2 else None)
+    res = _check(_tcp_passes()[hosts])
     assert _used(res) == {"ring"}

@@ -1,21 +1,37 @@
 """Every collective against numpy float64 references, across world sizes,
 transports, dtypes, ops and element counts (including 0, 1, fewer than
-ranks, not divisible by ranks, and many chunks)."""
+ranks, not divisible by ranks, and many chunks). The transports or settings
+a test compares on the same ranks run as passes of one launch
+(multiproc.run_passes), shared by the tests that read them."""
+
+import functools
 
 import numpy as np
 import pytest
 
-from multiproc import check_ok, run_ranks
+from multiproc import check_ok, run_passes, run_ranks
 
 # Tiny pipeline chunks and shared-memory rings so small tensors exercise the
 # chunked, wrapping paths.
 SMALL = {"TFRING_CHUNK_SIZE": "256", "TFRING_SHM_BUFFER": "4096"}
 
 
-def _run(n, transport, mode, extra=None):
-    env = dict(SMALL, TFRING_TRANSPORT=transport)
-    env.update(extra or {})
-    res = check_ok(run_ranks(n, "collectives.py", [mode], env=env, timeout=240))
+@functools.lru_cache(maxsize=None)
+def _passes(n, mode, passes):
+    """[pass][rank] results of one launch; `passes` a tuple of tuples of
+    (var, value) pairs (hashable for the cache)."""
+    return run_passes(n, "collectives.py", [dict(SMALL, **dict(p)) for p in passes], [mode],
+                      timeout=240)
+
+
+def _transports(n, mode, transport, transports=("auto",)):
+    """The results under `transport` of one launch that runs each of
+    `transports` as a pass."""
+    res = _passes(n, mode, tuple((("TFRING_TRANSPORT", t),) for t in transports))
+    return _check(res[transports.index(transport)])
+
+
+def _check(res):
     for r, out in enumerate(res):
         assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"][:20])
     digests = {out["digest"] for out in res}
@@ -23,9 +39,13 @@ def _run(n, transport, mode, extra=None):
     return res
 
 
+# The sizes whose shared-memory and TCP runs share one launch.
+BOTH = ("auto", "tcp")
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_shm_all_dtypes(n):
-    res = _run(n, "auto", "full")
+    res = _transports(n, "full", "auto", BOTH if n in (2, 3) else ("auto",))
     if n > 1:
         assert {r["transport"] for r in res} == {"shm"}
     assert [r["local_rank"] for r in res] == list(range(n))
@@ -35,7 +55,7 @@ def test_shm_all_dtypes(n):
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_tcp_all_dtypes(n):
-    res = _run(n, "tcp", "full")
+    res = _transports(n, "full", "tcp", BOTH)
     assert {r["transport"] for r in res} == {"tcp"}
 
 
@@ -67,12 +87,13 @@ def test_large_allreduces_in_rounds_with_default_buffers(n, transport):
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 def test_seven_ranks_oversubscribed(transport):
-    _run(7, transport, "full")
+    _transports(7, "full", transport, BOTH)
 
 
 def test_fusion_on_and_off_agree():
-    fused = _run(3, "auto", "quick", {"TFRING_FUSION_THRESHOLD": "64M"})
-    unfused = _run(3, "auto", "quick", {"TFRING_FUSION_THRESHOLD": "0"})
+    fused, unfused = (_check(res) for res in _passes(3, "quick", (
+        (("TFRING_TRANSPORT", "auto"), ("TFRING_FUSION_THRESHOLD", "64M")),
+        (("TFRING_TRANSPORT", "auto"), ("TFRING_FUSION_THRESHOLD", "0")))))
     # Fusion moves tensors between ring segments, which changes the order in
     # which float sums are accumulated; order-independent results must match
     # bit for bit, the rest are checked against the reference in both runs.

@@ -4,14 +4,18 @@ against numpy for any number of ranks (ragged blocks, empty tensors, roots
 other than 0, several dtypes), bitwise equal to the ring's outputs; their
 hop and byte counters (_core.last_collective_stats) against each
 algorithm's formula; the automatic choice across many hosts. Ranks are
-core-only processes (tests/workers/gather_scale.py). TFRING_TEST_SLOW=1
-adds the 64-rank counter check."""
+core-only processes (tests/workers/gather_scale.py); the configurations a
+test compares on the same ranks (the algorithms, the host layouts) run as
+passes of one launch (multiproc.run_passes), shared by the tests that read
+them. TFRING_TEST_SLOW=1 adds the 64-rank counter check and repeats the
+fault trial."""
 
+import functools
 import os
 
 import pytest
 
-from multiproc import check_ok, run_ranks
+from multiproc import check_ok, run_passes, run_ranks
 
 SLOW = bool(os.environ.get("TFRING_TEST_SLOW"))
 NEW = {"TFRING_ALLGATHER_ALGO": "recdbl", "TFRING_BROADCAST_ALGO": "tree"}
@@ -100,6 +104,21 @@ def broadcast_expected(algo, rank, n, root, b):
     return hops, sent + unfold
 
 
+@functools.lru_cache(maxsize=None)
+def _passes(n, mode, passes, env=()):
+    """[pass][rank] results of one launch of n ranks; `passes` and `env` as
+    tuples of (var, value) pairs, hashable for the cache."""
+    base = dict(env, TFRING_TIMEOUT="120")
+    return run_passes(n, "gather_scale.py", [dict(p) for p in passes], [mode], env=base,
+                      timeout=300)
+
+
+def _algo_passes(n, mode, env=()):
+    """{(allgather algo, broadcast algo): rank results}: one pass per ENVS entry."""
+    res = _passes(n, mode, tuple(tuple(e.items()) for e in ENVS.values()), env)
+    return dict(zip(ENVS, res))
+
+
 def _run(n, mode, env, timeout=300, per_rank_env=None):
     base = {"TFRING_TIMEOUT": "120"}
     base.update(env)
@@ -110,9 +129,8 @@ def _run(n, mode, env, timeout=300, per_rank_env=None):
 @pytest.mark.parametrize("n", [2, 3, 5, 8])
 def test_correct_and_equal_to_ring(n):
     digests = {}
-    for (ag, bc), env in ENVS.items():
+    for (ag, bc), res in _algo_passes(n, "full").items():
         name = bc
-        res = _run(n, "full", env)
         for r, out in enumerate(res):
             assert out["failures"] == [], f"{name} rank {r}: " + "\n".join(out["failures"][:20])
             ran = {s["algo"] for s in out["stats"]}
@@ -124,10 +142,10 @@ def test_correct_and_equal_to_ring(n):
     assert len(set(digests.values())) == 1, digests
 
 
-def _check_counters(n, env, ag, bc, rows, roots, nbytes):
-    res = _run(n, "stats", dict(env, TEST_ROWS=";".join(",".join(map(str, x)) for x in rows),
-                                TEST_ROOTS=",".join(map(str, roots)),
-                                TEST_BCAST_BYTES=str(nbytes)))
+def _check_counters(n, ag, bc, rows, roots, nbytes):
+    res = _algo_passes(n, "stats", (("TEST_ROWS", ";".join(",".join(map(str, x)) for x in rows)),
+                                    ("TEST_ROOTS", ",".join(map(str, roots))),
+                                    ("TEST_BCAST_BYTES", str(nbytes))))[(ag, bc)]
     per_call = list(zip(*[out["stats"] for out in res]))  # [call][rank]
     assert len(per_call) == len(rows) + len(roots)
     for call in per_call[:len(rows)]:
@@ -154,11 +172,10 @@ def _check_counters(n, env, ag, bc, rows, roots, nbytes):
 @pytest.mark.parametrize("n", [8, 13, 16])
 @pytest.mark.parametrize("algos", list(ENVS), ids=["new", "ring", "scatter"])
 def test_counters_match_formulas(n, algos):
-    env = ENVS[algos]
     # Uniform 4 KiB blocks, ragged blocks with empty ones, one rank only.
     rows = [[512], [r % 3 for r in range(n)], [0] * (n - 1) + [5]]
     roots = sorted({0, 1, 2, n // 2, n - 1})
-    per_call = _check_counters(n, env, *algos, rows, roots, 4096)
+    per_call = _check_counters(n, *algos, rows, roots, 4096)
     hops = [call[0]["hops"] for call in per_call]
     p, lg, r = layout(n)
     if algos[0] == "ring":
@@ -178,44 +195,55 @@ def test_counters_match_formulas(n, algos):
 @pytest.mark.skipif(not SLOW, reason="64 ranks on a small machine: TFRING_TEST_SLOW=1")
 @pytest.mark.parametrize("algos", list(ENVS), ids=["new", "ring", "scatter"])
 def test_counters_at_64_ranks(algos):
-    per_call = _check_counters(64, ENVS[algos], *algos, [[64]], [0, 37], 4096)
+    per_call = _check_counters(64, *algos, [[64]], [0, 37], 4096)
     assert [call[0]["hops"] for call in per_call] == {
         "tree": [6, 6, 6], "ring": [63, 63, 63], "scatter_allgather": [6, 12, 12]}[algos[1]]
 
 
+# The automatic choice on 8 ranks, small threshold 4096, under several
+# simulated host layouts: one launch, one pass per case.
+AUTO_CASES = {
+    # 4 hosts of 2: small outputs by the new algorithms, larger on the ring.
+    "4x2": {"TFRING_HOSTNAME": [f"host{r // 2}" for r in range(8)], "TEST_ROWS": "64;4096",
+            "TEST_ROOTS": "3", "TEST_BCAST_BYTES": "4096", "TFRING_SMALL_THRESHOLD": "4096"},
+    "4x2-bcast": {"TFRING_HOSTNAME": [f"host{r // 2}" for r in range(8)], "TEST_ROWS": "",
+                  "TEST_ROOTS": "3", "TEST_BCAST_BYTES": "8192",
+                  "TFRING_SMALL_THRESHOLD": "4096"},
+    # 8 hosts of 1: up to 256 KiB by the new algorithms.
+    "8x1": {"TFRING_HOSTNAME": [f"host{r}" for r in range(8)], "TEST_ROWS": "1024;8192",
+            "TEST_ROOTS": "5", "TEST_BCAST_BYTES": str(200 << 10),
+            "TFRING_SMALL_THRESHOLD": "4096"},
+    # One host: the ring (default threshold).
+    "1x8": {"TEST_ROWS": "8", "TEST_ROOTS": "0", "TEST_BCAST_BYTES": "64"},
+}
+
+
+def _auto(case):
+    res = _passes(8, "stats", tuple(tuple((k, tuple(v) if isinstance(v, list) else v)
+                                          for k, v in c.items()) for c in AUTO_CASES.values()))
+    return dict(zip(AUTO_CASES, res))[case]
+
+
 def test_auto_picks_by_size_across_many_hosts():
-    # 8 ranks on 4 simulated hosts of 2: small outputs by the new
-    # algorithms, larger ones on the ring.
-    res = _run(8, "stats", {"TEST_ROWS": "64;4096", "TEST_ROOTS": "3",
-                            "TEST_BCAST_BYTES": "4096", "TFRING_SMALL_THRESHOLD": "4096"},
-               per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r // 2}"})
-    for out in res:
+    for out in _auto("4x2"):
         assert [(s["collective"], s["algo"], s["ok"]) for s in out["stats"]] == [
             ("allgather", "recdbl", True), ("allgather", "ring", True),
             ("broadcast", "tree", True)]
-    res = _run(8, "stats", {"TEST_ROOTS": "3", "TEST_BCAST_BYTES": "8192",
-                            "TFRING_SMALL_THRESHOLD": "4096"},
-               per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r // 2}"})
-    assert {out["stats"][0]["algo"] for out in res} == {"ring"}
+    assert {out["stats"][0]["algo"] for out in _auto("4x2-bcast")} == {"ring"}
 
 
 def test_auto_goes_further_with_one_rank_per_host():
-    # 8 simulated hosts of 1 rank: up to 256 KiB by the new algorithms.
-    res = _run(8, "stats", {"TEST_ROWS": "1024;8192", "TEST_ROOTS": "5",
-                            "TEST_BCAST_BYTES": str(200 << 10), "TFRING_SMALL_THRESHOLD": "4096"},
-               per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r}"})
-    for out in res:
+    for out in _auto("8x1"):
         assert [(s["algo"], s["ok"]) for s in out["stats"]] == [
             ("recdbl", True), ("ring", True), ("tree", True)]
 
 
 def test_auto_keeps_ring_on_one_host():
-    res = _run(8, "stats", {"TEST_ROWS": "8", "TEST_ROOTS": "0", "TEST_BCAST_BYTES": "64"})
-    for out in res:
+    for out in _auto("1x8"):
         assert [s["algo"] for s in out["stats"]] == ["ring", "ring"]
 
 
-@pytest.mark.parametrize("trial", range(2))
+@pytest.mark.parametrize("trial", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_killed_rank_named_by_every_survivor(trial):
     # The last of 8 ranks dies inside a stream of tree broadcasts and
     # recursive-doubling allgathers: every survivor names it, quickly.

@@ -117,9 +117,13 @@ def _same_weights_as_other_launchers(res):
     assert digest == _two_rank_digest[0], "other launchers gave other weights"
 
 
+FAIL = ["--fail-rank", "1", "--fail-step", "0"]
+
+
 def _check_failure(out, launcher_pattern=None, exit_is_reported_code=False):
-    """Rank 1 exited 3 before step 1 while rank 0 waited for it in an
-    allreduce. The job exits non-zero and a message names rank 1.
+    """Rank 1 exited 3 right after init (FAIL: before importing TensorFlow,
+    the launch's cheapest failure) while rank 0 went on to wait for it in
+    the initial broadcast. The job exits non-zero and a message names rank 1.
 
     Which rank the launcher sees fail first is a race: rank 1 (code 3), or
     rank 0 (code 1) when tfring's error ("... can never complete: rank 1 has
@@ -173,7 +177,7 @@ def test_tfring_run(tmp_path):
 
 @needs_tf
 def test_tfring_run_failing_rank(tmp_path):
-    out = _run(_tfring_run(2, [SCRIPT, "--fail-rank", "1"]), _env(), tmp_path)
+    out = _run(_tfring_run(2, [SCRIPT, *FAIL]), _env(), tmp_path)
     # tfring-run ends with the code of the first rank to fail and names it.
     _check_failure(out, r"tfring-run: rank (\d+) \(pid \d+\) exited with code (\d+); "
                         r"terminating the other ranks", exit_is_reported_code=True)
@@ -213,7 +217,7 @@ def test_openmpi_mpirun(tmp_path):
 @needs_tf
 @needs_openmpi
 def test_openmpi_mpirun_failing_rank(tmp_path):
-    out = _run(mpirun_command(2, [sys.executable, SCRIPT, "--fail-rank", "1"]),
+    out = _run(mpirun_command(2, [sys.executable, SCRIPT, *FAIL]),
                mpirun_env(_env()), tmp_path)
     # prterun names the first rank to exit non-zero as [job@1,RANK]. (With
     # mpi4py loaded, Open MPI 5's MPI_Finalize holds rank 1 until rank 0
@@ -279,7 +283,7 @@ def test_mpich_mpiexec(tmp_path, mpich):
 @needs_tf
 def test_mpich_mpiexec_failing_rank(tmp_path, mpich):
     mpiexec, libmpi = mpich
-    out = _run([mpiexec, "-n", "2", sys.executable, SCRIPT, "--fail-rank", "1"],
+    out = _run([mpiexec, "-n", "2", sys.executable, SCRIPT, *FAIL],
                _env(MPI4PY_LIBMPI=libmpi), tmp_path)
     # Hydra says nothing of a rank that exits with a code and leaves the
     # others running: tfring's error is what ends rank 0 and names rank 1.

@@ -1,13 +1,24 @@
 """Process sets (tfring/process_sets.py, csrc/runtime/process_sets.cc) on 4
 ranks: each checked against numpy, disjoint sets running while the other is
 held, static and dynamic sets, the TF ops, and the errors on every rank.
-The worker is tests/workers/process_sets.py."""
+The worker is tests/workers/process_sets.py; the modes of SHARED run in
+one launch, each on a fresh join, and their tests share its results."""
+
+import functools
 
 from multiproc import check_ok, run_ranks
 
+SHARED = ("core", "errors", "tf", "alltoall_adasum")
+
+
+@functools.lru_cache(maxsize=None)
+def _shared():
+    return check_ok(run_ranks(4, "process_sets.py", args=[",".join(SHARED)], timeout=600))
 
 
 def run(mode, timeout=180):
+    if mode in SHARED:
+        return _shared()
     results = run_ranks(4, "process_sets.py", args=[mode], timeout=timeout)
     outs = check_ok(results)
     return outs

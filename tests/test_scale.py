@@ -2,14 +2,18 @@
 ranks against numpy float64 references (bitwise equal on every rank), the
 hop and byte counters of every algorithm against its formula, the automatic
 choice across many hosts, and a rank killed inside a large job named by
-every survivor. Ranks are core-only processes (tests/workers/scale.py).
-TFRING_TEST_SLOW=1 adds the 64-rank counter and fault checks."""
+every survivor. Ranks are core-only processes (tests/workers/scale.py);
+the configurations a test compares on the same ranks (the algorithms, the
+host layouts) run as passes of one launch (multiproc.run_passes), shared
+by the tests that read them. TFRING_TEST_SLOW=1 adds the 64-rank counter
+and fault checks and repeats the 32-rank fault trial."""
 
+import functools
 import os
 
 import pytest
 
-from multiproc import check_ok, first_rank_named, run_ranks
+from multiproc import check_ok, first_rank_named, run_passes, run_ranks
 
 SLOW = bool(os.environ.get("TFRING_TEST_SLOW"))
 
@@ -68,10 +72,23 @@ def _run(n, mode, env, timeout=300, per_rank_env=None):
                               per_rank_env=per_rank_env))
 
 
+ALGOS = ["ring", "recdbl", "rabenseifner"]
+
+
+@functools.lru_cache(maxsize=None)
+def _algo_passes(n, mode, algos, counts=""):
+    """{algo: [rank results]} of one launch of n ranks, one pass per
+    algorithm (TFRING_ALLREDUCE_ALGO)."""
+    passes = [{"TFRING_ALLREDUCE_ALGO": a, "TEST_COUNTS": counts} for a in algos]
+    res = run_passes(n, "scale.py", passes, [mode], env={"TFRING_TIMEOUT": "120"},
+                     timeout=300)
+    return dict(zip(algos, res))
+
+
 @pytest.mark.parametrize("algo", ["recdbl", "rabenseifner"])
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 7, 8])
 def test_correct_any_n(algo, n):
-    res = _run(n, "full", {"TFRING_ALLREDUCE_ALGO": algo})
+    res = _algo_passes(n, "full", ("recdbl", "rabenseifner"))[algo]
     for r, out in enumerate(res):
         assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"][:20])
         assert {k for k, v in out["counts"].items() if v} == {algo}, out["counts"]
@@ -89,8 +106,7 @@ def test_correct_thirteen_ranks():
 
 
 def _check_stats(n, algo, counts):
-    res = _run(n, "stats", {"TFRING_ALLREDUCE_ALGO": algo,
-                            "TEST_COUNTS": ",".join(map(str, counts))})
+    res = _algo_passes(n, "stats", tuple(ALGOS), ",".join(map(str, counts)))[algo]
     for r, out in enumerate(res):
         for st in out["stats"]:
             assert st["ok"], st
@@ -103,45 +119,63 @@ def _check_stats(n, algo, counts):
 
 
 @pytest.mark.parametrize("n", [8, 13, 16])
-@pytest.mark.parametrize("algo", ["ring", "recdbl", "rabenseifner"])
+@pytest.mark.parametrize("algo", ALGOS)
 def test_counters_match_formulas(n, algo):
     # 1024 floats split evenly into 8 and 16 blocks, 1001 does not.
     _check_stats(n, algo, [1024, 1001, 3])
 
 
 @pytest.mark.skipif(not SLOW, reason="64 ranks on a small machine: TFRING_TEST_SLOW=1")
-@pytest.mark.parametrize("algo", ["ring", "recdbl", "rabenseifner"])
+@pytest.mark.parametrize("algo", ALGOS)
 def test_counters_at_64_ranks(algo):
     res = _check_stats(64, algo, [1024])
     hops = res[0]["stats"][0]["hops"]
     assert hops == {"ring": 126, "recdbl": 6, "rabenseifner": 12}[algo]
 
 
-@pytest.mark.parametrize("hosts,expect", [
+# The automatic choice on 8 ranks under several simulated host layouts:
+# {layout: (hosts of ranks 0..7, counts)}, one launch for all of them.
+AUTO_LAYOUTS = {
+    "4x2": ([f"host{r // 2}" for r in range(8)], "1024,16384,524288"),
+    "8x1": ([f"host{r}" for r in range(8)], "1024,16384,524288"),
+    "3+3+2": ([f"host{r // 3}" for r in range(8)], "1024,16384,524288"),
+    "2x4": ([f"host{r // 4}" for r in range(8)], "1024"),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _auto_passes():
+    passes = [{"TFRING_HOSTNAME": hosts, "TEST_COUNTS": counts}
+              for hosts, counts in AUTO_LAYOUTS.values()]
+    res = run_passes(8, "scale.py", passes, ["stats"], timeout=300,
+                     env={"TFRING_TIMEOUT": "120", "TFRING_SMALL_THRESHOLD": "4096"})
+    return dict(zip(AUTO_LAYOUTS, res))
+
+
+@pytest.mark.parametrize("layout,expect", [
     # 4 simulated hosts of 2 ranks: 4 KiB by recursive doubling, larger
     # buffers hierarchically (shared memory inside each host).
-    (lambda r: f"host{r // 2}", ["recdbl", "hier", "hier"]),
+    ("4x2", ["recdbl", "hier", "hier"]),
     # One rank per host: Rabenseifner for the medium size, then the ring.
-    (lambda r: f"host{r}", ["recdbl", "rabenseifner", "ring"]),
+    ("8x1", ["recdbl", "rabenseifner", "ring"]),
     # Hosts of 3, 3 and 2 ranks: the host-aware schemes cannot run.
-    (lambda r: f"host{r // 3}", ["recdbl", "rabenseifner", "ring"]),
+    ("3+3+2", ["recdbl", "rabenseifner", "ring"]),
 ], ids=["4x2", "8x1", "3+3+2"])
-def test_auto_picks_by_size_across_many_hosts(hosts, expect):
-    res = _run(8, "stats", {"TEST_COUNTS": "1024,16384,524288", "TFRING_SMALL_THRESHOLD": "4096"},
-               per_rank_env=lambda r: {"TFRING_HOSTNAME": hosts(r)})
+def test_auto_picks_by_size_across_many_hosts(layout, expect):
+    res = _auto_passes()[layout]
     for out in res:
         assert [s["algo"] for s in out["stats"]] == expect
         assert all(s["ok"] for s in out["stats"])
 
 
 def test_auto_keeps_small_scheme_on_two_hosts():
-    res = _run(8, "stats", {"TEST_COUNTS": "1024", "TFRING_SMALL_THRESHOLD": "4096"},
-               per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r // 4}"})
+    res = _auto_passes()["2x4"]
     assert {out["stats"][0]["algo"] for out in res} == {"small"}
 
 
 @pytest.mark.parametrize("n", [32] + ([64] if SLOW else []))
-@pytest.mark.parametrize("trial", range(3))
+@pytest.mark.parametrize("trial", [0, pytest.param(1, marks=pytest.mark.slow),
+                                   pytest.param(2, marks=pytest.mark.slow)])
 def test_killed_rank_named_by_every_survivor(trial, n):
     # n ranks on hosts of 4 (simulated); the last rank dies inside a stream
     # of small allreduces. Every survivor exits right after its error.
@@ -194,13 +228,22 @@ def test_timeline_carries_hops_and_bytes(tmp_path):
             assert a["bytes_sent"] == a["bytes"] * (1, 2, 1)[rank], (rank, a)
 
 
+@functools.lru_cache(maxsize=None)
+def _host_scheme_passes():
+    passes = [{"TFRING_ALLREDUCE_ALGO": a, "TEST_COUNTS": "1024",
+               "TFRING_HOSTNAME": [f"host{r // 2}" for r in range(4)]}
+              for a in ("oneshot", "hier")]
+    res = run_passes(4, "scale.py", passes, ["stats"], env={"TFRING_TIMEOUT": "120"},
+                     timeout=300)
+    return dict(zip(("oneshot", "hier"), res))
+
+
 @pytest.mark.parametrize("algo,ran,hops", [("oneshot", "small", 3), ("hier", "hier", 4)])
 def test_counters_of_host_schemes(algo, ran, hops):
     # 2 hosts x 2 ranks, 1024 floats in one segment piece: two segment
     # synchronisations plus 1 cross-host step (small) or 2 (hier's ring);
     # each rank sends its 512-float share across once.
-    res = _run(4, "stats", {"TFRING_ALLREDUCE_ALGO": algo, "TEST_COUNTS": "1024"},
-               per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r // 2}"})
+    res = _host_scheme_passes()[algo]
     for out in res:
         st = out["stats"][0]
         assert st["ok"] and (st["algo"], st["hops"], st["bytes_sent"]) == (ran, hops, 2048), st

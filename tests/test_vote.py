@@ -4,9 +4,13 @@ power of two), chosen by TFRING_VOTE_ALGO. Results against float64
 references with every rank submitting in its own order, the hop and byte
 counters of _core.last_vote_stats() against the formulas, an idle rank
 woken by the others' rounds, and mismatches, stalls and dead ranks still
-reported on every rank with the recursive vote. TFRING_TEST_SLOW=1 adds
-64 ranks."""
+reported on every rank with the recursive vote. The settings a test
+compares on the same ranks run as passes of one launch (TEST_PASSES,
+common.run_passes), shared by the tests that read them. TFRING_TEST_SLOW=1
+adds 64 ranks."""
 
+import functools
+import json
 import os
 
 import pytest
@@ -44,6 +48,29 @@ def _steady(n, algo, env=None, timeout=300):
     return outs
 
 
+@functools.lru_cache(maxsize=None)
+def _steady_passes(n, passes, timeout=300):
+    """[pass][rank] results of one launch of n ranks in steady mode, one
+    pass per environment; `passes` a tuple of tuples of (var, value)."""
+    passes = [{k: list(v) if isinstance(v, tuple) else v for k, v in p} for p in passes]
+    e = {"TFRING_TIMEOUT": "120", "TEST_PASSES": json.dumps(passes)}
+    res = run_ranks(n, "vote.py", ["steady"], env=e, timeout=timeout * len(passes))
+    outs = check_ok(res)
+    for r in res:  # as in _steady
+        assert "[tfring ERROR" not in r.stderr, (r.rank, r.stderr[-2000:])
+    return [list(per_rank) for per_rank in zip(*outs)]
+
+
+def _algos(n, algo, **env):
+    """The results under vote algorithm `algo` of one launch of ring and
+    recdbl passes."""
+    passes = tuple((("TFRING_VOTE_ALGO", a),) + tuple(env.items()) for a in ALGOS)
+    return _steady_passes(n, passes)[ALGOS.index(algo)]
+
+
+ALGOS = ("ring", "recdbl")
+
+
 def _check(res, n, algo):
     words = FRESH_LIST if algo == "ring" else FRESH_TALLY
     for r, out in enumerate(res):
@@ -61,7 +88,7 @@ def _check(res, n, algo):
 @pytest.mark.parametrize("algo", ["ring", "recdbl"])
 def test_vote_counters_match_formulas(n, algo):
     # The vote alone: no small allreduce riding in it (TFRING_VOTE_DATA).
-    _check(_steady(n, algo, {"TFRING_VOTE_DATA": "0"}), n, algo)
+    _check(_algos(n, algo, TFRING_VOTE_DATA="0"), n, algo)
 
 
 @pytest.mark.parametrize("n", [5, 8])
@@ -69,7 +96,7 @@ def test_vote_counters_match_formulas(n, algo):
 def test_steady_results_with_small_allreduces_riding_the_vote(n, algo):
     # Every rank submits in its own order: riders often differ between
     # ranks, and those tensors must still run (and agree with float64).
-    res = _steady(n, algo, {"STEPS": "4"})
+    res = _algos(n, algo, STEPS="4")
     for r, out in enumerate(res):
         assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"][:10])
 
@@ -132,10 +159,12 @@ def test_vote_counters_at_64_ranks(algo):
     (16, 4, "host"),      # 16 ranks on 4 hosts: through each host's segment
 ])
 def test_auto_picks_by_rank_count_and_hosts(n, per_host, expect):
-    res = check_ok(run_ranks(n, "vote.py", ["steady"], timeout=300,
-                             env={"TFRING_TIMEOUT": "120", "TFRING_VOTE_ALGO": "auto",
-                                  "STEPS": "2"},
-                             per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r // per_host}"}))
+    # The layouts of one rank count are passes of one launch.
+    layouts = {4: (1,), 8: (8,), 16: (1, 4)}[n]
+    passes = tuple((("TFRING_VOTE_ALGO", "auto"), ("STEPS", "2"),
+                    ("TFRING_HOSTNAME", tuple(f"host{r // k}" for r in range(n))))
+                   for k in layouts)
+    res = _steady_passes(n, passes)[layouts.index(per_host)]
     for out in res:
         assert out["failures"] == []
         assert out["after"]["algo"] == expect, out["after"]
@@ -145,7 +174,10 @@ def test_auto_picks_by_rank_count_and_hosts(n, per_host, expect):
 def test_idle_rank_is_woken_by_the_recursive_vote(n, late):
     # Rank 0 of 5 and rank 10 of 13 are extra ranks of the fold (woken by
     # their partner's token); rank 3 of 5 is woken by a doubling partner.
-    res = _steady(n, "recdbl", {"LATE": str(late), "STEPS": "3"})
+    lates = {5: (0, 3), 13: (10,)}[n]
+    passes = tuple((("TFRING_VOTE_ALGO", "recdbl"), ("LATE", str(k)), ("STEPS", "3"))
+                   for k in lates)
+    res = _steady_passes(n, passes)[lates.index(late)]
     for r, out in enumerate(res):
         assert out["failures"] == [], (r, out["failures"][:5])
 

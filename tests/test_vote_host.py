@@ -5,12 +5,14 @@ with TFRING_HOSTNAME, so several "hosts" share this machine. Results
 against float64 with every rank submitting in its own order, the hop and
 byte counters against the formula, idle ranks woken on either side of the
 segment, the switch to recdbl once the vote outgrows the segment, and
-mismatches, stalls and dead ranks reported on every rank."""
+mismatches, stalls and dead ranks reported on every rank. The steady
+checks of one layout run as passes of one launch (test_vote._steady_passes),
+shared by the tests that read them."""
 
 import pytest
 
 from multiproc import check_ok, check_peer_failure, run_ranks
-from test_vote import FRESH_TALLY, HEADER, vote_formula
+from test_vote import FRESH_TALLY, HEADER, _steady_passes, vote_formula
 
 
 def hosts_of(n, per_host):
@@ -31,6 +33,24 @@ def host_formula(rank, n, per_host, vote_bytes):
     return hops, cross + (vote_bytes if len(hosts[h]) > 1 else 0)  # + the tally it writes
 
 
+# The steady passes of each layout (n, per_host): {name: environment}.
+STEADY = {
+    (8, 4): {"counters": {"TFRING_VOTE_DATA": "0"}, "riding": {"STEPS": "4"}},
+    (12, 4): {"counters": {"TFRING_VOTE_DATA": "0"}},
+    (7, 3): dict({"counters": {"TFRING_VOTE_DATA": "0"}, "riding": {"STEPS": "4"}},
+                 **{f"late{k}": {"LATE": str(k), "STEPS": "3"} for k in (0, 1, 5, 6)}),
+}
+
+
+def _steady(n, per_host, name):
+    """Rank results of pass `name` of the layout's one launch."""
+    hosts = tuple(f"host{r // per_host}" for r in range(n))
+    names = list(STEADY[(n, per_host)])
+    passes = tuple((("TFRING_VOTE_ALGO", "host"), ("TFRING_HOSTNAME", hosts))
+                   + tuple(env.items()) for env in STEADY[(n, per_host)].values())
+    return _steady_passes(n, passes)[names.index(name)]
+
+
 def _run(n, per_host, mode="steady", env=None, timeout=300, worker="vote.py"):
     e = {"TFRING_TIMEOUT": "120", "TFRING_VOTE_ALGO": "host"}
     e.update(env or {})
@@ -42,10 +62,7 @@ def _run(n, per_host, mode="steady", env=None, timeout=300, worker="vote.py"):
 def test_host_vote_counters_match_formula(n, per_host):
     # 2 hosts; 3 hosts (the fold among local ranks 0); hosts of 3, 3 and 1
     # rank (a host without a segment).
-    res = _run(n, per_host, env={"TFRING_VOTE_DATA": "0"})
-    outs = check_ok(res)
-    for r in res:
-        assert "[tfring ERROR" not in r.stderr, (r.rank, r.stderr[-2000:])
+    outs = _steady(n, per_host, "counters")  # (no "[tfring ERROR" in any stderr)
     for r, out in enumerate(outs):
         assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"][:10])
         for st in (out["vote"], out["after"]):
@@ -62,7 +79,7 @@ def test_host_vote_results_with_small_allreduces_riding(n, per_host):
     # Every rank submits in its own order, so riders often differ; small
     # allreduces that agree ride the vote, merged in local rank order and
     # then among hosts.
-    for out in check_ok(_run(n, per_host, env={"STEPS": "4"})):
+    for out in _steady(n, per_host, "riding"):
         assert out["failures"] == [], out["failures"][:10]
     res = check_ok(_run(6, 2, "rider", env={"COUNT": "256", "TFRING_TIMEOUT": "60"}))
     for r, out in enumerate(res):
@@ -79,8 +96,7 @@ def test_idle_ranks_are_woken_on_both_sides_of_the_segment(late):
     # 7 ranks on hosts of 3, 3, 1: rank 0 and 6 are local ranks 0 (woken
     # by a local vote or bytes from another host), 1 and 5 sleep on their
     # doorbells in the segment.
-    res = _run(7, 3, env={"LATE": str(late), "STEPS": "3"})
-    for r, out in enumerate(check_ok(res)):
+    for r, out in enumerate(_steady(7, 3, f"late{late}")):
         assert out["failures"] == [], (r, out["failures"][:5])
 
 

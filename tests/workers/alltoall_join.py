@@ -2,7 +2,9 @@
 join with uneven data. Every rank computes every rank's inputs from shared
 seeds, so it can build the expected result itself with numpy.
 
-argv[1]: alltoall | alltoall_tf | badsplits | join_core | join_tf | join_one
+argv[1]: alltoall | alltoall_tf | badsplits | join_core | join_tf | join_one,
+or several of them separated by commas: they run in that order in one job
+(one launch), and the report maps each mode to its checks.
 """
 
 import os
@@ -13,7 +15,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import checker, compare, report  # noqa: E402
 
-MODE = sys.argv[1]
+MODES = sys.argv[1].split(",")
+MODE = MODES[0]
 results = {}
 check = checker(results)
 
@@ -45,9 +48,22 @@ def expected_alltoall(me, n, m, inputs):
 
 
 def main():
+    global MODE, results, check
+    import tfring
+    tfring.init()
+    by_mode = {}
+    for MODE in MODES:
+        results = {}
+        check = checker(results)
+        run_mode()
+        by_mode[MODE] = results
+    report(by_mode if len(MODES) > 1 else results)
+    tfring.shutdown()
+
+
+def run_mode():
     import tfring
     from tfring import _core
-    tfring.init()
     me, n = tfring.rank(), tfring.size()
 
     if MODE == "alltoall":
@@ -307,9 +323,6 @@ def main():
             return {"ok": a == 0 and b == 0 and bool(np.all(got == 1.0))
                     and np.array_equal(out, np.arange(4.0).reshape(2, 2))
                     and list(recv) == [2], "a": a, "b": b}
-
-    report(results)
-    tfring.shutdown()
 
 
 if __name__ == "__main__":

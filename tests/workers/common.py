@@ -164,3 +164,42 @@ def adasum_ref(vectors):
             nxt.append(ac * a + bc * b)
         level = nxt
     return level[0]
+
+
+def run_passes(body):
+    """Runs body() once per pass of TEST_PASSES and reports the list of its
+    results; without TEST_PASSES, once, reporting its result. TEST_PASSES is
+    a JSON list of environments ({var: value, or [value of rank 0, of rank
+    1, ...]}): each pass sets its variables, joins the job (tfring.init,
+    which reads the configuration), runs body and leaves (shutdown), so a
+    test checks several configurations on the ranks of one launch."""
+    import tfring.basics as basics
+
+    spec = os.environ.get("TEST_PASSES")
+    if not spec:
+        basics.init()
+        out = body()
+        basics.shutdown()
+        report(out)
+        return
+    rank = int(os.environ.get("TFRING_RANK", "0"))
+    results, set_before = [], set()
+    for env in json.loads(spec):
+        for k in set_before - set(env):
+            os.environ.pop(k, None)
+        for k, v in env.items():
+            os.environ[k] = str(v[rank] if isinstance(v, list) else v)
+        set_before = set(env)
+        basics.init()
+        results.append(body())
+        basics.shutdown()
+    report(results)
+
+
+def delta(after, before):
+    """after - before for nested dicts of counters (process-wide totals, so
+    one pass's own calls)."""
+    if isinstance(after, dict):
+        return {k: delta(v, before.get(k, 0) if isinstance(before, dict) else 0)
+                for k, v in after.items()}
+    return after - before

@@ -73,7 +73,15 @@ elif scenario == "allgather_shape":
     attempt(lambda: _core.allgather(np.ones((2, 3 + (rank == 1)), np.float32), name="emb/bad"))
 elif scenario == "missing":
     if rank == 1:
-        time.sleep(float(os.environ["SLEEP"]))
+        # Away until every other rank has reported the error it saw (its
+        # result file exists, multiproc.run_ranks), at most SLEEP seconds.
+        mine = os.environ.get("TFRING_RESULT", "")
+        suffix = f".{rank}.json"
+        others = [mine[:-len(suffix)] + f".{r}.json" for r in range(n) if r != rank] \
+            if mine.endswith(suffix) else []
+        deadline = time.time() + float(os.environ["SLEEP"])
+        while time.time() < deadline and not (others and all(map(os.path.exists, others))):
+            time.sleep(0.05)
     else:
         attempt(lambda: _core.allreduce(np.ones(4, np.float32), name="lonely"))
 elif scenario == "duplicate":
@@ -175,7 +183,14 @@ elif scenario == "late_ranks":
         seen["shutdown_s"] = time.time() - t
         report(seen)
         sys.exit(0)
-    time.sleep(float(os.environ.get("SLEEP", "6")))
+    # Busy until rank 0 has shut down and reported (its result file exists,
+    # multiproc.run_ranks), and a second more; at most SLEEP seconds.
+    mine = os.environ.get("TFRING_RESULT", "")
+    first = mine[:-len(f".{rank}.json")] + ".0.json" if mine.endswith(f".{rank}.json") else None
+    deadline = time.time() + float(os.environ.get("SLEEP", "6"))
+    while time.time() < deadline and not (first and os.path.exists(first)):
+        time.sleep(0.05)
+    time.sleep(max(0.0, min(1.0, deadline - time.time())))
     attempt(lambda: _core.allreduce(np.ones(4, np.float32), name="late.after"))
 elif scenario == "cached_shape":
     # A name every rank has run before comes back with a new shape on one

@@ -15,6 +15,10 @@ TFRING_BROADCAST_ALGO set by the test; core-only ranks). Modes:
           reports what each survivor raised.
   timeline  one allgather and one broadcast with TFRING_TIMELINE set;
           reports the timeline's events.
+
+"stats" and "full" run once per pass of TEST_PASSES (common.run_passes):
+one launch checks several algorithms or host layouts; the counters they
+report are the pass's own.
 """
 
 import os
@@ -22,14 +26,12 @@ import sys
 
 import numpy as np
 
-from common import digest, f32_to_bf16_bits, report
+from common import delta, digest, f32_to_bf16_bits, report, run_passes
 
 import tfring.basics as basics
 from tfring import _core
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "full"
-basics.init()
-rank, n = basics.rank(), basics.size()
 
 
 def block(r, rows, dtype, salt):
@@ -43,7 +45,7 @@ def block(r, rows, dtype, salt):
     return vals.astype(dtype)
 
 
-def roots():
+def roots(n):
     # Rank 0 and 2 are the extra ranks of the non-power-of-two fold when
     # there are any (the tree's costliest roots); 1, the last rank and one
     # in the middle take the other paths.
@@ -51,6 +53,8 @@ def roots():
 
 
 if mode == "kill":  # the last rank dies inside a stream of allgathers and broadcasts
+    basics.init()
+    rank, n = basics.rank(), basics.size()
     import signal
     import threading
     import time
@@ -71,6 +75,8 @@ if mode == "kill":  # the last rank dies inside a stream of allgathers and broad
     os._exit(0)  # right after the error, as a script does
 
 if mode == "timeline":  # one ragged allgather and one broadcast, then the timeline's events
+    basics.init()
+    rank, n = basics.rank(), basics.size()
     import json
 
     _core.allgather(np.ones((rank + 1, 2), np.float32), name="gathered")
@@ -80,7 +86,10 @@ if mode == "timeline":  # one ragged allgather and one broadcast, then the timel
         report({"timeline": json.load(f)})
     sys.exit(0)
 
-if mode == "stats":
+
+def stats_pass():
+    rank, n = basics.rank(), basics.size()
+    before = _core.collective_algorithm_stats()
     stats = []
     for i, spec in enumerate(os.environ.get("TEST_ROWS", "").split(";")):
         if not spec:
@@ -98,45 +107,49 @@ if mode == "stats":
         y = _core.broadcast(x, root=root, name=f"bc.stats.{root}")
         stats.append(dict(_core.last_collective_stats(), root=root,
                           ok=bool(np.array_equal(y, np.full(nbytes, root, np.uint8)))))
-    report({"stats": stats, "totals": _core.collective_algorithm_stats()})
-    basics.shutdown()
-    sys.exit(0)
+    return {"stats": stats, "totals": delta(_core.collective_algorithm_stats(), before)}
 
-failures, outs, stats = [], [], []
-salt = 0
-row_rules = [
-    lambda r: r % 4,             # ragged, rank 0 (and every 4th) empty
-    lambda r: 0 if r % 2 else 3,  # every other rank empty
-    lambda r: 1,
-    lambda r: 0,                  # all empty: an empty output
-    lambda r: 40 + r,             # a few KiB
-]
-for dtype in ["float32", "float64", "int32", "bfloat16", "uint8", "float16", "bool"]:
-    for k, rows_of in enumerate(row_rules):
-        salt += 1
-        x = block(rank, rows_of(rank), dtype, salt)
-        y = _core.allgather(x, name=f"ag.{dtype}.{k}",
-                            dtype="bfloat16" if dtype == "bfloat16" else None)
-        want = np.concatenate([block(r, rows_of(r), dtype, salt) for r in range(n)])
-        if y.shape != want.shape or not np.array_equal(y, want):
-            failures.append(f"allgather {dtype} rows rule {k}: got shape {y.shape}, "
-                            f"want {want.shape}")
-        outs.append(y)
-        stats.append(_core.last_collective_stats())
 
-for dtype in ["float32", "float64", "int64", "bfloat16", "int8"]:
-    for root in roots():
-        for rows in (0, 1, 333):
+def full_pass():
+    rank, n = basics.rank(), basics.size()
+    before = _core.collective_algorithm_stats()
+    failures, outs, stats = [], [], []
+    salt = 0
+    row_rules = [
+        lambda r: r % 4,             # ragged, rank 0 (and every 4th) empty
+        lambda r: 0 if r % 2 else 3,  # every other rank empty
+        lambda r: 1,
+        lambda r: 0,                  # all empty: an empty output
+        lambda r: 40 + r,             # a few KiB
+    ]
+    for dtype in ["float32", "float64", "int32", "bfloat16", "uint8", "float16", "bool"]:
+        for k, rows_of in enumerate(row_rules):
             salt += 1
-            x = block(rank, rows, dtype, salt)
-            y = _core.broadcast(x, root=root, name=f"bc.{dtype}.{root}.{rows}",
+            x = block(rank, rows_of(rank), dtype, salt)
+            y = _core.allgather(x, name=f"ag.{dtype}.{k}",
                                 dtype="bfloat16" if dtype == "bfloat16" else None)
-            want = block(root, rows, dtype, salt)
+            want = np.concatenate([block(r, rows_of(r), dtype, salt) for r in range(n)])
             if y.shape != want.shape or not np.array_equal(y, want):
-                failures.append(f"broadcast {dtype} root={root} rows={rows}: differs")
+                failures.append(f"allgather {dtype} rows rule {k}: got shape {y.shape}, "
+                                f"want {want.shape}")
             outs.append(y)
             stats.append(_core.last_collective_stats())
 
-report({"failures": failures, "digest": digest(outs), "stats": stats,
-        "totals": _core.collective_algorithm_stats()})
-basics.shutdown()
+    for dtype in ["float32", "float64", "int64", "bfloat16", "int8"]:
+        for root in roots(n):
+            for rows in (0, 1, 333):
+                salt += 1
+                x = block(rank, rows, dtype, salt)
+                y = _core.broadcast(x, root=root, name=f"bc.{dtype}.{root}.{rows}",
+                                    dtype="bfloat16" if dtype == "bfloat16" else None)
+                want = block(root, rows, dtype, salt)
+                if y.shape != want.shape or not np.array_equal(y, want):
+                    failures.append(f"broadcast {dtype} root={root} rows={rows}: differs")
+                outs.append(y)
+                stats.append(_core.last_collective_stats())
+
+    return {"failures": failures, "digest": digest(outs), "stats": stats,
+            "totals": delta(_core.collective_algorithm_stats(), before)}
+
+
+run_passes(stats_pass if mode == "stats" else full_pass)

@@ -553,9 +553,15 @@ def run_fault():
                             "seconds": time.monotonic() - t0}
 
 
-{"core": run_core, "static": run_static, "errors": run_errors, "tf": run_tf,
- "alltoall_adasum": run_alltoall_adasum, "fault": run_fault}[mode]()
-if mode != "fault":
-    # Every rank leaves the world together: nothing still needs a set.
-    _core.allreduce(np.zeros(1), name="end")
+# Several modes separated by commas run one after the other in one launch,
+# each on a fresh join (shutdown, init: no set of the last mode is left).
+for i, m in enumerate(mode.split(",")):
+    if i:
+        basics.shutdown()
+        basics.init()
+    {"core": run_core, "static": run_static, "errors": run_errors, "tf": run_tf,
+     "alltoall_adasum": run_alltoall_adasum, "fault": run_fault}[m]()
+    if m != "fault":
+        # Every rank leaves the world together: nothing still needs a set.
+        _core.allreduce(np.zeros(1), name="end")
 report(results)

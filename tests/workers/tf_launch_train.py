@@ -8,7 +8,9 @@ DistributedGradientTape, and prints one line
     LAUNCH_RESULT {"rank": .., "size": .., "digest": <sha256 of the weights>, ...}
 
 ``--fail-rank R --fail-step S``: rank R calls ``sys.exit(3)`` just before
-step S, while the others wait for it in that step's allreduce.
+step S, while the others wait for it in that step's allreduce; at step 0 it
+does so right after init, before importing TensorFlow, and the others wait
+for it in the initial broadcast.
 """
 
 import argparse
@@ -26,6 +28,15 @@ parser.add_argument("--fail-step", type=int, default=1)
 args = parser.parse_args()
 
 hvd.init()
+
+
+def fail_here(rank, step):
+    if rank == args.fail_rank and step == args.fail_step:
+        print(f"rank {rank}: failing on purpose at step {step}", flush=True)
+        sys.exit(3)
+
+
+fail_here(hvd.rank(), 0)
 
 import keras
 import numpy as np
@@ -54,9 +65,7 @@ def train_step(x, y):
 
 rng = np.random.default_rng(rank)
 for step in range(args.steps):
-    if rank == args.fail_rank and step == args.fail_step:
-        print(f"rank {rank}: failing on purpose at step {step}", flush=True)
-        sys.exit(3)
+    fail_here(rank, step)
     x = rng.normal(size=(16, 6)).astype(np.float32)
     y = np.sin(x.sum(axis=1, keepdims=True))
     loss = train_step(x, y)

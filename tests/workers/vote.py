@@ -13,6 +13,9 @@ ranks. Modes:
           one ran (_core.last_collective_stats) and the vote's stats.
   grow    more cached names than the host vote's shared-memory slots hold:
           reports the vote's algorithm after each batch.
+
+steady runs once per pass of TEST_PASSES (common.run_passes): one launch
+checks several vote algorithms.
 """
 
 import os
@@ -21,14 +24,15 @@ import time
 
 import numpy as np
 
-from common import report
+from common import report, run_passes
 
 import tfring.basics as basics
 from tfring import _core
 
 mode = sys.argv[1]
-basics.init()
-rank, n = basics.rank(), basics.size()
+if mode != "steady":
+    basics.init()
+    rank, n = basics.rank(), basics.size()
 failures = []
 
 
@@ -97,33 +101,39 @@ if mode == "grow":
     basics.shutdown()
     sys.exit(0)
 
-names = [f"grad/{i}" for i in range(12)]
-counts = [1 + 7 * i for i in range(len(names))]
-steps = int(os.environ.get("STEPS", "6"))
-late = int(os.environ.get("LATE", "-1"))
+def steady():
+    global rank, n, failures
+    rank, n = basics.rank(), basics.size()
+    failures = []
+    names = [f"grad/{i}" for i in range(12)]
+    counts = [1 + 7 * i for i in range(len(names))]
+    steps = int(os.environ.get("STEPS", "6"))
+    late = int(os.environ.get("LATE", "-1"))
 
-for step in range(steps):
-    if rank == late and step == steps - 1:
-        time.sleep(1.0)
-    # Another order on every rank and every step.
-    order = list(range(len(names)))
-    k = (rank * 5 + step) % len(order)
-    order = order[k:] + order[:k]
-    if (rank + step) % 2:
-        order.reverse()
-    handles = {}
-    for i in order:
-        x = value(rank, i, step, counts[i]).astype(np.float32)
-        handles[i] = _core.allreduce_async(x, op="sum", name=names[i])
-    for i in range(len(names)):
-        check(f"step {step} {names[i]}", handles[i].wait(60), want(i, step, counts[i]))
-vote = _core.last_vote_stats()
+    for step in range(steps):
+        if rank == late and step == steps - 1:
+            time.sleep(1.0)
+        # Another order on every rank and every step.
+        order = list(range(len(names)))
+        k = (rank * 5 + step) % len(order)
+        order = order[k:] + order[:k]
+        if (rank + step) % 2:
+            order.reverse()
+        handles = {}
+        for i in order:
+            x = value(rank, i, step, counts[i]).astype(np.float32)
+            handles[i] = _core.allreduce_async(x, op="sum", name=names[i])
+        for i in range(len(names)):
+            check(f"step {step} {names[i]}", handles[i].wait(60), want(i, step, counts[i]))
+    vote = _core.last_vote_stats()
 
-# Names used once: agreed in the round's vote itself.
-for j in range(3):
-    x = np.full(5, rank + j, np.float32)
-    check(f"once.{j}", _core.allreduce(x, op="sum", name=f"once.{j}"),
-          np.full(5, sum(r + j for r in range(n)), np.float64))
+    # Names used once: agreed in the round's vote itself.
+    for j in range(3):
+        x = np.full(5, rank + j, np.float32)
+        check(f"once.{j}", _core.allreduce(x, op="sum", name=f"once.{j}"),
+              np.full(5, sum(r + j for r in range(n)), np.float64))
 
-report({"failures": failures, "vote": vote, "after": _core.last_vote_stats()})
-basics.shutdown()
+    return {"failures": failures, "vote": vote, "after": _core.last_vote_stats()}
+
+
+run_passes(steady)
