@@ -36,6 +36,7 @@ itself stops when its ssh session ends only if the remote side hangs it up.
 """
 
 import argparse
+import collections
 import contextlib
 import os
 import secrets
@@ -285,10 +286,13 @@ def _is_ip(host):
 class OutputRelay:
     """Relays ranks' output a whole line at a time, so lines never mix."""
 
+    TAIL_LINES = 40
+
     def __init__(self, timestamps=False):
         self._lock = threading.Lock()
         self._broken = False
         self.timestamps = timestamps  # -prefix-timestamp: the time before each line
+        self.tails = {}  # rank -> its last TAIL_LINES lines of stderr (to name its error)
 
     def write(self, stream, data):
         if self._broken:
@@ -311,6 +315,9 @@ class OutputRelay:
 
     def pump(self, pipe, rank, name, stream, copy_path=None):
         prefix = f"[{rank}]<{name}>: ".encode()
+        tail = None
+        if name == "stderr":
+            tail = self.tails.setdefault(rank, collections.deque(maxlen=self.TAIL_LINES))
         with contextlib.ExitStack() as stack:
             stack.callback(pipe.close)
             copy = stack.enter_context(open(copy_path, "wb")) if copy_path else None
@@ -321,6 +328,8 @@ class OutputRelay:
                         copy.flush()
                     if not line.endswith(b"\n"):
                         line += b"\n"
+                    if tail is not None:
+                        tail.append(line.decode("utf-8", "replace").rstrip())
                     stamp = time.strftime("%a %b %d %H:%M:%S %Y").encode() if \
                         self.timestamps else b""
                     self.write(stream, stamp + prefix + line)
