@@ -39,25 +39,23 @@ import re
 import secrets
 import shlex
 import signal
-import sys
 import threading
 import time
 
 from tfring.elastic._worker import POISON
-from tfring.run import affinity, discovery
-from tfring.run.launcher import (
+from tfring.run import affinity, discovery, horovodrun
+from tfring.run.common import (
     EXIT_TIMEOUT,
     FORWARDED_SIGNALS,
-    PROG,
     RANK_VARS,
     Job,
     OutputRelay,
-    _format_addr,
-    _parse_env_items,
-    _signal_name,
+    format_addr,
     guess_reachable_address,
     is_local_host,
+    parse_env_items,
     parse_hosts,
+    signal_name,
     ssh_command,
     start_store,
 )
@@ -307,7 +305,7 @@ class Driver:
                     w.stop_at = math.inf
                 continue
             was, w.state = w.state, GONE
-            what = (f"was killed by {_signal_name(-rc)}" if rc < 0 else f"exited with code {rc}")
+            what = (f"was killed by {signal_name(-rc)}" if rc < 0 else f"exited with code {rc}")
             if was == MEMBER and rc == 0:
                 if not self.finishing:
                     self.log(f"{w} finished; the job ends when every member has finished")
@@ -477,7 +475,7 @@ class Driver:
                     w.stop_at = time.monotonic() + self.args.grace_period
 
     def _on_signal(self, signum, frame):
-        self.log(f"received {_signal_name(signum)}; stopping every worker")
+        self.log(f"received {signal_name(signum)}; stopping every worker")
         self._stop_all(128 + signum, signum)
 
     # -------------------------------------------------------------- run --
@@ -507,7 +505,7 @@ class Driver:
 
         self.store = _core.TcpStore("127.0.0.1" if bind == "0.0.0.0" else bind, server.port,
                                     self.secret, 30.0)
-        self.store_addr = _format_addr(host, server.port)
+        self.store_addr = format_addr(host, server.port)
         self.base_env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.forwarded = {k: v for k, v in os.environ.items()
                           if k.startswith("TFRING_") and k not in RANK_VARS}
@@ -588,12 +586,10 @@ def main(parser, args):
     if args.host_discovery_script and (args.hosts or args.hostfile):
         parser.error("--host-discovery-script and -H/--hostfile are mutually exclusive")
     try:
-        user_env = _parse_env_items(args.env)
+        user_env = parse_env_items(args.env)
         relay = OutputRelay(args.prefix_output_with_timestamp)
         driver = Driver(args, command, relay)
     except ValueError as e:
         parser.error(str(e))
-    from tfring.run import horovodrun
-
     driver.user_env = horovodrun.translate_x(user_env)
     return driver.run()
