@@ -24,7 +24,7 @@ from tfring.keras._state import (
     distribute_instance,
 )
 from tfring.keras.checkpoint import _ResumableCheckpoint
-from tfring.optimizers import _var_keys
+from tfring.gradient_reduction import var_keys
 
 __all__ = [
     "BestModelCheckpoint",
@@ -77,7 +77,7 @@ class _BroadcastGlobalVariables:
 
     def register_local_var(self, var):
         """Keeps this variable out of the broadcast."""
-        self._local_keys.update(_var_keys(var))
+        self._local_keys.update(var_keys(var))
 
     def _broadcast(self):
         broadcast_model(self.model, self.root_rank, exclude=self._local_keys)
