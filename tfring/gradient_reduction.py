@@ -9,6 +9,7 @@ import warnings
 import tensorflow as tf
 
 from tfring import basics
+from tfring import _collectives
 from tfring import ops as _ops
 from tfring.rewrite.collectives import reduce_gradients
 
@@ -22,7 +23,7 @@ class GradientReducer:
     def __init__(self, op, compression, sparse_as_dense,
                  gradient_predivide_factor, name, process_set=None,
                  scale_local_gradients=True):
-        self.op_name = _ops._reduce_op_name(op)
+        self.op_name = _collectives.reduce_op_name(op)
         if self.op_name not in ("sum", "average"):
             raise ValueError(f"tfring: gradients are averaged or summed over "
                              f"ranks (op=Average or op=Sum), not "
@@ -69,7 +70,7 @@ class GradientReducer:
         op, pre, post = self._op_and_scales()
         extra = _set_kwargs(self.process_set)
         out = [None] * len(grads)
-        if tf.executing_eagerly() or _ops._in_xla_context(
+        if tf.executing_eagerly() or _collectives.in_xla_context(
                 tf.compat.v1.get_default_graph()):
             # One grouped op: every gradient is in flight at once (under
             # XLA too, whose runtime may run separate ops one by one).

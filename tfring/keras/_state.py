@@ -29,9 +29,9 @@ class GradientConfig:
                  gradient_predivide_factor=1.0, process_set=None,
                  scale_local_gradients=True, backward_passes_per_step=1,
                  average_aggregated_gradients=False):
-        from tfring import ops as _ops
+        from tfring._collectives import reduce_op_name
 
-        name = _ops._reduce_op_name(op)
+        name = reduce_op_name(op)
         if name not in ("sum", "average"):
             raise ValueError("tfring.keras: gradients are averaged or summed "
                              "over ranks (op=tfring.Average or tfring.Sum)")

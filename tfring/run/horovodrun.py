@@ -626,8 +626,7 @@ def _tf_ops():
     except OSError:
         pass
     try:
-        from tfring import ops
-        ops._load_library()
+        from tfring import _op_lib  # noqa: F401  (loads the library)
         import tensorflow as tf
     except Exception as e:  # noqa: BLE001 - reported in the table
         return False, f"op library not loadable: {str(e).splitlines()[0][:200]}"
