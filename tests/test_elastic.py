@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -177,7 +178,6 @@ def run_and_kill_host(tmp_path, script, trigger, victim, hosts, timeout=240):
     (exit code, output, killed pids)."""
     import signal
     import threading
-    import time
 
     hosts_file = tmp_path / "hosts.txt"
     hosts_file.write_text(hosts)
@@ -309,3 +309,77 @@ def test_hung_member_that_does_not_report_is_dropped(tmp_path):
     assert re.search(r"worker 2 \(pid \d+\) on 127.0.0.2 did not report within 2 s", out.stderr), \
         out.show
     assert "host 127.0.0.2 blacklisted" in out.stderr, out.show
+
+
+def test_every_worker_failing_ends_the_job_at_once_with_the_first_error(tmp_path):
+    # A script error on every rank: every host is blacklisted for good and
+    # discovery lists no other, so nothing can re-form the job. The driver
+    # stops at once, far below the 600 s --elastic-timeout.
+    start = time.monotonic()
+    out = elastic_run(tmp_path, "127.0.0.1:1\n127.0.0.2:1\n127.0.0.3:1\n",
+                      ["--min-np", "2", "--max-np", "3"], timeout=90,
+                      FAIL_STEP=3, STEPS=20)
+    took = time.monotonic() - start
+    assert out.returncode == 1, out.show  # the failed workers' code (ValueError: 1)
+    assert took < 60, (took, out.show)
+    m = re.search(r"^tfring-run: elastic: error: every worker has failed and no host can be "
+                  r"admitted \(blacklisted: 127.0.0.1, 127.0.0.2, 127.0.0.3\); first error: "
+                  r"worker (\d) \(pid \d+\) on (\S+) exited with code 1 \(it was rank (\d)\): "
+                  r"ValueError: step 3 failed on rank (\d) \(worker (\d)\)$", out.stderr, re.M)
+    assert m, out.show
+    wid, host, rank, said_rank, said_wid = m.groups()
+    # The error named is that worker's own, and it was the first to be seen.
+    assert (wid, rank) == (said_wid, said_rank), out.show
+    joined = {str(j["wid"]): j for j in out.joins}
+    assert joined[wid]["host"] == host and str(joined[wid]["rank"]) == rank, out.show
+    first_exit = re.search(r"elastic: (worker \d \(pid \d+\) on \S+) exited with code",
+                           out.stderr)
+    assert first_exit and first_exit.group(1).startswith(f"worker {wid} "), out.show
+
+
+def test_all_failed_waits_while_a_host_can_still_be_admitted():
+    # Driver logic alone: the job ends only when no host can be admitted.
+    import math
+    import types
+
+    from tfring.run import elastic
+
+    args = types.SimpleNamespace(min_num_proc=2, max_num_proc=4, np=None,
+                                 elastic_timeout=None)
+    ended = []
+
+    def driver(hosts, blacklist):
+        d = elastic.Driver(args, ["true"], relay=None)
+        d.hosts, d.blacklist = hosts, blacklist
+        d.first_failure, d.first_code = (None, "worker 0 exited with code 3"), 3
+        d._fail = lambda why, code: ended.append((why, code))
+        d._check_all_failed()
+        return d
+
+    driver({"a": 1, "b": 1}, {"a": math.inf, "b": time.monotonic() + 30})  # b's cool-down ends
+    driver({"a": 1, "c": 1}, {"a": math.inf})  # discovery lists a new host c
+    driver({}, {"a": math.inf})  # discovery lists nothing (yet)
+    assert ended == []
+    driver({"a": 1, "b": 1}, {"a": math.inf, "b": math.inf})
+    assert len(ended) == 1 and ended[0][1] == 3, ended
+    assert "blacklisted: a, b); first error: worker 0 exited with code 3" in ended[0][0]
+
+
+@pytest.mark.parametrize("stagger", [0.7, -0.7])  # rank 0 leaves first / last
+def test_planned_departures_and_staggered_exits_log_no_error(tmp_path, stagger):
+    # Discovery removes a host mid-training (its workers leave at a commit),
+    # and at the end the ranks exit 0.7 s apart, shutting down at exit: no
+    # process failed, so no line may read as a failure.
+    grow = tmp_path / "hosts.txt"
+    out = elastic_run(tmp_path, "127.0.0.1:2\n127.0.0.2:2\n", ["--min-np", "2", "--max-np", "4"],
+                      STEPS=10, GROW_FILE=grow, GROW_STEP=4, GROW_LINES="127.0.0.1:2",
+                      GROW_SIZE=2, STEP_SLEEP=0.02, EXIT_STAGGER=stagger)
+    sizes = check_result(out)
+    assert sizes[0] == 4 and sizes[-1] == 2, sizes
+    assert "host 127.0.0.2 removed by discovery" in out.stderr, out.show
+    for wid in (2, 3):  # the removed workers say why they leave, in one line
+        assert re.search(rf"^\[{wid}\]<stderr>: tfring elastic: worker {wid} is not in "
+                         r"membership epoch 1 \(host 127.0.0.2 removed by discovery\); leaving$",
+                         out.stderr, re.M), out.show
+    for bad in ("ERROR", "Traceback", "exited with code", "killed by", "error"):
+        assert bad not in out.stderr, (bad, out.show)

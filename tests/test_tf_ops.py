@@ -687,11 +687,11 @@ def check_function_names(tf, tfring, rank, size):
         d = tfring.allreduce(x, name="mine")
         return a + b + c + d
 
-    from tfring import ops
+    from tfring import _collectives
 
     x = tf.constant([1.0])
     graph = step.get_concrete_function(x).graph
-    names = sorted(ops._names_in_function[graph])
+    names = sorted(_collectives._names_in_function[graph])
     top = [op.get_attr("tensor_name").decode() for op in graph.get_operations()
            if op.type == "RingAllreduce"]
     assert len(names) == 4 and set(top) <= set(names), (names, top)
@@ -817,13 +817,13 @@ def check_out_of_order_single_thread(tf, tfring, rank, size):
 def check_xla_compiles(tf, tfring, rank, size):
     """Under jit_compile the ops compile to XLA custom calls (tests/test_xla.py
     covers them); a build without XLA kernels refuses at trace time."""
-    from tfring import ops as tfring_ops
+    from tfring import _op_lib
 
     @tf.function(jit_compile=True)
     def f(x):
         return tfring.allreduce(x, op=tfring.Sum)
 
-    if tfring_ops._xla_build_state()[0]:
+    if _op_lib.xla_build_state()[0]:
         _assert_close("xla", f(tf.ones([2])).numpy(), [size, size])
         return
     try:
@@ -870,26 +870,26 @@ def check_version_mismatch(tf, tfring, rank, size):
     import importlib.util
     import tempfile
 
-    from tfring import ops
+    from tfring import _op_lib
 
     try:
-        ops._check_version("2.0.0", tf.__version__)
+        _op_lib.check_version("2.0.0", tf.__version__)
     except ImportError as e:
         msg = str(e)
         assert "built against TensorFlow 2.0.0" in msg and tf.__version__ in msg
         assert "reinstall tfring" in msg and "--no-build-isolation" in msg
     else:
         raise AssertionError("no error for a version mismatch")
-    # The same through loading: a copy of ops.py beside a stamp of 2.0.0.
-    pkg = os.path.dirname(ops.__file__)
+    # The same through loading: a copy of the loader beside a stamp of 2.0.0.
+    pkg = os.path.dirname(_op_lib.__file__)
     with tempfile.TemporaryDirectory() as d:
-        os.symlink(os.path.join(pkg, "ops.py"), os.path.join(d, "ops.py"))
+        os.symlink(os.path.join(pkg, "_op_lib.py"), os.path.join(d, "_op_lib.py"))
         os.symlink(os.path.join(pkg, "_tfring_ops.so"),
                    os.path.join(d, "_tfring_ops.so"))
         with open(os.path.join(d, "_tfring_ops.so.tfversion"), "w") as f:
             f.write("2.0.0\n")
         spec = importlib.util.spec_from_file_location(
-            "tfring_ops_copy", os.path.join(d, "ops.py"))
+            "tfring_ops_copy", os.path.join(d, "_op_lib.py"))
         try:
             spec.loader.exec_module(importlib.util.module_from_spec(spec))
         except ImportError as e:

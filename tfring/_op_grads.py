@@ -1,5 +1,6 @@
 """Gradients of tfring's TensorFlow ops (tfring/ops.py), registered with
-TensorFlow when tfring.ops is imported.
+TensorFlow when this module is imported (tfring.ops imports it). They are
+built from the raw collectives of tfring/_collectives.py.
 
 With y = postscale * op_r(prescale * x_r) on every rank and a loss summed
 over ranks, dL/dx_r = sum over ranks r' of dL_r'/dy * dy/dx_r. Allgather
@@ -10,14 +11,14 @@ the op's own process set.
 import tensorflow as tf
 
 from tfring import basics
-from tfring.ops import (
-    _allreduce,
-    _in_xla_context,
+from tfring._collectives import (
     allgather,
+    allreduce,
     alltoall,
     grouped_allreduce,
+    in_xla_context,
 )
-from tfring.process_sets import _rank_size, process_set_by_id
+from tfring.process_sets import _process_set_arg, _rank_size, process_set_by_id
 
 
 def _attr_str(op, name):
@@ -26,18 +27,18 @@ def _attr_str(op, name):
 
 
 def _ps_of(op):
-    """The op's process set: (id, the ProcessSet or None for the world).
+    """The op's process set id, checked as a `process_set=` argument is.
     Gradients run on the same set as the op."""
     try:
         ps_id = int(op.get_attr("process_set_id"))
     except ValueError:  # graphs built before the attribute existed
         ps_id = 0
     if ps_id == 0:
-        return 0, None
-    return ps_id, process_set_by_id(ps_id)
+        return 0
+    return _process_set_arg(process_set_by_id(ps_id))
 
 
-def _reduce_grad(op_name, x, y_full, g_full, pre, post, ps_id, ps):
+def _reduce_grad(op_name, x, y_full, g_full, pre, post, ps_id):
     """dL/dx for y_full = post * op_r(pre * x_r), given g_full = the sum over
     ranks of dL/dy_full (y_full: the whole reduced tensor)."""
     me, size = _rank_size(ps_id)
@@ -50,14 +51,14 @@ def _reduce_grad(op_name, x, y_full, g_full, pre, post, ps_id, ps):
         # negative prescale swaps min and max).
         if pre < 0:
             op_name = "max" if op_name == "min" else "min"
-        best = _allreduce(x, op_name, ps_id=ps_id)
+        best = allreduce(x, op_name, ps_id=ps_id)
         mask = tf.cast(tf.equal(x, best), g_full.dtype)
-        count = _allreduce(mask, "sum", ps_id=ps_id)
+        count = allreduce(mask, "sum", ps_id=ps_id)
         return g_full * tf.cast(pre * post, g_full.dtype) * mask / count
     if op_name == "product":
         # dy/dx_r = post * pre^size * product of the other ranks' x, built
         # from exclusive cumulative products so zeros need no division.
-        xs = allgather(tf.expand_dims(x, 0), process_set=ps)
+        xs = allgather(tf.expand_dims(x, 0), ps_id=ps_id)
         others = (tf.math.cumprod(xs, axis=0, exclusive=True)
                   * tf.math.cumprod(xs, axis=0, exclusive=True, reverse=True))
         scale = post * pre ** size
@@ -69,11 +70,11 @@ def _allreduce_grad(op, grad):
     op_name = _attr_str(op, "reduce_op")
     pre = op.get_attr("prescale_factor")
     post = op.get_attr("postscale_factor")
-    ps_id, ps = _ps_of(op)
+    ps_id = _ps_of(op)
     if op_name in ("sum", "average"):
-        return _allreduce(grad, op_name, None, pre, post, ps_id=ps_id)
+        return allreduce(grad, op_name, None, pre, post, ps_id=ps_id)
     return _reduce_grad(op_name, op.inputs[0], op.outputs[0],
-                        _allreduce(grad, "sum", ps_id=ps_id), pre, post, ps_id, ps)
+                        allreduce(grad, "sum", ps_id=ps_id), pre, post, ps_id)
 
 
 def _grouped_allreduce_grad(op, *grads):
@@ -82,18 +83,18 @@ def _grouped_allreduce_grad(op, *grads):
     post = op.get_attr("postscale_factor")
     present = [i for i, g in enumerate(grads) if g is not None]
     out = [None] * len(grads)
-    ps_id, ps = _ps_of(op)
+    ps_id = _ps_of(op)
     if op_name in ("sum", "average"):
         reduced = grouped_allreduce([grads[i] for i in present], op_name,
                                     prescale_factor=pre, postscale_factor=post,
-                                    process_set=ps)
+                                    ps_id=ps_id)
         for i, r in zip(present, reduced):
             out[i] = r
         return out
-    summed = grouped_allreduce([grads[i] for i in present], "sum", process_set=ps)
+    summed = grouped_allreduce([grads[i] for i in present], "sum", ps_id=ps_id)
     for i, g in zip(present, summed):
         out[i] = _reduce_grad(op_name, op.inputs[i], op.outputs[i], g, pre, post,
-                              ps_id, ps)
+                              ps_id)
     return out
 
 
@@ -107,15 +108,15 @@ def _allgather_grad(op, grad):
     # Every rank's loss depends on every rank's rows: average the gradients
     # over ranks, then keep this rank's rows. Ranks may contribute different
     # row counts, so the offsets come from the gathered counts.
-    ps_id, ps = _ps_of(op)
-    grad = _allreduce(tf.convert_to_tensor(grad), "average", ps_id=ps_id)
+    ps_id = _ps_of(op)
+    grad = allreduce(tf.convert_to_tensor(grad), "average", ps_id=ps_id)
     rows = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
-    if _in_xla_context(tf.compat.v1.get_default_graph()):
+    if in_xla_context(tf.compat.v1.get_default_graph()):
         # Under XLA every rank gathers the same row count (docs/xla.md),
         # and XLA needs the slice's bounds without running a collective.
         begin = rows[0] * _rank_size(ps_id)[0]
     else:
-        all_rows = allgather(rows, process_set=ps)
+        all_rows = allgather(rows, ps_id=ps_id)
         begin = tf.reduce_sum(all_rows[:_rank_size(ps_id)[0]])
     return grad[begin:begin + rows[0]]
 
@@ -125,8 +126,8 @@ def _broadcast_grad(op, grad):
     # rank's gradient, the others zero. Every rank builds the same graph
     # (the allreduce feeds the result on all of them), or graph optimizers
     # could drop the allreduce on non-root ranks only.
-    ps_id, _ = _ps_of(op)
-    grad = _allreduce(tf.convert_to_tensor(grad), "average", ps_id=ps_id)
+    ps_id = _ps_of(op)
+    grad = allreduce(tf.convert_to_tensor(grad), "average", ps_id=ps_id)
     is_root = basics.rank() == op.get_attr("root_rank")
     return grad * tf.constant(1 if is_root else 0, grad.dtype)
 
@@ -137,18 +138,18 @@ def _reducescatter_grad(op, grad):
     op_name = _attr_str(op, "reduce_op")
     pre = op.get_attr("prescale_factor")
     post = op.get_attr("postscale_factor")
-    ps_id, ps = _ps_of(op)
-    g_full = allgather(tf.convert_to_tensor(grad), process_set=ps)
-    return _reduce_grad(op_name, op.inputs[0], None, g_full, pre, post, ps_id, ps)
+    ps_id = _ps_of(op)
+    g_full = allgather(tf.convert_to_tensor(grad), ps_id=ps_id)
+    return _reduce_grad(op_name, op.inputs[0], None, g_full, pre, post, ps_id)
 
 
 def _alltoall_grad(op, grad, _grad_received):
     # Rows went from rank s to rank d, so their gradients go back from d to
     # s: an alltoall of the gradient with the received splits, on the op's
     # process set.
-    _, ps = _ps_of(op)
+    ps_id = _ps_of(op)
     grad, _ = alltoall(tf.convert_to_tensor(grad), splits=op.outputs[1],
-                       process_set=ps)
+                       ps_id=ps_id)
     return [grad, None]
 
 

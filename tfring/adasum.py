@@ -27,6 +27,7 @@ order (its size must be a power of two), through an allgather on the set.
 import numpy as np
 import tensorflow as tf
 
+from tfring import _collectives
 from tfring.process_sets import _process_set_arg, _rank_size
 
 __all__ = []
@@ -80,14 +81,12 @@ def _reduce_gathered(gathered, tensor, prescale, postscale, size):
 
 def allreduce(tensor, name=None, prescale_factor=1.0, postscale_factor=1.0,
               ignore_name_scope=False, process_set=None):
-    from tfring import ops
-
     ps_id = _process_set_arg(process_set)
     _check(tensor, f"tensor {name!r}" if name else "the tensor", ps_id)
-    gathered = ops.allgather(tf.expand_dims(tensor, 0),
-                             name=f"{name}.adasum" if name else None,
-                             ignore_name_scope=ignore_name_scope,
-                             process_set=process_set)
+    gathered = _collectives.allgather(tf.expand_dims(tensor, 0),
+                                      name=f"{name}.adasum" if name else None,
+                                      ignore_name_scope=ignore_name_scope,
+                                      ps_id=ps_id)
     return _reduce_gathered(gathered, tensor, prescale_factor, postscale_factor,
                             _rank_size(ps_id)[1])
 
@@ -96,15 +95,15 @@ def grouped_allreduce(tensors, name=None, prescale_factor=1.0,
                       postscale_factor=1.0, ignore_name_scope=False,
                       process_set=None):
     """Adasum of each tensor on its own (its own dot products and norms)."""
-    from tfring import ops
-
     ps_id = _process_set_arg(process_set)
     for i, t in enumerate(tensors):
         _check(t, f"tensor {i} of the group", ps_id)
-    gathered = ops.grouped_allgather(
-        [tf.expand_dims(t, 0) for t in tensors],
-        name=f"{name}.adasum" if name else None,
-        ignore_name_scope=ignore_name_scope, process_set=process_set)
+    # One allgather per tensor, named as tfring.grouped_allgather names them.
+    gathered = [_collectives.allgather(tf.expand_dims(t, 0),
+                                       name=f"{name}.adasum.{i}" if name else None,
+                                       ignore_name_scope=ignore_name_scope,
+                                       ps_id=ps_id)
+                for i, t in enumerate(tensors)]
     size = _rank_size(ps_id)[1]
     return [_reduce_gathered(g, t, prescale_factor, postscale_factor, size)
             for g, t in zip(gathered, tensors)]

@@ -75,7 +75,7 @@ def _load_tf_ops():
 
     if "tensorflow" in sys.modules:
         try:
-            import tfring.ops  # noqa: F401
+            from tfring import _op_lib  # noqa: F401
         except ImportError:
             pass  # reported with its cause when the ops are first used
 

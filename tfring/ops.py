@@ -1,7 +1,10 @@
-"""TensorFlow collectives: loads the op library (_tfring_ops.so), wraps its
-ops (RingAllreduce, RingGroupedAllreduce, RingAllgather, RingBroadcast,
-RingReducescatter, and the topology queries RingRank, RingSize, ...);
-their gradients are in tfring/_op_grads.py, registered on import.
+"""TensorFlow collectives, the public API over tfring's ops (RingAllreduce,
+RingGroupedAllreduce, RingAllgather, RingBroadcast, RingReducescatter, and
+the topology queries RingRank, RingSize, ...). Layers: tfring/_op_lib.py
+loads the op library; tfring/_collectives.py names and creates the ops (the
+raw collectives); tfring/adasum.py and the gradients (tfring/_op_grads.py,
+registered when this module is imported) are built on those; this module
+adds the public arguments and Adasum on top.
 
 Horovod's arguments. Every collective takes the keyword arguments Horovod's
 has: `process_set=` (see tfring/process_sets.py), `ignore_name_scope=`
@@ -28,16 +31,13 @@ marked to run independently instead, so all of a step's collectives can be
 in flight together and the engine fuses them.
 """
 
-import os
-import re
-import warnings
-import weakref
-
 import tensorflow as tf
-from tensorflow.python.framework import func_graph as _func_graph
-from tensorflow.python.ops import control_flow_util as _cf_util
 
-from tfring import Adasum, Average, Max, Min, Product, Sum, basics
+from tfring import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
+from tfring import _collectives as _c
+from tfring import _op_grads  # noqa: F401  (registers the ops' gradients)
+from tfring import adasum, basics
+from tfring._op_lib import lib as _lib
 from tfring.compression import Compression
 from tfring.process_sets import _process_set_arg, _rank_size
 
@@ -51,259 +51,10 @@ __all__ = [
 ]
 __all__ += ["alltoall", "join"]
 
-_LIB_FILE = "_tfring_ops.so"
 # Our Python runs as written inside tf.function, never rewritten by autograph.
 _no_autograph = tf.autograph.experimental.do_not_convert
-_VERSION_FILE = _LIB_FILE + ".tfversion"
-
-
-# --------------------------------------------------------------- loading ----
-
-def _version_mismatch_message(built, installed):
-    return (
-        f"tfring's op library was built against TensorFlow {built} but "
-        f"{installed} is installed; reinstall tfring: pip install "
-        f"--no-build-isolation --force-reinstall --no-deps tfring "
-        f"(or from a checkout: pip install --no-build-isolation "
-        f"--force-reinstall --no-deps .)")
-
-
-def _check_version(built, installed):
-    if built != installed:
-        raise ImportError(_version_mismatch_message(built, installed))
-
-
-def _load_library():
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = os.path.join(here, _LIB_FILE)
-    if not os.path.exists(path):
-        raise ImportError(
-            f"tfring was built without its TensorFlow op library ({path} is "
-            f"missing): TensorFlow was not importable when tfring was built. "
-            f"Install TensorFlow first, then reinstall tfring: pip install "
-            f"--no-build-isolation --force-reinstall --no-deps tfring")
-    try:
-        with open(os.path.join(here, _VERSION_FILE)) as f:
-            built = f.read().strip()
-    except OSError:
-        built = "an unknown version"
-    # Checked before loading: a library built for another TensorFlow fails
-    # with undefined symbols at best.
-    _check_version(built, tf.__version__)
-    return tf.load_op_library(path)
-
-
-_lib = _load_library()
-
-
-# ------------------------------------------------------------ reduce ops ----
-
-_REDUCE_OP_NAMES = {Sum: "sum", Average: "average", Min: "min", Max: "max",
-                    Product: "product", Adasum: "adasum"}
-
-
-def _reduce_op_name(op):
-    """Sum/Average/... (ints), their names ("sum"), or None (Average)."""
-    if op is None:
-        return "average"
-    if isinstance(op, bytes):
-        op = op.decode()
-    if isinstance(op, str):
-        if op.lower() in _REDUCE_OP_NAMES.values():
-            return op.lower()
-    elif not isinstance(op, bool) and op in _REDUCE_OP_NAMES:
-        return _REDUCE_OP_NAMES[op]
-    raise ValueError(f"tfring: unknown reduce op {op!r}; use tfring.Sum, "
-                     f"Average, Min, Max, Product or Adasum")
-
-
-def _handle_average(op, average):
-    """Horovod's deprecated `average=`: True is Average, False is Sum; it may
-    not be combined with `op`."""
-    if average is None:
-        return Average if op is None else op
-    if op is not None:
-        raise ValueError("tfring: the op parameter supersedes average; "
-                         "give only one of them")
-    warnings.warn("Parameter `average` has been replaced with `op` and will "
-                  "be removed in v1.0", DeprecationWarning, stacklevel=3)
-    return Average if average else Sum
-
-
-# ---------------------------------------------------------------- naming ----
-
-_GRAPH_UID = re.compile(r"_\d+(?=_|$)")
-# Outermost traced function graph -> tensor names taken in it.
-_names_in_function = weakref.WeakKeyDictionary()
-_INVALID_SCOPE_CHARS = re.compile(r"[^A-Za-z0-9_.\-/]")
-
-
-def _func_graph_chain(graph):
-    """The FuncGraphs from `graph` out to the outermost one (may be empty)."""
-    chain = []
-    while isinstance(graph, _func_graph.FuncGraph):
-        chain.append(graph)
-        graph = getattr(graph, "outer_graph", None)
-    return chain
-
-
-def _function_tensor_name(chain, node_name):
-    """Name of an op built in a traced function: deterministic across ranks
-    and unique across the outermost traced function and its nested graphs.
-    A function built into a tf.compat.v1 graph (tf.cond there makes one per
-    branch) is prefixed with that graph's name scope, which is unique in it
-    ("cond_1")."""
-    outermost = chain[-1]
-    parts = []
-    outer = getattr(outermost, "outer_graph", None)
-    if outer is not None and outer.get_name_scope():
-        parts.append(outer.get_name_scope())
-    parts += [_GRAPH_UID.sub("", g.name) or "fn" for g in reversed(chain)]
-    used = _names_in_function.setdefault(outermost, set())
-    base = "/".join(parts + [node_name])
-    name, i = base, 1
-    while name in used:
-        name, i = f"{base}_{i}", i + 1
-    used.add(name)
-    return name
-
-
-def _in_xla_context(graph):
-    try:
-        return _cf_util.GraphOrParentsInXlaContext(graph)
-    except Exception:  # noqa: BLE001 - private API; never fail because of it
-        return False
-
-
-_XLA_FILE = _LIB_FILE + ".xla"
-_xla_ready = set()  # op types checked compilable by XLA in this process
-# The ops with XLA kernels (csrc/tf/xla_ops.cc).
-_XLA_OPS = frozenset({"RingAllreduce", "RingGroupedAllreduce", "RingAllgather",
-                      "RingBroadcast", "RingReducescatter"})
-_XLA_GPU_VISIBLE = None  # set on first use: whether TF sees a GPU
-
-
-def _xla_build_state():
-    """(built with XLA kernels?, why) from the build's _tfring_ops.so.xla."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _XLA_FILE)
-    try:
-        with open(path) as f:
-            state = f.read().strip()
-    except OSError:
-        return False, "this build predates tfring's XLA support"
-    on, _, why = state.partition(": ")
-    return on == "on", why
-
-
-def _xla_kernel_devices(op_type):
-    from tensorflow.python.framework import kernels
-
-    return {k.device_type
-            for k in kernels.get_registered_kernels_for_op(op_type).kernel}
-
-
-def _check_xla(op_type, tensor):
-    """Raises at trace time, naming the op and what to change, where XLA
-    cannot compile it; see docs/xla.md. XLA registers its compilation
-    kernels once per process, at the first XLA compilation: ops loaded
-    later (tfring imported after it) never get any."""
-    global _XLA_GPU_VISIBLE
-    if op_type not in _XLA_OPS:
-        raise NotImplementedError(
-            f"tfring: {op_type} cannot be compiled by XLA "
-            f"(tf.function(jit_compile=True)): only "
-            f"{', '.join(sorted(_XLA_OPS))} have XLA kernels. Call it from a "
-            f"function without jit_compile.")
-    if _XLA_GPU_VISIBLE is None:
-        _XLA_GPU_VISIBLE = bool(tf.config.list_logical_devices("GPU"))
-    if op_type in _xla_ready and not _XLA_GPU_VISIBLE:
-        return
-    built, why = _xla_build_state()
-    if not built:
-        raise NotImplementedError(
-            f"tfring: {op_type} cannot be compiled by XLA "
-            f"(tf.function(jit_compile=True)): tfring's op library was built "
-            f"without XLA support ({why}). Rebuild tfring against a "
-            f"TensorFlow that ships the tf2xla headers, or call the "
-            f"collectives from a function without jit_compile.")
-    devices = _xla_kernel_devices(op_type)
-    if not any(d.endswith("_JIT") for d in devices):
-        if any(d.endswith("_JIT") for d in _xla_kernel_devices("Identity")):
-            raise NotImplementedError(
-                f"tfring: {op_type} cannot be compiled by XLA in this "
-                f"process: tfring's op library was loaded after XLA's first "
-                f"compilation (which tracing any jit_compile function "
-                f"starts), and XLA takes no new ops after it. Call "
-                f"tfring.init() (or import tfring.ops) after importing "
-                f"TensorFlow and before tracing the first jit-compiled "
-                f"function.")
-        return  # XLA's registry is still open: it will take our kernels
-    device = getattr(tensor, "device", "") or ""
-    if (_XLA_GPU_VISIBLE and "XLA_GPU_JIT" not in devices
-            and "CPU" not in device.upper()):
-        raise NotImplementedError(
-            f"tfring: {op_type} cannot be compiled by XLA for the GPU: "
-            f"tfring's op library has no GPU kernels (see "
-            f"_tfring_ops.so.gpu next to it). Rebuild tfring with CUDA "
-            f"(TFRING_TF_GPU), place the step on the CPU "
-            f"(with tf.device('/CPU:0')), or compile without jit_compile.")
-    _xla_ready.add(op_type)
-
-
-def _run_op(op_fn, op_type, name, ignore_name_scope=False, **attrs):
-    """Creates one collective op with its cross-rank name; returns outputs."""
-    if tf.executing_eagerly():
-        return op_fn(tensor_name=name or "", **attrs)
-    graph = tf.compat.v1.get_default_graph()
-    if ignore_name_scope:
-        with graph.name_scope(None):  # the root scope
-            return _run_op(op_fn, op_type, name, **attrs)
-    if _in_xla_context(graph):
-        inputs = attrs.get("tensors") or [attrs.get("tensor")]
-        _check_xla(op_type, inputs[0])
-        if attrs.get("process_set_id", 0):
-            raise NotImplementedError(
-                f"tfring: {op_type} on process set {attrs['process_set_id']} "
-                f"cannot be compiled by XLA: under jit_compile collectives "
-                f"run on every rank only. Call it from a function without "
-                f"jit_compile.")
-    # The user's name, made a valid node name ("grad:0" -> "grad_0").
-    scope_name = _INVALID_SCOPE_CHARS.sub("_", name or "").lstrip("_-/") or op_type
-    with tf.name_scope(scope_name) as scope:  # reserves a unique node name
-        pass
-    chain = _func_graph_chain(graph)
-    tensor_name = _function_tensor_name(chain, scope[:-1]) if chain else ""
-    outputs = op_fn(tensor_name=tensor_name, name=scope, **attrs)
-    op = (outputs[0] if isinstance(outputs, (list, tuple)) else outputs).op
-    acd = getattr(graph, "experimental_acd_manager", None)
-    if chain and acd is not None and hasattr(acd, "run_independently"):
-        acd.run_independently(op)
-    return outputs
-
-
-def _inline_consumers(outputs):
-    """In a graph, passes a collective's outputs through RingOutputs (a
-    synchronous, copy-free op; csrc/tf/outputs.cc) so that TF runs their
-    consumers inline when the collective finishes, instead of scheduling
-    each consumer on its thread pool. Eager mode and XLA: unchanged."""
-    if tf.executing_eagerly() or len(outputs) < 2:
-        return outputs
-    if _in_xla_context(tf.compat.v1.get_default_graph()):
-        return outputs
-    return _lib.ring_outputs(outputs)
-
 
 # ----------------------------------------------------------- collectives ----
-
-def _allreduce(tensor, op="average", name=None, prescale_factor=1.0,
-               postscale_factor=1.0, ignore_name_scope=False, ps_id=0):
-    return _run_op(_lib.ring_allreduce, "RingAllreduce", name,
-                   ignore_name_scope, tensor=tensor,
-                   reduce_op=_reduce_op_name(op),
-                   prescale_factor=float(prescale_factor),
-                   postscale_factor=float(postscale_factor),
-                   process_set_id=ps_id)
-
 
 @_no_autograph
 def allreduce(tensor, op=None, name=None, compression=Compression.none,
@@ -326,60 +77,21 @@ def allreduce(tensor, op=None, name=None, compression=Compression.none,
     do nothing (the op runs where the tensor is).
     """
     ps_id = _process_set_arg(process_set)
-    op_name = _reduce_op_name(_handle_average(op, average))
+    op_name = _c.reduce_op_name(_c.handle_average(op, average))
     if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_indexed_slices(tensor, op_name, name, compression,
-                                         prescale_factor * postscale_factor,
-                                         ignore_name_scope, process_set)
+        return _c.allreduce_indexed_slices(tensor, op_name, name, compression,
+                                           prescale_factor * postscale_factor,
+                                           ignore_name_scope, ps_id)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     if op_name == "adasum":
-        from tfring import adasum
         reduced = adasum.allreduce(compressed, name, prescale_factor,
                                    postscale_factor, ignore_name_scope,
                                    process_set)
     else:
-        reduced = _allreduce(compressed, op_name, name, prescale_factor,
-                             postscale_factor, ignore_name_scope, ps_id)
+        reduced = _c.allreduce(compressed, op_name, name, prescale_factor,
+                               postscale_factor, ignore_name_scope, ps_id)
     return compression.decompress(reduced, ctx)
-
-
-def _scale_gathered_values(values, op_name, scale, size):
-    """Scales allgathered IndexedSlices values: Average divides by the number
-    of ranks with true division (integers become floating, as in Horovod);
-    an integer Sum with a scale other than 1 is scaled in float64 and
-    truncated toward zero, as the dense integer collectives do."""
-    if op_name == "average":
-        if values.dtype.is_integer or values.dtype.is_bool:
-            values = tf.math.truediv(values, tf.cast(size, values.dtype))
-            return values * tf.cast(scale, values.dtype) if scale != 1.0 else values
-        scale = scale / size
-    if scale == 1.0:
-        return values
-    if values.dtype.is_integer:
-        return tf.cast(tf.cast(values, tf.float64) * scale, values.dtype)
-    return values * tf.cast(scale, values.dtype)
-
-
-def _allreduce_indexed_slices(slices, op_name, name, compression, scale,
-                              ignore_name_scope=False, process_set=None):
-    if op_name not in ("sum", "average"):
-        raise NotImplementedError(
-            f"tfring: allreduce of a tf.IndexedSlices supports Sum and "
-            f"Average only, not {op_name}; densify it first "
-            f"(tf.convert_to_tensor) or use sparse_as_dense=True")
-    values, ctx = compression.compress(slices.values)
-    values = allgather(values, name=f"{name}.values" if name else None,
-                       ignore_name_scope=ignore_name_scope,
-                       process_set=process_set)
-    indices = allgather(slices.indices,
-                        name=f"{name}.indices" if name else None,
-                        ignore_name_scope=ignore_name_scope,
-                        process_set=process_set)
-    size = _rank_size(_process_set_arg(process_set))[1]
-    values = _scale_gathered_values(compression.decompress(values, ctx),
-                                    op_name, scale, size)
-    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
 @_no_autograph
@@ -396,45 +108,30 @@ def grouped_allreduce(tensors, op=None, name=None,
     tensors = list(tensors)
     if not tensors:
         return []
-    op_name = _reduce_op_name(_handle_average(op, average))
-    results = [None] * len(tensors)
-    dense, dense_idx, ctxs = [], [], []
-    for i, t in enumerate(tensors):
-        if isinstance(t, tf.IndexedSlices):
-            results[i] = _allreduce_indexed_slices(
-                t, op_name, f"{name}.{i}" if name else None, compression,
-                prescale_factor * postscale_factor, ignore_name_scope,
-                process_set)
-            continue
+    op_name = _c.reduce_op_name(_c.handle_average(op, average))
+    if op_name != "adasum":
+        return _c.grouped_allreduce(tensors, op_name, name, prescale_factor,
+                                    postscale_factor, ignore_name_scope,
+                                    ps_id, compression)
+    if any(isinstance(t, tf.IndexedSlices) for t in tensors):
+        _c.check_indexed_slices_op(op_name)
+    dense, ctxs = [], []
+    for t in tensors:
         c, ctx = compression.compress(tf.convert_to_tensor(t))
         dense.append(c)
-        dense_idx.append(i)
         ctxs.append(ctx)
-    if dense and op_name == "adasum":
-        from tfring import adasum
-        reduced = adasum.grouped_allreduce(dense, name, prescale_factor,
-                                           postscale_factor, ignore_name_scope,
-                                           process_set)
-    elif dense:
-        reduced = _run_op(_lib.ring_grouped_allreduce, "RingGroupedAllreduce",
-                          name, ignore_name_scope, tensors=dense,
-                          reduce_op=op_name,
-                          prescale_factor=float(prescale_factor),
-                          postscale_factor=float(postscale_factor),
-                          process_set_id=ps_id)
-        reduced = _inline_consumers(reduced)
-    for i, r, ctx in zip(dense_idx, reduced if dense else [], ctxs):
-        results[i] = compression.decompress(r, ctx)
-    return results
+    reduced = adasum.grouped_allreduce(dense, name, prescale_factor,
+                                       postscale_factor, ignore_name_scope,
+                                       process_set)
+    return [compression.decompress(r, ctx) for r, ctx in zip(reduced, ctxs)]
 
 
 @_no_autograph
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     """Concatenates every rank's `tensor` along dimension 0, in rank order.
     The first dimension may differ between ranks; the others must agree."""
-    return _run_op(_lib.ring_allgather, "RingAllgather", name,
-                   ignore_name_scope, tensor=tf.convert_to_tensor(tensor),
-                   process_set_id=_process_set_arg(process_set))
+    return _c.allgather(tensor, name, ignore_name_scope,
+                        _process_set_arg(process_set))
 
 
 @_no_autograph
@@ -457,9 +154,9 @@ def broadcast(tensor, root_rank=0, name=None, ignore_name_scope=False,
     is a global rank, which must be in the set (as in Horovod); the core
     checks it, failing the broadcast on every rank of the set alike."""
     ps_id = _process_set_arg(process_set)
-    return _run_op(_lib.ring_broadcast, "RingBroadcast", name,
-                   ignore_name_scope, tensor=tf.convert_to_tensor(tensor),
-                   root_rank=int(root_rank), process_set_id=ps_id)
+    return _c.run_op(_lib.ring_broadcast, "RingBroadcast", name,
+                     ignore_name_scope, tensor=tf.convert_to_tensor(tensor),
+                     root_rank=int(root_rank), process_set_id=ps_id)
 
 
 def _reducescatter_rows(rows, rank, size):
@@ -476,15 +173,15 @@ def reducescatter(tensor, op=Average, name=None, compression=Compression.none,
     ps_id = _process_set_arg(process_set)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
-    op_name = _reduce_op_name(op)
+    op_name = _c.reduce_op_name(op)
     if op_name == "adasum":
         raise NotImplementedError(
             "tfring: reducescatter does not support Adasum (as in Horovod)")
-    out = _run_op(_lib.ring_reducescatter, "RingReducescatter", name,
-                  ignore_name_scope, tensor=compressed, reduce_op=op_name,
-                  prescale_factor=float(prescale_factor),
-                  postscale_factor=float(postscale_factor),
-                  process_set_id=ps_id)
+    out = _c.run_op(_lib.ring_reducescatter, "RingReducescatter", name,
+                    ignore_name_scope, tensor=compressed, reduce_op=op_name,
+                    prescale_factor=float(prescale_factor),
+                    postscale_factor=float(postscale_factor),
+                    process_set_id=ps_id)
     rows = tensor.shape[0] if tensor.shape.rank else None
     if rows is not None and not tf.executing_eagerly() and basics.is_initialized():
         out.set_shape([_reducescatter_rows(rows, *_rank_size(ps_id))]
@@ -635,13 +332,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     entry per rank of the set, and the output holds the set's rows only.
     """
     ps_id = _process_set_arg(process_set)
-    tensor = tf.convert_to_tensor(tensor)
-    splits_t = (tf.constant([], tf.int32) if splits is None
-                else tf.cast(tf.convert_to_tensor(splits), tf.int32))
-    with tf.device("/cpu:0"):
-        output, received = _run_op(_lib.ring_alltoall, "RingAlltoall", name,
-                                   tensor=tensor, splits=splits_t,
-                                   process_set_id=ps_id)
+    output, received = _c.alltoall(tensor, splits, name, ps_id=ps_id)
     return (output, received) if splits is not None else output
 
 
@@ -655,7 +346,3 @@ def join():
         return _lib.ring_join(tensor_name="tfring.join")
     return _lib.ring_join(tensor_name="tfring.join", name="RingJoin")
 
-
-# Registers the ops' gradients (tfring/_op_grads.py); last, since it uses
-# the collectives above.
-from tfring import _op_grads  # noqa: E402,F401

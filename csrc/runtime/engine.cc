@@ -7,6 +7,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "common/abort.h"
 #include "common/clock.h"
 #include "common/logging.h"
@@ -224,10 +226,27 @@ bool Engine::pumpGuarded(bool block) {
   } catch (const Error& e) {
     if (e.status().code() == Code::kPeerFailure && !AbortState::get().aborted()) {
       // A neighbour that closed its link may itself be failing because of
-      // another rank: give the coordinator's verdict (which names the rank
-      // that failed first) a moment to arrive before reporting our own.
+      // another rank, or may have shut down: a leaving rank says goodbye to
+      // the coordinator before it closes its links, but this rank can see
+      // the links close before the coordinator's word (kMsgLeft) that it
+      // left. Give the coordinator's verdict (an abort naming the rank that
+      // failed first, or that word) a moment to arrive before reporting.
+      const int suspect = e.status().suspect();
       Deadline grace = Deadline::in(1.0);
-      while (!AbortState::get().aborted() && !grace.expired()) usleep(1000);
+      while (!AbortState::get().aborted() && !hasLeft(suspect) && !grace.expired())
+        usleep(1000);
+      if (!AbortState::get().aborted() && hasLeft(suspect)) {
+        // A departure, not a failure: nothing to report; what needed the
+        // rank fails naming it, as round() fails it once kMsgLeft is in.
+        const int who = suspect >= 0 ? suspect : left_rank_.load();
+        TFRING_LOG(kDebug, "rank ", who, " shut down: ", e.status().message());
+        failAll(Status(), [who](const Entry& en) {
+          return Status(Code::kAborted, strCat("tensor '", en.meta.name,
+                                               "' can never complete: rank ", who,
+                                               " has already shut down (tfring.shutdown())"));
+        });
+        return false;
+      }
     }
     reportFatal(e.status());
     // On rank 0 the coordinator relays the error as an abort: let it reach
@@ -236,6 +255,12 @@ bool Engine::pumpGuarded(bool block) {
     failAll(AbortState::get().aborted() ? AbortState::get().status() : e.status());
     return false;
   }
+}
+
+bool Engine::hasLeft(int rank) {
+  if (rank < 0) return left_rank_.load() >= 0;
+  std::lock_guard<std::mutex> lk(mu_);
+  return std::find(left_ranks_.begin(), left_ranks_.end(), rank) != left_ranks_.end();
 }
 
 bool Engine::pump(bool block) {
@@ -382,7 +407,9 @@ void Engine::loop() {
         std::lock_guard<std::mutex> lk(mu_);
         idle_stop = stopping_ && incoming_.empty();
       }
-      if (idle_stop && !peerStartedRound()) {
+      // Once a rank has left no round can complete: a round a peer started
+      // (its bytes unread on a link) must not keep this thread spinning.
+      if (idle_stop && (left_rank_.load() >= 0 || !peerStartedRound())) {
         quit = true;
         break;
       }
@@ -440,6 +467,10 @@ void Engine::onCtrlMessage(const std::vector<uint8_t>& msg) {
       // Rounds need every rank: from the next round on, this rank's work
       // fails with a message naming the rank that left.
       const int who = rd.get<int32_t>();
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        left_ranks_.push_back(who);
+      }
       left_rank_.store(who);
       // A round or collective already waiting for it would wait until
       // TFRING_TIMEOUT: give what it sent before leaving time to arrive,

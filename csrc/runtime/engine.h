@@ -149,6 +149,9 @@ class Engine {
   // one, else an idle wait (when `block`). Returns true if a round ran.
   bool pump(bool block);
   bool pumpGuarded(bool block);  // pump() with fatal errors reported
+  // Whether the coordinator said `rank` shut down (kMsgLeft); for -1
+  // (a failure that names no peer), whether any rank did.
+  bool hasLeft(int rank);
 
   // engine_round.cc
   bool hasNews();
@@ -248,6 +251,7 @@ class Engine {
   std::atomic<bool> gpu_seen_{false};   // tryDrive leaves GPU groups to the engine thread
   std::atomic<bool> idle_blocked_{false};
   std::atomic<int> left_rank_{-1};           // a rank that shut down (kMsgLeft)
+  std::vector<int> left_ranks_;              // every such rank; guarded by mu_
   std::atomic<bool> stop_requested_{false};  // stop() was called
 
   // Driver state (drive_mu_).

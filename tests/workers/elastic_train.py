@@ -13,7 +13,11 @@ rewrites the discovery file at that step, then trains on until 4 steps ran
 on GROW_SIZE ranks), FLAG_FILE/FLAG_STEP (rank 0 creates the file at that step), KILL_WIDS (these
 workers SIGKILL themselves 4 steps after they join), STOP_WIDS (the same
 with SIGSTOP: hung, not dead), UNTIL_WID (train on until
-that worker is a member).
+that worker is a member), FAIL_STEP (every rank raises a ValueError naming
+itself at that step: a script error everywhere), EXIT_STAGGER (s: after
+training, rank r waits r * EXIT_STAGGER, or (size - 1 - r) * -EXIT_STAGGER
+when negative, and exits without tfring.shutdown() (it runs at exit): ranks
+leave at different times).
 """
 
 import json
@@ -100,6 +104,8 @@ def main():
                     f.write(os.environ["GROW_LINES"].replace(",", "\n") + "\n")
             if r == 0 and s == env_int("FLAG_STEP") and os.environ.get("FLAG_FILE"):
                 open(os.environ["FLAG_FILE"], "w").close()
+            if s == env_int("FAIL_STEP"):
+                raise ValueError(f"step {s} failed on rank {r} (worker {WID})")
             x, y = example(s, r, n)
             grad = (x @ state.w - y) * x
             avg = _core.allreduce(grad, op="average", name="grad")
@@ -118,6 +124,11 @@ def main():
     if tfring.rank() == 0:
         print("RESULT " + json.dumps({"w": w.tolist(), "sizes": state.sizes,
                                       "size": tfring.size(), "pid": os.getpid()}), flush=True)
+    if "EXIT_STAGGER" in os.environ:  # exit as Horovod's examples do: shutdown at exit
+        stagger = float(os.environ["EXIT_STAGGER"])
+        order = tfring.rank() if stagger >= 0 else tfring.size() - 1 - tfring.rank()
+        time.sleep(abs(stagger) * order)
+        return
     tfring.shutdown()
 
 

@@ -225,7 +225,14 @@ def run_fn(func, reset_fn=reset):
                 skip_sync = False
             except HostsUpdatedInterrupt as e:
                 skip_sync = e.skip_sync
-            reset_fn()
+            try:
+                reset_fn()
+            except _worker.RemovedFromJobError as e:
+                # Left out of the next membership (its host was removed by
+                # discovery, or the job shrank): a planned departure, so the
+                # process ends with 0 and one line saying why, no traceback.
+                print(e, file=sys.stderr, flush=True)
+                raise SystemExit(0) from None
             state.on_reset()
 
     return wrapper

@@ -7,7 +7,7 @@ import functools
 import numpy as np
 
 from tfring import Average, basics
-from tfring import optimizers as _optimizers
+from tfring import gradient_reduction as _reduction
 from tfring.compression import Compression
 from tfring.rewrite import (
     _depth,
@@ -29,9 +29,9 @@ class GradientConfig:
                  gradient_predivide_factor=1.0, process_set=None,
                  scale_local_gradients=True, backward_passes_per_step=1,
                  average_aggregated_gradients=False):
-        from tfring import ops as _ops
+        from tfring._collectives import reduce_op_name
 
-        name = _ops._reduce_op_name(op)
+        name = reduce_op_name(op)
         if name not in ("sum", "average"):
             raise ValueError("tfring.keras: gradients are averaged or summed "
                              "over ranks (op=tfring.Average or tfring.Sum)")
@@ -48,7 +48,7 @@ class GradientConfig:
         self.fusion_threshold = fusion_threshold
         self.sparse_as_dense = sparse_as_dense
         self.predivide = float(gradient_predivide_factor)
-        self.process_set = _optimizers.resolve_process_set(process_set)
+        self.process_set = _reduction.resolve_process_set(process_set)
         self.scale_local = bool(scale_local_gradients)
         self.local_keys = set()
         self.passes = passes
@@ -61,15 +61,15 @@ class GradientConfig:
                                                 self.average_passes)
 
     def register_local(self, variable):
-        self.local_keys.update(_optimizers._var_keys(variable))
+        self.local_keys.update(_reduction.var_keys(variable))
 
     def is_local(self, variable):
         return bool(self.local_keys) and not self.local_keys.isdisjoint(
-            _optimizers._var_keys(variable))
+            _reduction.var_keys(variable))
 
     def _reduce_all(self, grads):
         if self.process_set is not None:
-            return _optimizers._GradientReducer(
+            return _reduction.GradientReducer(
                 self.op, self.compression, self.sparse_as_dense,
                 self.predivide, "DistributedOptimizer_Allreduce",
                 self.process_set).reduce(grads)
@@ -86,9 +86,9 @@ class GradientConfig:
         grads = list(grads)
         if variables is None or not self.local_keys:
             return self._reduce_all(grads)
-        return _optimizers.reduce_skipping_locals(
+        return _reduction.reduce_skipping_locals(
             self._reduce_all, grads, variables, self.is_local,
-            self.scale_local, _optimizers._set_size(self.process_set))
+            self.scale_local, _reduction.set_size(self.process_set))
 
 
 def _variables_arg(optimizer, args, kwargs):
@@ -204,12 +204,12 @@ def broadcast_model(model, root_rank=0, optimizer=True, exclude=None):
     """Broadcasts the model's variables (trainable or not) and, if built,
     its optimizer's state from root_rank. Optimizers that exist but are
     unbuilt on some ranks are built first, so restored state on root_rank
-    reaches every rank. `exclude`: ids (tfring.optimizers._var_keys) of
+    reaches every rank. `exclude`: ids (tfring.gradient_reduction.var_keys) of
     model variables that keep each rank's value."""
     variables = list(model.variables)
     if exclude:
         variables = [v for v in variables
-                     if exclude.isdisjoint(_optimizers._var_keys(v))]
+                     if exclude.isdisjoint(_reduction.var_keys(v))]
     agree(len(variables), "model variables")
     broadcast_values(variables, root_rank, name="tfring.keras.weights")
     opt = getattr(model, "optimizer", None) if optimizer else None

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 
 from tfring import Average, basics
-from tfring import ops as _ops
+from tfring import _op_lib
 from tfring.compression import Compression
 from tfring.keras._state import (
     GradientConfig,
@@ -24,7 +24,7 @@ from tfring.keras._state import (
     distribute_instance,
 )
 from tfring.keras.checkpoint import _ResumableCheckpoint
-from tfring.optimizers import _var_keys
+from tfring.gradient_reduction import var_keys
 
 __all__ = [
     "BestModelCheckpoint",
@@ -77,7 +77,7 @@ class _BroadcastGlobalVariables:
 
     def register_local_var(self, var):
         """Keeps this variable out of the broadcast."""
-        self._local_keys.update(_var_keys(var))
+        self._local_keys.update(var_keys(var))
 
     def _broadcast(self):
         broadcast_model(self.model, self.root_rank, exclude=self._local_keys)
@@ -108,12 +108,10 @@ def _no_xla_for_tfring_optimizer(model):
     XLA-compiled when the op library has XLA kernels (docs/xla.md); with a
     build that has none (Keras 3 compiles with XLA by default on GPU hosts)
     turn XLA off for it and trace the train function again."""
-    from tfring import ops as _ops
-
     opt = getattr(model, "optimizer", None)
     if (getattr(opt, "_tfring_config", None) is not None
             and getattr(model, "jit_compile", False)
-            and not _ops._xla_build_state()[0]):
+            and not _op_lib.xla_build_state()[0]):
         model.jit_compile = False
         if hasattr(model, "make_train_function"):
             model.make_train_function(force=True)
@@ -310,7 +308,7 @@ class _RingAllreduce:
     def on_train_begin(self, logs=None):
         model = self.model
         retrace = False
-        if getattr(model, "jit_compile", False) and not _ops._xla_build_state()[0]:
+        if getattr(model, "jit_compile", False) and not _op_lib.xla_build_state()[0]:
             model.jit_compile = False  # this build's ops have no XLA kernels
             retrace = True
         if model.optimizer is None:

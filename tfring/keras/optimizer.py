@@ -9,7 +9,7 @@ from tfring.keras._state import (
     reducing_apply,
     reducing_apply_gradients,
 )
-from tfring.optimizers import check_groups, local_layer_variables
+from tfring.gradient_reduction import check_groups, local_layer_variables
 
 _classes = {}
 

@@ -43,7 +43,7 @@ import types
 import tensorflow as tf
 
 from tfring import Average, basics
-from tfring import ops as _ops
+from tfring import _collectives
 from tfring.compression import Compression
 
 # The parts' public names, and the step-patching depth helpers tfring.keras
@@ -109,7 +109,7 @@ def rewrite(target=None, *, op=Average, compression=Compression.none,
         applies them; "tape" reduces every GradientTape.gradient result
         (for steps that update variables by hand).
     """
-    if _ops._reduce_op_name(op) not in ("sum", "average"):
+    if _collectives.reduce_op_name(op) not in ("sum", "average"):
         raise ValueError("tfring.rewrite: gradients are averaged or summed "
                          "over ranks (op=tfring.Average or tfring.Sum)")
     if on not in ("apply", "tape"):

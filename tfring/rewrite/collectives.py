@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfring import Average, _core, _tunables, basics
+from tfring import _collectives
 from tfring import ops as _ops
 from tfring._buckets import plan as _bucket_plan
 from tfring.compression import Compression
@@ -64,7 +65,7 @@ def reduce_gradients(grads, op=Average, compression=Compression.none,
             dense.append((i, tf.convert_to_tensor(g)))
     dense.reverse()
     tensors = [t for _, t in dense]
-    if _ops._in_xla_context(tf.compat.v1.get_default_graph()):
+    if _collectives.in_xla_context(tf.compat.v1.get_default_graph()):
         # Under XLA one grouped op: every gradient in one custom call. On
         # the GPU each call holds XLA's thread until done, so buckets could
         # not overlap backprop there, only add calls (docs/xla.md).

@@ -22,6 +22,7 @@ import re
 import tensorflow as tf
 
 from tfring import basics
+from tfring import _collectives
 from tfring import ops as _ops
 from tfring.rewrite.collectives import _buckets, _fusion_bytes, _nbytes
 from tfring.rewrite.report import RewriteReport, RewrittenGradient
@@ -249,7 +250,7 @@ def _reroute_gradients(found, order, cfg, report):
             rec = by_name[t.name]
             report.gradients.append(RewrittenGradient(
                 t.name, rec["update"], "dense", _nbytes(t)))
-    average = _ops._reduce_op_name(cfg.op) == "average"
+    average = _collectives.reduce_op_name(cfg.op) == "average"
     for rec in recs:
         if rec["kind"] == "dense":
             continue

@@ -23,7 +23,10 @@ job when:
     out; they leave at the next commit.
 
 Fewer than --min-np ranks: the driver waits up to --elastic-timeout for
-hosts, then stops the job naming the hosts it lost. More than --reset-limit
+hosts, then stops the job naming the hosts it lost. When every worker has
+failed and no host can ever be admitted (each host the driver knows is
+blacklisted for good), there is nothing to wait for: the job stops at once
+with the first worker's error and exit code. More than --reset-limit
 re-formations stop the job too. Every transition is logged with its reason.
 The job ends when its members exit: successfully when all exit with 0.
 """
@@ -32,29 +35,28 @@ import contextlib
 import json
 import math
 import os
+import re
 import secrets
 import shlex
 import signal
-import sys
 import threading
 import time
 
 from tfring import _tunables
 from tfring.elastic._worker import POISON
-from tfring.run import affinity, discovery
-from tfring.run.launcher import (
+from tfring.run import affinity, discovery, horovodrun
+from tfring.run.common import (
     EXIT_TIMEOUT,
     FORWARDED_SIGNALS,
-    PROG,
     RANK_VARS,
     Job,
     OutputRelay,
-    _format_addr,
-    _parse_env_items,
-    _signal_name,
+    format_addr,
     guess_reachable_address,
     is_local_host,
+    parse_env_items,
     parse_hosts,
+    signal_name,
     ssh_command,
     start_store,
 )
@@ -83,6 +85,8 @@ class Worker:
         self.slot = slot  # which of the host's slots (and slice of its cores)
         self.state = STARTING
         self.stop_at = None  # SIGKILL time once asked to stop
+        self.rank = None  # its rank in the last membership that listed it
+        self.relays = []  # the threads relaying its output
 
     def __repr__(self):
         return f"worker {self.wid} (pid {self.proc.pid}) on {self.host}"
@@ -111,6 +115,8 @@ class Driver:
         self.change = None  # why a healthy epoch should be replaced
         self.fail_seen = None
         self.short_since = None  # when the job fell below --min-np
+        self.first_failure = None  # (worker or None, why): the job's first failure
+        self.first_code = None  # that worker's exit code (128+N: killed by signal N)
         self.started = time.monotonic()
         self.resets = 0
         self.finishing = False
@@ -251,9 +257,10 @@ class Driver:
                                   cpus)
         except OSError as e:
             self.log(f"cannot start a worker on {host} ({shlex.join(argv)}): {e}")
-            self._host_failed(host, f"cannot start a worker: {e}")
+            self._host_failed(host, f"cannot start a worker on {host}: {e}")
             return None
         w = Worker(wid, host, proc, slot)
+        w.relays = self.job.threads[-2:]
         self.workers[wid] = w
         self.log(f"started {w}")
         return w
@@ -267,7 +274,9 @@ class Driver:
             if w.state != MEMBER:
                 w.state = LEAVING
 
-    def _host_failed(self, host, why):
+    def _host_failed(self, host, why, worker=None):
+        if self.first_failure is None:
+            self.first_failure = (worker, why)
         n = self.failures[host] = self.failures.get(host, 0) + 1
         rng = self.args.cooldown_range
         if rng:
@@ -297,7 +306,7 @@ class Driver:
                     w.stop_at = math.inf
                 continue
             was, w.state = w.state, GONE
-            what = (f"was killed by {_signal_name(-rc)}" if rc < 0 else f"exited with code {rc}")
+            what = (f"was killed by {signal_name(-rc)}" if rc < 0 else f"exited with code {rc}")
             if was == MEMBER and rc == 0:
                 if not self.finishing:
                     self.log(f"{w} finished; the job ends when every member has finished")
@@ -312,7 +321,9 @@ class Driver:
                 self.log(f"{w} {what}")
                 if was == MEMBER:
                     self.broken = self.broken or f"{w} {what}"
-                self._host_failed(w.host, f"{w} {what}")
+                self._host_failed(w.host, f"{w} {what}", w)
+                if self.first_failure[0] is w:
+                    self.first_code = 128 - rc if rc < 0 else rc
 
     def _poll_ready(self):
         for w in self.workers.values():
@@ -341,7 +352,7 @@ class Driver:
         elif now - self.fail_seen > self.report_grace:
             for w in silent:
                 self._host_failed(w.host, f"{w} did not report within {self.report_grace:g} s "
-                                  "after a collective error (unreachable or hung)")
+                                  "after a collective error (unreachable or hung)", w)
             self.broken = self.broken or "unreachable members"
 
     # ------------------------------------------------------- membership --
@@ -388,6 +399,27 @@ class Driver:
                        f"{self.timeout_s:g} s (--elastic-timeout); hosts lost: {lost}; "
                        f"hosts known: {known}")
 
+    def _check_all_failed(self):
+        """Ends the job when every worker has failed and no host can be
+        admitted: each known host is blacklisted for good (a cool-down ends,
+        and discovery may list a new host, so both are worth waiting for)."""
+        if self.first_failure is None or self._alive() or self.finishing:
+            return
+        if not self.hosts or any(self.blacklist.get(h) != math.inf for h in self.hosts):
+            return
+        w, why = self.first_failure
+        if w is not None:
+            for t in w.relays:  # its last lines, once the process is gone
+                t.join(2.0)
+            error = last_error(self.relay.tails.get(w.wid, ()))
+            if w.rank is not None:
+                why += f" (it was rank {w.rank})"
+            if error:
+                why += f": {error}"
+        hosts = ", ".join(sorted(self.hosts))
+        self._fail(f"every worker has failed and no host can be admitted (blacklisted: "
+                   f"{hosts}); first error: {why}", self.first_code or 1)
+
     def _publish(self, workers, reason):
         self.short_since = None
         workers = workers[:self.max_np] if self.max_np != math.inf else workers
@@ -407,8 +439,8 @@ class Driver:
         record = {"epoch": e, "members": [w.wid for w in workers],
                   "hosts": [w.host for w in workers], "token": secrets.token_hex(16),
                   "added": any(w.wid not in old for w in workers), "reason": reason}
-        for w in workers:
-            w.state = MEMBER
+        for r, w in enumerate(workers):
+            w.state, w.rank = MEMBER, r
         for wid in old - set(record["members"]):
             w = self.workers[wid]
             if w.state in (MEMBER, LEAVING):
@@ -422,7 +454,7 @@ class Driver:
         ranks = " ".join(f"{r}:w{w.wid}@{w.host}" for r, w in enumerate(workers))
         self.log(f"epoch {e}: {len(workers)} rank(s) [{ranks}]; reason: {reason}")
 
-    def _fail(self, why):
+    def _fail(self, why, code=1):
         self.log(f"error: {why}")
         e = self.epoch + 1
         self.store.set(f"{KEY}epoch.{e}", json.dumps({"epoch": e, "abort": why}).encode())
@@ -430,7 +462,7 @@ class Driver:
         self.epoch = e
         # Workers waiting to join read the reason and leave by themselves;
         # whoever is left gets SIGKILL after the grace period.
-        self._stop_all(1, signum=None)
+        self._stop_all(code, signum=None)
 
     def _stop_all(self, code, signum=signal.SIGTERM):
         if self.exit_code is None:
@@ -444,7 +476,7 @@ class Driver:
                     w.stop_at = time.monotonic() + self.args.grace_period
 
     def _on_signal(self, signum, frame):
-        self.log(f"received {_signal_name(signum)}; stopping every worker")
+        self.log(f"received {signal_name(signum)}; stopping every worker")
         self._stop_all(128 + signum, signum)
 
     # -------------------------------------------------------------- run --
@@ -474,7 +506,7 @@ class Driver:
 
         self.store = _core.TcpStore("127.0.0.1" if bind == "0.0.0.0" else bind, server.port,
                                     self.secret, 30.0)
-        self.store_addr = _format_addr(host, server.port)
+        self.store_addr = format_addr(host, server.port)
         self.base_env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.forwarded = {k: v for k, v in os.environ.items()
                           if k.startswith("TFRING_") and k not in RANK_VARS}
@@ -503,6 +535,8 @@ class Driver:
                     self._poll_ready()
                     self._poll_reports(now)
                     self._spawn_missing(now)
+                    self._check_all_failed()
+                if self.exit_code is None:
                     self._maybe_publish(now)
                 if self.finishing and not any(self.workers[i].state == MEMBER
                                               for i in self.members):
@@ -524,6 +558,20 @@ class Driver:
         return self.exit_code
 
 
+# The line that states a Python error: "ValueError: ...", "tfring._core.TfringError: ...".
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b(:.*)?$")
+
+
+def last_error(lines):
+    """The error a failed worker printed last: its exception's line, else its
+    last line of output."""
+    lines = [ln.strip() for ln in lines if ln.strip()]
+    for ln in reversed(lines):
+        if _ERROR_LINE.match(ln):
+            return ln
+    return lines[-1] if lines else ""
+
+
 def main(parser, args):
     command = list(args.command)
     if command and command[0] == "--":
@@ -539,12 +587,10 @@ def main(parser, args):
     if args.host_discovery_script and (args.hosts or args.hostfile):
         parser.error("--host-discovery-script and -H/--hostfile are mutually exclusive")
     try:
-        user_env = _parse_env_items(args.env)
+        user_env = parse_env_items(args.env)
         relay = OutputRelay(args.prefix_output_with_timestamp)
         driver = Driver(args, command, relay)
     except ValueError as e:
         parser.error(str(e))
-    from tfring.run import horovodrun
-
     driver.user_env = horovodrun.translate_x(user_env)
     return driver.run()

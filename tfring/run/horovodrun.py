@@ -564,8 +564,9 @@ class StartWatch:
 # ------------------------------------------------------------- check-build --
 
 
-def check_build(out):
-    """Writes horovodrun --check-build's table for this tfring."""
+def check_build(out, mpirun):
+    """Writes horovodrun --check-build's table for this tfring; mpirun is
+    the mpirun that --mpi would use (tfring.run.mpi.find_mpirun()), or None."""
     def mark(ok):
         return "X" if ok else " "
 
@@ -584,8 +585,6 @@ def check_build(out):
     tf_ok, tf_why = _tf_ops()
     rows["tf"] = (tf_ok, tf_why)
     mpi_ok, mpi_why = _mpi4py()
-    from tfring.run import mpi as _mpi
-    mpirun = _mpi.find_mpirun()
     cuda_ok = bool(core and _core.cuda_built())
     if core and cuda_ok:
         why = _core.cuda_unavailable_reason().split(";")[0]
@@ -627,8 +626,7 @@ def _tf_ops():
     except OSError:
         pass
     try:
-        from tfring import ops
-        ops._load_library()
+        from tfring import _op_lib  # noqa: F401  (loads the library)
         import tensorflow as tf
     except Exception as e:  # noqa: BLE001 - reported in the table
         return False, f"op library not loadable: {str(e).splitlines()[0][:200]}"

@@ -25,6 +25,8 @@ import shutil
 import sys
 import sysconfig
 
+from tfring.run import horovodrun
+
 __all__ = [
     "find_mpirun",
     "have_mpirun",
@@ -180,8 +182,6 @@ def mpirun_command(
 def run_job(parser, args, tunables, hosts_of, parse_env_items):
     """--mpi: the job runs under mpirun instead; the ranks find each other
     through MPI (mpi4py) as under any mpirun. Replaces this process."""
-    from tfring.run import horovodrun
-
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
