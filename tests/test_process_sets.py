@@ -1,4 +1,4 @@
-"""Process sets (tfring/process_sets.py, csrc/runtime/process_sets.cc) on 4
+"""Process sets (tfring/process_sets.py, csrc/runtime/registry.cc) on 4
 ranks: each checked against numpy, disjoint sets running while the other is
 held, static and dynamic sets, the TF ops, and the errors on every rank.
 The worker is tests/workers/process_sets.py; the modes of SHARED run in

@@ -148,7 +148,7 @@ void tryDrive(int process_set = 0);
 
 // ----------------------------------------------------------- process sets ----
 // A process set is a communicator of its own over some of the world's ranks
-// (runtime/process_sets.cc): its own ring, in the order of its sorted global
+// (runtime/registry.h): its own ring, in the order of its sorted global
 // ranks, its own engine and coordinator (on its first rank), so its
 // negotiation, cache and fusion are separate from every other set's, and
 // collectives on disjoint sets run at the same time. Requests name their set
