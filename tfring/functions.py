@@ -51,16 +51,16 @@ def broadcast_object(obj, root_rank=0, session=None, name=None,
     ps_id = _process_set_arg(process_set)
     name = name or "broadcast_object"
     root_rank = int(root_rank)
-    if not 0 <= root_rank < basics.size():
-        raise ValueError(f"tfring: broadcast_object root_rank {root_rank} is "
-                         f"not a rank of this job (size {basics.size()})")
-    if ps_id and root_rank not in process_set.ranks:
-        raise ValueError(f"tfring: broadcast_object root_rank {root_rank} is "
-                         f"not in process set {ps_id} (ranks {process_set.ranks})")
     is_root = basics.rank() == root_rank
     data = _dumps(obj) if is_root else None
     n = np.array([data.size if is_root else 0], np.int64)
-    n = _core.broadcast(n, root=root_rank, name=f"{name}.sz", process_set=ps_id)
+    # The core checks the root (in the job, in the set) on every rank's
+    # behalf: a root that is wrong on one rank fails every rank alike.
+    try:
+        n = _core.broadcast(n, root=root_rank, name=f"{name}.sz", process_set=ps_id)
+    except _core.InvalidArgumentError as e:
+        raise ValueError(f"tfring: broadcast_object {name!r} with root_rank "
+                         f"{root_rank}: {e}") from e
     if not is_root:
         data = np.zeros(int(n[0]), np.uint8)
     data = _core.broadcast(data, root=root_rank, name=f"{name}.t",

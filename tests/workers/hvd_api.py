@@ -213,12 +213,18 @@ def _():
     for step in range(2):
         got = fn(("step", step, rank))
         assert got == ("step", step, size - 1), got
-    try:
-        hvd.broadcast_object(1, root_rank=size)
-    except ValueError as e:
-        assert "root_rank" in str(e), e
-    else:
-        raise AssertionError("a root_rank outside the job was accepted")
+    # A root outside the job on every rank, then on the last rank only:
+    # every rank fails, and the job goes on.
+    for bad, label in ((lambda r: size, "bad_all"),
+                       (lambda r: size if r == size - 1 else 0, "bad_last")):
+        try:
+            hvd.broadcast_object(1, root_rank=bad(rank), name=label)
+        except ValueError as e:
+            assert "root_rank" in str(e) and label in str(e), e
+        else:
+            raise AssertionError(f"{label}: a root_rank outside the job was accepted")
+    _same_obj(hvd.broadcast_object(_obj(0) if rank == 0 else None, root_rank=0,
+                                   name="after_bad"), _obj(0))
 
 
 # ------------------------------------------- broadcast_, barrier, grouped ----
