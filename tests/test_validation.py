@@ -115,3 +115,23 @@ def test_util_has_horovods_names():
     assert {refs: 1}[refs] == 1  # hashable
     back = util.refs_to_vars(refs)
     assert back[0] is vs[0] and back[1][0] is vs[1][0]
+
+
+def test_top_level_reaches_util_as_horovod_does():
+    """horovod.tensorflow re-exports _executing_eagerly and has .util; code
+    written against it calls hvd._executing_eagerly() and
+    hvd.util._executing_eagerly() after `import tfring as hvd`."""
+    import subprocess
+    import sys
+
+    code = ("import tensorflow as tf, tfring as hvd\n"
+            "assert hvd._executing_eagerly() and hvd.util._executing_eagerly()\n"
+            "traced = tf.function(lambda: tf.constant(hvd._executing_eagerly()))\n"
+            "assert not traced().numpy()\n"
+            "ns = {}\n"
+            "exec('from tfring import *', ns)\n"
+            "assert '_executing_eagerly' not in ns and 'allreduce' in ns\n"
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -95,13 +95,17 @@ _LAZY = {
     # The function shadows its module once loaded; an explicit
     # `import tfring.rewrite` before first use leaves the module here instead.
     "rewrite": "tfring.rewrite",
+    # Horovod's horovod.tensorflow re-exports this helper of its util module,
+    # and code written for it calls hvd._executing_eagerly().
+    "_executing_eagerly": "tfring.util",
 }
 
 # Subpackages reachable as attributes (tfring.keras.callbacks...) without an
 # explicit import; importing one loads its framework, so only on first use.
-_SUBPACKAGES = ("keras", "elastic")
+_SUBPACKAGES = ("keras", "elastic", "util")
 
-__all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum"] + list(_LAZY)
+__all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum"] + [
+    n for n in _LAZY if not n.startswith("_")]
 
 
 def __getattr__(name):
