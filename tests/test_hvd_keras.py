@@ -135,3 +135,45 @@ def test_horovod_style_example_runs_under_tfring_run(tmp_path):
     assert float(ends[0][1]) < 2.0, f"the loss did not fall: {ends}"
     assert sorted(os.listdir(tmp_path)) == [
         "checkpoint-1.h5", "checkpoint-2.h5", "checkpoint-3.h5"]
+
+
+_LEGACY_SYNCBN = """
+import numpy as np, tensorflow as tf, tfring as hvd
+from tfring.keras import legacy
+hvd.init()
+assert hvd.SyncBatchNormalization is legacy.SyncBatchNormalization
+assert issubclass(hvd.SyncBatchNormalization, tf.keras.layers.BatchNormalization)
+x = np.random.default_rng(7).normal(size=(6, 3)).astype(np.float32)
+with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+    sync_bn = hvd.SyncBatchNormalization(axis=1, epsilon=1e-3)
+    out = sync_bn(tf.constant(x), training=True)
+    sess.run(tf.compat.v1.global_variables_initializer())
+    got = sess.run(out)
+    mean = sess.run(sync_bn.moving_mean)  # a tf_keras variable: fetchable
+ref = (x - x.mean(0, dtype=np.float64)) / np.sqrt(x.var(0, dtype=np.float64) + 1e-3)
+np.testing.assert_allclose(got, ref, atol=1e-5)
+assert mean.shape == (3,) and np.isfinite(mean).all()
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not tf_available("tf_keras"), reason="tf_keras missing")
+def test_top_level_syncbn_follows_tf_keras():
+    """With TF_USE_LEGACY_KERAS=1 tf.keras is tf_keras, and Horovod's
+    hvd.SyncBatchNormalization (a tf.keras layer) mixes with its layers and
+    runs in a tf.compat.v1 Session: tfring.SyncBatchNormalization is then
+    the tf_keras layer, normalizing as numpy does (one rank); otherwise it
+    stays the Keras 3 one."""
+    import subprocess
+
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    out = subprocess.run([sys.executable, "-c", _LEGACY_SYNCBN], env=env,
+                         capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    env.pop("TF_USE_LEGACY_KERAS")
+    code = ("import tfring, tfring.keras\n"
+            "assert tfring.SyncBatchNormalization is tfring.keras.SyncBatchNormalization\n"
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], env=env,
+                         capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

@@ -108,9 +108,22 @@ __all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum"] + [
     n for n in _LAZY if not n.startswith("_")]
 
 
+def _tf_keras_is_legacy():
+    """True when tf.keras means tf_keras (Keras 2): TensorFlow's own test of
+    TF_USE_LEGACY_KERAS (tensorflow/python/util/lazy_loader.py)."""
+    return os.environ.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1")
+
+
 def __getattr__(name):
     if name in _SUBPACKAGES:
         return importlib.import_module(f"tfring.{name}")
+    if name == "SyncBatchNormalization" and _tf_keras_is_legacy():
+        # Horovod's horovod.tensorflow.SyncBatchNormalization subclasses
+        # tf.keras' BatchNormalization, whichever Keras that is; a Keras 3
+        # layer among tf_keras layers cannot be run by a tf.compat.v1 Session.
+        value = importlib.import_module("tfring.keras.legacy").SyncBatchNormalization
+        globals()[name] = value
+        return value
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'tfring' has no attribute {name!r}")
