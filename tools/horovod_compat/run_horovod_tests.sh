@@ -10,6 +10,8 @@
 #   HOROVOD_GIT_DIR=/path/to/horovod.git    a git directory (HOROVOD_REF, default HEAD);
 # with neither, the script clones github.com/horovod/horovod (depth 1).
 # GPU tests are deselected (-k "not gpu"; HOROVOD_TEST_K overrides).
+# PER_TEST_TIMEOUT (s, default 180; pytest-timeout) and TOTAL_TIMEOUT (s,
+# default 1500) bound a hang.
 # Each rank writes OUT_DIR/rank<N>.log and OUT_DIR/rank<N>.xml (junit);
 # the summary printed at the end is rank 0's, with any test whose outcome
 # differs on rank 1 named.
@@ -46,11 +48,20 @@ fi
 
 export PYTHONPATH="$here/shim:$repo${PYTHONPATH:+:$PYTHONPATH}"
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+# Horovod's tests are written for tf.keras being Keras 2 (they pass
+# BatchNormalization(fused=False) and call Variable.ref()): KERAS=2, the
+# default, runs them with tf_keras as tf.keras; KERAS=3 with TensorFlow's
+# default Keras 3.
+if [ "${KERAS:-2}" = 2 ]; then
+    export TF_USE_LEGACY_KERAS=1
+else
+    export TF_USE_LEGACY_KERAS=0
+fi
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-}
 
 rc=0
 timeout "$total_timeout" "$mpirun" --allow-run-as-root --oversubscribe -np "$np" \
-    -x PYTHONPATH -x TF_CPP_MIN_LOG_LEVEL -x CUDA_VISIBLE_DEVICES \
+    -x PYTHONPATH -x TF_USE_LEGACY_KERAS -x TF_CPP_MIN_LOG_LEVEL -x CUDA_VISIBLE_DEVICES \
     bash -c 'r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}
         exec "$0" -m pytest -q -rfEs -p no:cacheprovider --timeout "$1" \
             -k "$2" --junitxml="$3/rank$r.xml" "${@:5}" "$4" > "$3/rank$r.log" 2>&1' \
