@@ -612,10 +612,15 @@ def test_gpu_peer_allreduce_a_gpu_per_rank(algo):
 
 @requires_gpu
 def test_gpu_peer_allreduce_unknown_algorithm_is_refused():
-    res = _gpu_job(2, "refuse", {"TFRING_GPU_BACKEND": "ring",
-                                 "TFRING_GPU_ALLREDUCE_ALGO": "threeshot"})
+    # The tunables table checks every value at init: every rank refuses to
+    # start, naming the variable and what it accepts, before any GPU work.
+    env = {"TFRING_TEST_DEVICE": "0", "TFRING_GPU_BACKEND": "ring",
+           "TFRING_GPU_ALLREDUCE_ALGO": "threeshot"}
+    res = run_ranks(2, "gpu.py", ["refuse"], env=env, timeout=120)
     for r in res:
-        assert r["error"] and "TFRING_GPU_ALLREDUCE_ALGO" in r["error"], r["error"]
+        assert r.returncode != 0, f"rank {r.rank} started with a bad algorithm"
+        assert ("TFRING_GPU_ALLREDUCE_ALGO=threeshot is not one of auto, oneshot, "
+                "twoshot, ring") in r.stderr, r.stderr[-2000:]
 
 
 @requires_gpu

@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=${TFRING_FUZZ_BUILD:-build-fuzz}
 mkdir -p "$OUT"
-SRCS=(tests/fuzz/parsers_asan.cc csrc/common/{wire,net,env,status,hmac,logging,types}.cc
+SRCS=(tests/fuzz/parsers_asan.cc csrc/common/{wire,net,env,tunables,status,hmac,logging,types}.cc
       csrc/runtime/messages.cc csrc/rendezvous/tcp_store.cc)
 BIN="$OUT/parsers_asan"
 if command -v flock >/dev/null 2>&1; then
