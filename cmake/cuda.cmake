@@ -1,6 +1,6 @@
 # GPU support: CUDA kernels (csrc/kernels/cuda/*.cu) and the GPU runtime
 # (csrc/gpu/cuda/*.cc: streams, CUDA-IPC ring, NCCL backend) compiled into
-# tfring_core when nvcc is found (TFRING_WITH_CUDA=AUTO) or required (ON).
+# the kernels and gpu layers (cmake/layers.cmake) when nvcc is found (TFRING_WITH_CUDA=AUTO) or required (ON).
 # Without CUDA, csrc/gpu/nocuda/*.cc stands in and a GPU tensor gets a clear
 # "no CUDA support" error; everything else is identical.
 #
@@ -38,12 +38,12 @@ if(_cuda_mode STREQUAL "EMU")
     LANGUAGE CXX COMPILE_OPTIONS "-xc++;-Wno-unknown-pragmas")
   file(GLOB _emu_gpu_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/cuda/*.cc)
   file(GLOB _emu_runtime_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu/*.cc)
-  target_sources(tfring_core PRIVATE ${_emu_gpu_srcs} ${_emu_kernel_srcs} ${_emu_runtime_srcs})
-  target_include_directories(tfring_core BEFORE PRIVATE
+  target_sources(tfring_gpu PRIVATE ${_emu_gpu_srcs})
+  target_sources(tfring_kernels PRIVATE ${_emu_kernel_srcs})
+  target_sources(tfring_core PRIVATE ${_emu_runtime_srcs})
+  target_include_directories(tfring_build_flags BEFORE INTERFACE
                              ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu/include)
-  target_compile_definitions(tfring_core PRIVATE TFRING_HAVE_CUDA=1 TFRING_CUDA_EMULATION=1)
-  find_package(Threads REQUIRED)
-  target_link_libraries(tfring_core PRIVATE Threads::Threads)
+  target_compile_definitions(tfring_build_flags INTERFACE TFRING_HAVE_CUDA=1 TFRING_CUDA_EMULATION=1)
   # A fake NCCL (tests/cuda_emu/nccl/nccl.cc) for the product's NCCL backend:
   # <build>/nccl/libnccl.so.2, outside the package so that only
   # TFRING_NCCL_LIB finds it (tests/gpu_emu.sh sets it). It links
@@ -77,7 +77,7 @@ endif()
 if(NOT TFRING_HAVE_CUDA)
   message(STATUS "tfring: CUDA not found or disabled, building CPU only")
   file(GLOB TFRING_NOCUDA_SRCS CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/nocuda/*.cc)
-  target_sources(tfring_core PRIVATE ${TFRING_NOCUDA_SRCS})
+  target_sources(tfring_gpu PRIVATE ${TFRING_NOCUDA_SRCS})
   return()
 endif()
 
@@ -90,8 +90,9 @@ endif()
 message(STATUS "tfring: CUDA ${CUDAToolkit_VERSION} kernels for ${TFRING_CUDA_ARCHITECTURES} "
                "(${CMAKE_CUDA_COMPILER})")
 
-# The kernels: an object library of their own, so the C++ warning flags set
-# for the whole directory (which nvcc would reject) can be replaced by their
+# The kernels: an object library of their own (the CUDA half of the kernels
+# layer, under the same layer check), so the C++ warning flags set for the
+# whole directory (which nvcc would reject) can be replaced by their
 # host-compiler equivalents.
 file(GLOB TFRING_CUDA_KERNEL_SRCS CONFIGURE_DEPENDS
      ${CMAKE_CURRENT_SOURCE_DIR}/csrc/kernels/cuda/*.cu)
@@ -106,8 +107,12 @@ set_target_properties(tfring_cuda_kernels PROPERTIES
   CUDA_STANDARD_REQUIRED ON
   POSITION_INDEPENDENT_CODE ON
   CUDA_RUNTIME_LIBRARY Static)
+add_dependencies(tfring_cuda_kernels tfring_layers)
 
 file(GLOB TFRING_GPU_SRCS CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/gpu/cuda/*.cc)
-target_sources(tfring_core PRIVATE ${TFRING_GPU_SRCS} $<TARGET_OBJECTS:tfring_cuda_kernels>)
-target_compile_definitions(tfring_core PRIVATE TFRING_HAVE_CUDA=1)
-target_link_libraries(tfring_core PRIVATE CUDA::cudart_static)
+target_sources(tfring_gpu PRIVATE ${TFRING_GPU_SRCS})
+target_sources(tfring_core PRIVATE $<TARGET_OBJECTS:tfring_cuda_kernels>)
+# Every core translation unit sees the CUDA headers and TFRING_HAVE_CUDA;
+# tfring_core links the runtime.
+target_compile_definitions(tfring_build_flags INTERFACE TFRING_HAVE_CUDA=1)
+target_link_libraries(tfring_build_flags INTERFACE CUDA::cudart_static)

@@ -149,6 +149,7 @@ endif()
 # TF's headers are noisy under -Wextra even as system headers (templates).
 target_compile_options(_tfring_ops PRIVATE -Wno-sign-compare -Wno-unused-parameter)
 target_link_libraries(_tfring_ops PRIVATE tfring_core ${_tf_lflags})
+add_dependencies(_tfring_ops tfring_layers)
 # Exports nothing (cmake/exports/tf_ops.map): TF finds the ops through the
 # registrations the library's static initializers make.
 tfring_export_only(_tfring_ops tf_ops)

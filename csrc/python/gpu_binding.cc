@@ -40,7 +40,7 @@
 #include "gpu/executor.h"
 #include "gpu/nccl_loader.h"
 #include "gpu/pull_ring.h"
-#include "gpu/stream_completion.h"
+#include "runtime/stream_completion.h"
 #include "python/bindings.h"
 #include "python/completion.h"
 #include "python/errors.h"
@@ -677,7 +677,7 @@ void bindGpu(py::module_& m) {
         Status s;
         {
           py::gil_scoped_release nogil;
-          s = gpu::submitGated(std::move(reqs), device, st);
+          s = runtime::submitGated(std::move(reqs), device, st);
         }
         if (!s.ok()) throwStatus(s);
       },
@@ -737,7 +737,7 @@ void bindGpu(py::module_& m) {
   m.def(
       "cuda_gated_error",
       []() -> py::object {
-        Status s = gpu::streamCompletionError();
+        Status s = runtime::streamCompletionError();
         if (s.ok()) return py::none();
         return py::str(s.message());
       },

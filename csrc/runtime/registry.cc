@@ -26,7 +26,7 @@
 
 #include "common/abort.h"
 #include "common/logging.h"
-#include "gpu/stream_completion.h"
+#include "runtime/stream_completion.h"
 #include "transport/ring_links.h"
 
 namespace tfring {
@@ -51,7 +51,7 @@ Status Registry::init(const InitOptions& opts) {
     AbortState::get().reset();
     // A new world (an elastic reset): a gated collective's failure in the
     // old one must not fail every collective of this one.
-    gpu::resetStreamCompletion();
+    resetStreamCompletion();
 
     std::shared_ptr<Comm> world(
         connectComm(opts.store.get(), opts.rank, opts.size, opts.secret, cfg).release());

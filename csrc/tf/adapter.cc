@@ -11,7 +11,7 @@
 #include "xla/stream_executor/stream.h"
 #include "xla/stream_executor/stream_executor.h"
 
-#include "gpu/stream_completion.h"
+#include "runtime/stream_completion.h"
 
 namespace tfring {
 namespace tf {
@@ -177,15 +177,15 @@ Status enqueueNoThrow(std::vector<runtime::Request> reqs,
 }  // namespace
 
 // TFRING_GPU_COMPLETION=stream gates XLA's GPU calls only
-// (gpu/stream_completion.h). A TF op's GPU input may be produced behind such a
+// (runtime/stream_completion.h). A TF op's GPU input may be produced behind such a
 // gate, so it is submitted once the gated call is done: taken first, or
 // fused with it, it would wait on the gate it is to open. The TF kernels
 // themselves complete on the host: the TF executor may run two of them in
 // different orders on different ranks, and a gate between them would then
 // deadlock the ranks.
 void RingOpKernel::afterGatedSubmissions(const std::vector<runtime::Request>& reqs) {
-  if (!reqs.empty() && reqs[0].device >= 0 && gpu::streamCompletion(reqs[0].device))
-    gpu::waitForGatedSubmissions();
+  if (!reqs.empty() && reqs[0].device >= 0 && runtime::streamCompletion(reqs[0].device))
+    runtime::waitForGatedSubmissions();
 }
 
 void RingOpKernel::submit(tfw::OpKernelContext* ctx,

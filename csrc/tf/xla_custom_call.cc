@@ -48,7 +48,7 @@
 
 #include "common/status.h"
 #include "common/types.h"
-#include "gpu/stream_completion.h"
+#include "runtime/stream_completion.h"
 #include "runtime/runtime.h"
 
 namespace tfring {
@@ -469,9 +469,9 @@ ffi::Error submitOnGpu(std::vector<runtime::Request> reqs, bool allgather, int32
     r.device = device;
     r.stream = stream;
   }
-  if (reqs.empty() || !gpu::streamCompletion(device))
+  if (reqs.empty() || !runtime::streamCompletion(device))
     return submitBlocking(std::move(reqs), allgather);
-  Status s = gpu::submitGated(std::move(reqs), device, stream);
+  Status s = runtime::submitGated(std::move(reqs), device, stream);
   return toFfiError(allgather ? withAllgatherHint(s) : s);
 }
 

@@ -73,7 +73,7 @@ char* PinnedBuffer::reserve(size_t bytes) {
                     "allocating ", cap, " bytes of pinned host memory");
   // Kept until teardown, as DeviceBuffer's: cudaFreeHost synchronizes the
   // device, and a caller's stream may be held by a gate until this
-  // collective is done (gpu/stream_completion.h).
+  // collective is done (runtime/stream_completion.h).
   if (p_) retired_.push_back(p_);
   p_ = static_cast<char*>(p);
   cap_ = cap;

@@ -40,9 +40,7 @@
 #include "runtime/runtime.h"
 
 namespace tfring {
-namespace gpu {
-
-class StreamGate;
+namespace runtime {
 
 // True when TFRING_GPU_COMPLETION=stream and gates work on `device` (else a
 // warning once, and host completion).
@@ -70,12 +68,12 @@ class GatedSubmission {
   // then gates the stream; the first call of its kind in a world, or one
   // that gets no gate, waits on the host instead. An error here is the
   // submission's own (refused, or failed while waited for on the host).
-  Status submit(std::vector<runtime::Request> reqs, int device, void* stream);
+  Status submit(std::vector<Request> reqs, int device, void* stream);
 
   struct State;
 
  private:
-  std::vector<runtime::DoneCallback> callbacks();
+  std::vector<DoneCallback> callbacks();
   // Queues the gate on `stream` once the requests are enqueued (so the
   // engine's input event precedes it); opens it at once if they are done.
   // A non-OK status: no gate could be queued; the caller must then wait for
@@ -91,7 +89,7 @@ class GatedSubmission {
 // What a caller in stream mode runs: fails at once with the recorded error
 // of an earlier gated collective, else submits `reqs` (all on `stream` of
 // `device`) as one gated submission.
-Status submitGated(std::vector<runtime::Request> reqs, int device, void* stream);
+Status submitGated(std::vector<Request> reqs, int device, void* stream);
 
-}  // namespace gpu
+}  // namespace runtime
 }  // namespace tfring

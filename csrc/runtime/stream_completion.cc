@@ -1,5 +1,5 @@
 // Stream-ordered completion: see stream_completion.h.
-#include "gpu/stream_completion.h"
+#include "runtime/stream_completion.h"
 
 #include <atomic>
 #include <chrono>
@@ -14,7 +14,7 @@
 #include "gpu/device.h"
 
 namespace tfring {
-namespace gpu {
+namespace runtime {
 
 namespace {
 
@@ -49,7 +49,7 @@ bool streamCompletion(int device) {
   static bool ok = false;
   std::call_once(once, [device] {
     std::string why;
-    ok = streamGatesSupported(device, &why);
+    ok = gpu::streamGatesSupported(device, &why);
     if (ok)
       TFRING_LOG(kWarning, "TFRING_GPU_COMPLETION=stream is experimental: on an H200 under "
                            "MPS, XLA programs with several collectives timed out with it at 2 "
@@ -74,7 +74,7 @@ struct GatedSubmission::State {
   // Waited for on the host from the start: its error is the call's own,
   // not one to fail later calls with.
   bool on_host = false;
-  std::shared_ptr<StreamGate> gate;
+  std::shared_ptr<gpu::StreamGate> gate;
 };
 
 namespace {
@@ -104,7 +104,7 @@ bool warmedUp(int process_set, CollectiveType type) {
 // Lends this thread to the engine until every request of `st` is done.
 void driveUntilDone(const std::shared_ptr<GatedSubmission::State>& st) {
   if (st->left.load() == 0) return;
-  runtime::drive([st] { return st->left.load() == 0; },
+  drive([st] { return st->left.load() == 0; },
                  [] { std::this_thread::sleep_for(std::chrono::microseconds(20)); });
 }
 
@@ -136,8 +136,8 @@ GatedSubmission::GatedSubmission(int count) : st_(std::make_shared<State>()) {
   g_last = st_;
 }
 
-std::vector<runtime::DoneCallback> GatedSubmission::callbacks() {
-  std::vector<runtime::DoneCallback> cbs;
+std::vector<DoneCallback> GatedSubmission::callbacks() {
+  std::vector<DoneCallback> cbs;
   const int n = st_->left.load();
   cbs.reserve(n);
   for (int i = 0; i < n; ++i)
@@ -152,7 +152,7 @@ std::vector<runtime::DoneCallback> GatedSubmission::callbacks() {
         if (!on_host) recordError(s);
       }
       if (st->left.fetch_sub(1) != 1) return;
-      std::shared_ptr<StreamGate> gate;
+      std::shared_ptr<gpu::StreamGate> gate;
       {
         std::lock_guard<std::mutex> lk(st->mu);
         st->finished = true;
@@ -164,9 +164,9 @@ std::vector<runtime::DoneCallback> GatedSubmission::callbacks() {
 }
 
 Status GatedSubmission::closeAfterSubmit(int device, void* stream) {
-  std::shared_ptr<StreamGate> gate;
+  std::shared_ptr<gpu::StreamGate> gate;
   try {
-    gate = closeStream(device, stream);
+    gate = gpu::closeStream(device, stream);
   } catch (const Error& e) {
     return e.status();
   }
@@ -180,13 +180,13 @@ Status GatedSubmission::closeAfterSubmit(int device, void* stream) {
   return Status::OK();
 }
 
-Status GatedSubmission::submit(std::vector<runtime::Request> reqs, int device, void* stream) {
+Status GatedSubmission::submit(std::vector<Request> reqs, int device, void* stream) {
   bool gate = true;
   for (const auto& r : reqs) gate = warmedUp(r.process_set, r.type) && gate;
   st_->on_host = !gate;
   Status s;
   try {
-    s = runtime::enqueueBatch(std::move(reqs), callbacks());
+    s = enqueueBatch(std::move(reqs), callbacks());
   } catch (const Error& e) {
     s = e.status();
   }
@@ -208,7 +208,7 @@ Status GatedSubmission::waitHost() {
   return st_->first;
 }
 
-Status submitGated(std::vector<runtime::Request> reqs, int device, void* stream) {
+Status submitGated(std::vector<Request> reqs, int device, void* stream) {
   if (reqs.empty()) return Status::OK();
   Status s = streamCompletionError();
   if (!s.ok()) return s;
@@ -216,5 +216,5 @@ Status submitGated(std::vector<runtime::Request> reqs, int device, void* stream)
   return sub.submit(std::move(reqs), device, stream);
 }
 
-}  // namespace gpu
+}  // namespace runtime
 }  // namespace tfring
