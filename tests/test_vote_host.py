@@ -102,11 +102,16 @@ def test_idle_ranks_are_woken_on_both_sides_of_the_segment(late):
 
 def test_vote_outgrowing_the_segment_turns_to_recdbl():
     res = _run(4, 2, "grow", env={"LATE": "1"}, timeout=400)
-    for r, out in enumerate(check_ok(res)):
+    res_ok = check_ok(res)
+    for r, out in enumerate(res_ok):
         assert out["failures"] == [], (r, out["failures"][:5])
-        assert out["algos"][0] == "host", out["algos"]
-        assert out["algos"][-1] == "recdbl", out["algos"]
-        assert out["after"]["algo"] == "recdbl"
+        algos = out["algos"] + [out["after"]["algo"]]
+        # Host votes until the cache outgrows the slot, then recdbl for
+        # good (the last batch's names may all be granted in the round
+        # that outgrows it, so the switch can land after the batches).
+        assert algos[0] == "host", algos
+        k = algos.index("recdbl") if "recdbl" in algos else len(algos)
+        assert set(algos[k:]) == {"recdbl"} and k < len(algos), algos
 
 
 def test_auto_takes_the_host_vote_at_16_ranks_on_several_hosts():
