@@ -350,7 +350,7 @@ def test_all_failed_waits_while_a_host_can_still_be_admitted():
 
     def driver(hosts, blacklist):
         d = elastic.Driver(args, ["true"], relay=None)
-        d.hosts, d.blacklist = hosts, blacklist
+        d.pool.hosts, d.pool.blacklist = hosts, blacklist
         d.first_failure, d.first_code = (None, "worker 0 exited with code 3"), 3
         d._fail = lambda why, code: ended.append((why, code))
         d._check_all_failed()

@@ -39,12 +39,11 @@ import re
 import secrets
 import shlex
 import signal
-import threading
 import time
 
 from tfring import _tunables
 from tfring.elastic._worker import POISON
-from tfring.run import affinity, discovery, horovodrun
+from tfring.run import affinity, horovodrun
 from tfring.run.common import (
     EXIT_TIMEOUT,
     FORWARDED_SIGNALS,
@@ -55,15 +54,13 @@ from tfring.run.common import (
     guess_reachable_address,
     is_local_host,
     parse_env_items,
-    parse_hosts,
     signal_name,
     ssh_command,
     start_store,
 )
-from tfring.run.hostfile import parse_hostfile
+from tfring.run.elastic_hosts import HostPool
 
 KEY = "elastic/"
-DISCOVERY_INTERVAL_S = 1.0
 DEFAULT_ELASTIC_TIMEOUT_S = 600
 # Members that have not reported a collective error this long after another
 # did are taken as unreachable (TFRING_ELASTIC_REPORT_GRACE overrides).
@@ -103,10 +100,8 @@ class Driver:
                                else DEFAULT_ELASTIC_TIMEOUT_S)
         self.report_grace = float(os.environ.get("TFRING_ELASTIC_REPORT_GRACE",
                                                  REPORT_GRACE_S))
-        self.hosts = {}  # host -> slots, from discovery or -H
-        self.lost = {}  # host -> why it is not usable now
-        self.failures = {}  # host -> failures so far
-        self.blacklist = {}  # host -> readmission time (inf: never)
+        self.pool = HostPool(args, self.log, args.np or (
+            self.max_np if self.max_np != math.inf else self.min_np))
         self.workers = {}
         self.next_wid = 0
         self.epoch = -1
@@ -121,69 +116,20 @@ class Driver:
         self.resets = 0
         self.finishing = False
         self.exit_code = None
-        self.discovered = None  # newest result of the discovery thread
-        self.discovery_lock = threading.Lock()
-        self.stop_event = threading.Event()
 
     # ---------------------------------------------------------- logging --
     def log(self, text):
         self.relay.message(f"elastic: {text}")
 
     # -------------------------------------------------------- discovery --
-    def _static_hosts(self):
-        a = self.args
-        if a.hostfile:
-            return dict(parse_hostfile(a.hostfile))
-        if a.hosts:
-            merged = {}
-            for h, n in parse_hosts(a.hosts):
-                merged[h] = merged.get(h, 0) + n
-            return merged
-        n = a.np or (self.max_np if self.max_np != math.inf else self.min_np)
-        return {"localhost": n}
-
-    def _discover_loop(self):
-        script, slots = self.args.host_discovery_script, self.args.slots_per_host
-        last_error = None
-        while not self.stop_event.is_set():
-            try:
-                hosts = discovery.discover(script, slots)
-                with self.discovery_lock:
-                    self.discovered = hosts
-                if last_error:
-                    self.log("host discovery works again")
-                last_error = None
-            except discovery.DiscoveryError as e:
-                if str(e) != last_error:
-                    self.log(f"error: {e}; keeping the current hosts")
-                last_error = str(e)
-            self.stop_event.wait(DISCOVERY_INTERVAL_S)
-
     def _apply_discovery(self):
-        with self.discovery_lock:
-            found, self.discovered = self.discovered, None
-        if found is None or found == self.hosts:
-            return
-        added = [h for h in found if h not in self.hosts]
-        removed = [h for h in self.hosts if h not in found]
-        changed = [h for h in found if h in self.hosts and found[h] != self.hosts[h]]
-        self.log("discovery: " + ", ".join(
-            [f"host {h} added ({found[h]} slots)" for h in added]
-            + [f"host {h} removed" for h in removed]
-            + [f"host {h} now has {found[h]} slots" for h in changed]))
-        self.hosts = found
-        for h in removed:
-            self.lost[h] = "removed by host discovery"
-        for h in found:
-            if self.lost.get(h) == "removed by host discovery":
-                del self.lost[h]
         # Workers beyond their host's slots (or on a removed host) leave at
         # the next membership change.
-        for host in set(removed) | set(changed):
+        for host, slots in self.pool.take_discovery().items():
             on_host = [w for w in self.workers.values()
                        if w.host == host and w.state in (STARTING, READY, MEMBER)]
-            for w in on_host[found.get(host, 0):]:
-                self._retire(w, f"host {host} " + ("removed by discovery" if host in removed
+            for w in on_host[slots:]:
+                self._retire(w, f"host {host} " + ("removed by discovery" if slots == 0
                                                     else "has fewer slots"))
 
     def _retire(self, w, why):
@@ -194,17 +140,6 @@ class Driver:
             self._stop_worker(w, signal.SIGTERM)
 
     # ---------------------------------------------------------- workers --
-    def _usable(self, host, now):
-        until = self.blacklist.get(host)
-        if until is None:
-            return True
-        if now < until:
-            return False
-        del self.blacklist[host]
-        self.lost.pop(host, None)
-        self.log(f"host {host} readmitted after its blacklist cool-down")
-        return True
-
     def _alive(self):
         return [w for w in self.workers.values() if w.state in (STARTING, READY, MEMBER)]
 
@@ -212,8 +147,8 @@ class Driver:
         if self.finishing:
             return
         alive = self._alive()
-        for host, slots in self.hosts.items():
-            if not self._usable(host, now):
+        for host, slots in self.pool.hosts.items():
+            if not self.pool.usable(host, now):
                 continue
             taken = {w.slot for w in alive if w.host == host}
             while len(taken) < slots and len(alive) < self.max_np:
@@ -277,17 +212,7 @@ class Driver:
     def _host_failed(self, host, why, worker=None):
         if self.first_failure is None:
             self.first_failure = (worker, why)
-        n = self.failures[host] = self.failures.get(host, 0) + 1
-        rng = self.args.cooldown_range
-        if rng:
-            cool = min(rng[1], rng[0] * 2 ** (n - 1))
-            self.blacklist[host] = time.monotonic() + cool
-            how = f"for {cool:g} s"
-        else:
-            self.blacklist[host] = math.inf
-            how = "for the rest of the job (no --blacklist-cooldown-range)"
-        self.lost[host] = f"blacklisted after {n} failure(s), last: {why}"
-        self.log(f"host {host} blacklisted {how} ({n} failure(s)): {why}")
+        self.pool.failed(host, why)
         for w in self.workers.values():
             if w.host == host and w.state in (STARTING, READY, MEMBER):
                 if w.state == MEMBER:
@@ -393,8 +318,8 @@ class Driver:
             self.log(f"{have} worker(s) available, --min-np is {self.min_np}; waiting up to "
                      f"{self.timeout_s:g} s (--elastic-timeout) for hosts {why}")
         elif now - self.short_since > self.timeout_s:
-            lost = "; ".join(f"{h}: {why}" for h, why in sorted(self.lost.items())) or "none"
-            known = ", ".join(f"{h}:{n}" for h, n in self.hosts.items()) or "none"
+            lost = self.pool.describe_lost()
+            known = self.pool.describe() or "none"
             self._fail(f"only {have} of --min-np {self.min_np} workers available after "
                        f"{self.timeout_s:g} s (--elastic-timeout); hosts lost: {lost}; "
                        f"hosts known: {known}")
@@ -405,7 +330,7 @@ class Driver:
         and discovery may list a new host, so both are worth waiting for)."""
         if self.first_failure is None or self._alive() or self.finishing:
             return
-        if not self.hosts or any(self.blacklist.get(h) != math.inf for h in self.hosts):
+        if not self.pool.none_admissible():
             return
         w, why = self.first_failure
         if w is not None:
@@ -416,7 +341,7 @@ class Driver:
                 why += f" (it was rank {w.rank})"
             if error:
                 why += f": {error}"
-        hosts = ", ".join(sorted(self.hosts))
+        hosts = ", ".join(sorted(self.pool.hosts))
         self._fail(f"every worker has failed and no host can be admitted (blacklisted: "
                    f"{hosts}); first error: {why}", self.first_code or 1)
 
@@ -482,17 +407,12 @@ class Driver:
     # -------------------------------------------------------------- run --
     def run(self):
         a = self.args
-        if a.host_discovery_script:
-            try:
-                self.hosts = discovery.discover(a.host_discovery_script, a.slots_per_host)
-            except discovery.DiscoveryError as e:
-                self.log(f"error: {e}; waiting for the script to list hosts")
-        else:
-            self.hosts = self._static_hosts()
-        remote = sorted(h for h in self.hosts if not is_local_host(h))
+        self.pool.start()
+        hosts = self.pool.hosts
+        remote = sorted(h for h in hosts if not is_local_host(h))
         if a.store_host:
             bind, host = "0.0.0.0", a.store_host
-        elif remote or a.host_discovery_script and not all(map(is_local_host, self.hosts)):
+        elif remote or a.host_discovery_script and not all(map(is_local_host, hosts)):
             host = guess_reachable_address(remote)
             bind = "0.0.0.0"
         else:
@@ -500,6 +420,7 @@ class Driver:
         self.secret = secrets.token_hex(16)
         server, why = start_store(bind, self.secret)
         if server is None:
+            self.pool.stop()
             self.log(f"error: cannot host the rendezvous store: {why}")
             return 1
         from tfring import _core
@@ -515,12 +436,7 @@ class Driver:
         self.job = Job(self.relay, a.grace_period, lambda wid: f"worker.{wid}")
         self.log(f"--min-np {self.min_np} --max-np "
                  f"{'unlimited' if self.max_np == math.inf else self.max_np}, hosts "
-                 + (", ".join(f"{h}:{n}" for h, n in self.hosts.items()) or "none yet"))
-        watcher = None
-        if a.host_discovery_script:
-            watcher = threading.Thread(target=self._discover_loop, daemon=True,
-                                       name="host-discovery")
-            watcher.start()
+                 + (self.pool.describe() or "none yet"))
         previous = {s: signal.signal(s, self._on_signal) for s in FORWARDED_SIGNALS}
         deadline = None if a.timeout is None else time.monotonic() + a.timeout
         try:
@@ -547,7 +463,7 @@ class Driver:
                         break
                 time.sleep(POLL_S)
         finally:
-            self.stop_event.set()
+            self.pool.stop()
             for s, h in previous.items():
                 signal.signal(s, h)
             deadline = time.monotonic() + 2.0
