@@ -651,3 +651,30 @@ def test_fused_step_variants_bench(tmp_path):
     rows = [line.split("|") for line in r.stdout.splitlines() if "| " in line and "---" not in line]
     uses = [row[1].strip() for row in rows[1:]]
     assert uses == ["deps", "sum", "assign", "assign_idn"], r.stdout
+
+
+def test_before_after_runs_each_tree_and_compares_medians(tmp_path):
+    # A stand-in benchmark reports which tree's package it imported; the
+    # runner must alternate the trees and print B/A of the medians.
+    trees = []
+    for name, value in (("a", 2.0), ("b", 3.0)):
+        pkg = tmp_path / name / "probe_pkg"
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text(f"VALUE = {value}\n")
+        trees.append(str(tmp_path / name))
+    script = tmp_path / "fake_bench.py"
+    script.write_text(
+        "import json, sys, probe_pkg\n"
+        "out = sys.argv[sys.argv.index('--json') + 1]\n"
+        "json.dump({'runs': [{'np': 2, 'results': [{'size': 4096, 'busbw': probe_pkg.VALUE},"
+        " {'size': 8192, 'busbw': 2 * probe_pkg.VALUE}]}]}, open(out, 'w'))\n")
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "before_after.py"), "--a", trees[0],
+                        "--b", trees[1], "--rounds", "2", "--", str(script)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:5]]
+            for line in r.stdout.splitlines() if "busbw" in line}
+    assert rows == {"runs[np=2]/results[size=4096]/busbw": ["2", "3", "1.50"],
+                    "runs[np=2]/results[size=8192]/busbw": ["4", "6", "1.50"]}, r.stdout
+    order = [ln.split(": ")[1][0] for ln in r.stderr.splitlines() if ln.startswith("round")]
+    assert order == ["A", "B", "B", "A"], r.stderr
