@@ -46,7 +46,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from tfring.run import affinity, horovodrun, mpi
+from tfring.run import affinity, horovodrun, mpi, pernode
 from tfring.run.common import (
     EXIT_TIMEOUT,
     FORWARDED_SIGNALS,
@@ -267,6 +267,7 @@ def build_parser():
         "the cores when there are at least as many cores as ranks; none: "
         "leave every rank free to use every core (env TFRING_BIND)",
     )
+    pernode.add_options(p)
     horovodrun.add_options(p)
     p.add_argument(
         "command", nargs=argparse.REMAINDER, help="the program every rank runs"
@@ -289,23 +290,64 @@ def main(argv=None):
     if args.version:
         print(f"tfring {_version()}")
         return 0
+    node_cfg = _per_node(parser, args)
     horovodrun.check_args(parser, args)
     if args.check_build:
         horovodrun.check_build(sys.stdout, mpi.find_mpirun())
         return 0
     from tfring.run import elastic
 
-    if args.np is None and not elastic.requested(args):
+    if args.np is None and not elastic.requested(args) and node_cfg is None:
         parser.error("the following arguments are required: -np")
     if args.restarts < 0:
         parser.error("--restarts must be >= 0")
     tunables = horovodrun.launcher_tunables(args, sys.stderr)
+    if node_cfg is not None:
+        from tfring.run import node_meeting
+
+        with horovodrun.environ(tunables):
+            return node_meeting.run(parser, args, node_cfg)
     if args.use_mpi:
         return mpi.run_job(parser, args, tunables, _hosts, parse_env_items)
     with horovodrun.environ(tunables):
         if elastic.requested(args):
             return elastic.main(parser, args)
         return _run_attempts(parser, args)
+
+
+def _per_node(parser, args):
+    """The NodeConfig of a per-node launch (tfring/run/pernode.py), or None.
+    Under an MPIJob launcher (its host file and no hosts given) the job is
+    switched to mpirun on that file's hosts instead."""
+    from tfring.run import elastic
+
+    if pernode.requested(args):
+        flags = [f for d, (f, _) in pernode.SOURCES.items() if getattr(args, d) is not None]
+        why = None if flags else pernode.conflicts_with_mpi_hostfile()
+        if why:
+            parser.error(why)
+        try:
+            cfg = pernode.resolve(args)
+        except ValueError as e:
+            parser.error(str(e))
+        what = ", ".join(flags) or "PET_NNODES"
+        if args.use_mpi or elastic.requested(args):
+            parser.error(f"{what}: a per-node launch starts its ranks itself; not with "
+                         "--mpi or an elastic job")
+        return cfg
+    if args.use_mpi or elastic.requested(args):
+        return None
+    try:
+        hostfile = pernode.mpi_hostfile(args)
+    except ValueError as e:
+        parser.error(str(e))
+    if hostfile:
+        args.hostfile, args.use_mpi = hostfile, True
+        if args.np is None:
+            args.np = sum(n for _, n in _hosts(args))
+        sys.stderr.write(f"{PROG}: running {args.np} rank(s) under mpirun on the hosts of "
+                         f"{hostfile} (MPI Operator)\n")
+    return None
 
 
 def _run_attempts(parser, args):
