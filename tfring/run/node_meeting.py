@@ -105,8 +105,8 @@ class Meeting:
         keys = [f"launch/node/{i}" for i in range(cfg.nnodes)]
         while not self.store.check(keys):
             if self.store.add("launch/failures", 0) > 0:
-                raise MeetingError(f"the job failed while the nodes met: "
-                                   f"{self._failures()[0][1]}")
+                code, text = self._failures()[0]
+                raise MeetingError(f"the job failed while the nodes met: {text}", code or 1)
             if time.monotonic() > self.deadline:
                 missing = [i for i in range(cfg.nnodes)
                            if not self.store.check([f"launch/node/{i}"])]
