@@ -3,6 +3,10 @@
     tfring-run -np 4 python train.py
     tfring-run -np 8 -H node1:4,node2:4 python train.py
     tfring-run -np 8 --hostfile hosts.txt --fusion-threshold-mb 32 python train.py
+    tfring-run --nnodes 2 --node-rank R --nproc-per-node 4 --master-addr A python train.py
+
+The last form runs on each node, no ssh (tfring/run/pernode.py,
+tfring/run/node_meeting.py, docs/kubernetes.md).
 
 horovodrun's options are accepted too (tfring/run/horovodrun.py): its tunables
 become TFRING_* variables in every rank, and HOROVOD_* variables in the
