@@ -243,7 +243,7 @@ def test_mpijob_becomes_mpirun_on_the_operators_hostfile(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     parser = launcher.build_parser()
     args = _tfring_args(specs["Launcher"]["template"]["spec"]["containers"][0]["command"])
-    assert launcher._per_node(parser, args) is None
+    assert pernode.choose(parser, args, False, launcher._hosts) is None
     assert args.use_mpi and args.hostfile == str(hostfile)
     assert args.np == slots * specs["Worker"]["replicas"]
 

@@ -294,13 +294,13 @@ def main(argv=None):
     if args.version:
         print(f"tfring {_version()}")
         return 0
-    node_cfg = _per_node(parser, args)
+    from tfring.run import elastic
+
+    node_cfg = pernode.choose(parser, args, elastic.requested(args), _hosts)
     horovodrun.check_args(parser, args)
     if args.check_build:
         horovodrun.check_build(sys.stdout, mpi.find_mpirun())
         return 0
-    from tfring.run import elastic
-
     if args.np is None and not elastic.requested(args) and node_cfg is None:
         parser.error("the following arguments are required: -np")
     if args.restarts < 0:
@@ -310,48 +310,16 @@ def main(argv=None):
         from tfring.run import node_meeting
 
         with horovodrun.environ(tunables):
-            return node_meeting.run(parser, args, node_cfg)
+            return node_meeting.run(
+                parser, args, node_cfg,
+                lambda relay, addr, secret, **place: _place_rank(args, relay, addr, secret,
+                                                                 **place))
     if args.use_mpi:
         return mpi.run_job(parser, args, tunables, _hosts, parse_env_items)
     with horovodrun.environ(tunables):
         if elastic.requested(args):
             return elastic.main(parser, args)
         return _run_attempts(parser, args)
-
-
-def _per_node(parser, args):
-    """The NodeConfig of a per-node launch (tfring/run/pernode.py), or None.
-    Under an MPIJob launcher (its host file and no hosts given) the job is
-    switched to mpirun on that file's hosts instead."""
-    from tfring.run import elastic
-
-    if pernode.requested(args):
-        flags = [f for d, (f, _) in pernode.SOURCES.items() if getattr(args, d) is not None]
-        why = None if flags else pernode.conflicts_with_mpi_hostfile()
-        if why:
-            parser.error(why)
-        try:
-            cfg = pernode.resolve(args)
-        except ValueError as e:
-            parser.error(str(e))
-        what = ", ".join(flags) or "PET_NNODES"
-        if args.use_mpi or elastic.requested(args):
-            parser.error(f"{what}: a per-node launch starts its ranks itself; not with "
-                         "--mpi or an elastic job")
-        return cfg
-    if args.use_mpi or elastic.requested(args):
-        return None
-    try:
-        hostfile = pernode.mpi_hostfile(args)
-    except ValueError as e:
-        parser.error(str(e))
-    if hostfile:
-        args.hostfile, args.use_mpi = hostfile, True
-        if args.np is None:
-            args.np = sum(n for _, n in _hosts(args))
-        sys.stderr.write(f"{PROG}: running {args.np} rank(s) under mpirun on the hosts of "
-                         f"{hostfile} (MPI Operator)\n")
-    return None
 
 
 def _run_attempts(parser, args):
@@ -489,6 +457,15 @@ def _run_once(parser, args, attempt):
         if server is not None:
             with contextlib.suppress(Exception):  # the job is over either way
                 server.stop()
+
+
+def _place_rank(args, relay, store_addr, secret, **place):
+    """A rank a per-node launch starts on this node: its variables and the
+    cores it runs on (tfring/run/node_meeting.py)."""
+    spec = RankSpec(local=True, **place)
+    env = rank_env(spec, store_addr, secret)
+    env.update(horovod_rank_env(spec))
+    return env, _local_cpus(args, spec, relay)
 
 
 def _local_cpus(args, spec, relay):

@@ -39,7 +39,14 @@ import socket
 import sys
 import time
 
-from tfring.run.common import EXIT_TIMEOUT, FORWARDED_SIGNALS, RANK_VARS, Job, OutputRelay
+from tfring.run.common import (
+    EXIT_TIMEOUT,
+    FORWARDED_SIGNALS,
+    RANK_VARS,
+    Job,
+    OutputRelay,
+    parse_env_items,
+)
 
 DEFAULT_START_TIMEOUT_S = 600.0  # pods may wait for images and scheduling
 NODE_LOST_S = 30.0
@@ -260,10 +267,13 @@ class NodeJob(Job):
         m.record(text, exit_code)
 
 
-def run(parser, args, cfg, relay=None):
-    """Runs this node's part of the job. Returns the exit code."""
+def run(parser, args, cfg, place_rank, relay=None):
+    """Runs this node's part of the job. Returns the exit code.
+    ``place_rank(relay, store_addr, secret, **place)`` gives a rank's
+    variables and the cores it runs on (None: unbound) from its place
+    (rank, size, local_rank, local_size, cross_rank, cross_size, host)."""
     from tfring import _core
-    from tfring.run import horovodrun, launcher
+    from tfring.run import horovodrun
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -274,7 +284,7 @@ def run(parser, args, cfg, relay=None):
         if bad:
             parser.error(f"{opt}: not with a per-node launch (the cluster restarts nodes)")
     try:
-        user_env = launcher.parse_env_items(args.env)
+        user_env = parse_env_items(args.env)
     except ValueError as e:
         parser.error(str(e))
     user_env = horovodrun.translate_x(user_env)
@@ -302,7 +312,7 @@ def run(parser, args, cfg, relay=None):
         f"{store_host}:{cfg.master_port}"
     try:
         return _run_node(args, cfg, command, user_env, relay, secret, store_host,
-                         store_addr, timeout_s)
+                         store_addr, timeout_s, place_rank)
     finally:
         if server is not None:
             with contextlib.suppress(Exception):  # the job is over either way
@@ -310,9 +320,8 @@ def run(parser, args, cfg, relay=None):
 
 
 def _run_node(args, cfg, command, user_env, relay, secret, store_host, store_addr,
-              timeout_s):
+              timeout_s, place_rank):
     from tfring import _core
-    from tfring.run import launcher
 
     meeting = None
     try:
@@ -344,21 +353,20 @@ def _run_node(args, cfg, command, user_env, relay, secret, store_host, store_add
     cwd = os.getcwd()
     try:
         for lr in range(L):
-            spec = launcher.RankSpec(rank=R * L + lr, size=cfg.size, local_rank=lr,
-                                     local_size=L, cross_rank=R, cross_size=cfg.nnodes,
-                                     host=host_id, local=True)
+            rank = R * L + lr
+            renv, cpus = place_rank(relay, store_addr, secret, rank=rank, size=cfg.size,
+                                    local_rank=lr, local_size=L, cross_rank=R,
+                                    cross_size=cfg.nnodes, host=host_id)
             env = {k: v for k, v in base_env.items() if k not in RANK_VARS}
-            env.update(launcher.rank_env(spec, store_addr, secret))
-            env.update(launcher.horovod_rank_env(spec))
+            env.update(renv)
             if args.verbose:
-                relay.message(f"rank {spec.rank}: {shlex.join(command)}")
+                relay.message(f"rank {rank}: {shlex.join(command)}")
             if job.exit_code is not None:
                 break
             try:
-                job.spawn(spec.rank, command, env, cwd, args.output_dir, None,
-                          launcher._local_cpus(args, spec, relay))
+                job.spawn(rank, command, env, cwd, args.output_dir, None, cpus)
             except OSError as e:
-                relay.message(f"cannot start rank {spec.rank} ({shlex.join(command)}): {e}")
+                relay.message(f"cannot start rank {rank} ({shlex.join(command)}): {e}")
                 job.stop(127 if isinstance(e, FileNotFoundError) else 126)
                 break
         code = job.wait(args.timeout, meeting)

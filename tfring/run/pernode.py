@@ -26,9 +26,10 @@ mpirun on those hosts (``mpi_hostfile``).
 """
 
 import os
+import sys
 from dataclasses import dataclass
 
-__all__ = ["NodeConfig", "DEFAULT_PORT", "mpi_hostfile", "resolve"]
+__all__ = ["NodeConfig", "DEFAULT_PORT", "choose", "mpi_hostfile", "resolve"]
 
 DEFAULT_PORT = 29500  # torchrun's
 MPI_OPERATOR_HOSTFILE = "/etc/mpi/hostfile"
@@ -222,4 +223,39 @@ def mpi_hostfile(args, environ=None, default=MPI_OPERATOR_HOSTFILE):
         return path
     if args.np is None and os.path.isfile(default):
         return default
+    return None
+
+
+def choose(parser, args, elastic, hosts_of):
+    """tfring-run's choice: the NodeConfig of a per-node launch, or None.
+    Under an MPIJob launcher (its host file and no hosts given) the job is
+    switched to mpirun on that file's hosts instead (``args`` changed).
+    ``elastic``: whether an elastic job was asked for; ``hosts_of(args)``
+    reads the host file."""
+    if requested(args):
+        flags = [f for d, (f, _) in SOURCES.items() if getattr(args, d) is not None]
+        why = None if flags else conflicts_with_mpi_hostfile()
+        if why:
+            parser.error(why)
+        try:
+            cfg = resolve(args)
+        except ValueError as e:
+            parser.error(str(e))
+        if args.use_mpi or elastic:
+            parser.error(f"{', '.join(flags) or 'PET_NNODES'}: a per-node launch starts its "
+                         "ranks itself; not with --mpi or an elastic job")
+        return cfg
+    if args.use_mpi or elastic:
+        return None
+    try:
+        hostfile = mpi_hostfile(args)
+        if hostfile:
+            args.hostfile, args.use_mpi = hostfile, True
+            if args.np is None:
+                args.np = sum(n for _, n in hosts_of(args))
+    except ValueError as e:
+        parser.error(str(e))
+    if hostfile:
+        sys.stderr.write(f"tfring-run: running {args.np} rank(s) under mpirun on the hosts "
+                         f"of {hostfile} (MPI Operator)\n")
     return None
