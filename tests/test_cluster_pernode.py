@@ -141,3 +141,20 @@ def test_dead_rank_ends_every_node(hosts3, tmp_path):
         assert rc not in (0, 124), f"node {i} exited {rc}: {out[-3000:]}"
         assert "rank 3 on node 1 (host2) was killed by signal SIGKILL" in out, \
             f"node {i}: {out[-3000:]}"
+
+
+def test_master_name_that_resolves_late(hosts3, tmp_path):
+    """As in Kubernetes, where node 0's DNS name exists only once its pod
+    does: node 1 starts first with a name no host knows yet, keeps trying,
+    and meets node 0 once the name resolves."""
+    alias = "node0-not-yet"
+    env = _env(tmp_path, {"TFRING_SECRET": "k8s-secret-3"})
+    late = _launch(hosts3.hosts[1], _flags(2, 1, alias), ["collectives"], env)
+    time.sleep(2.0)
+    assert late.poll() is None, late.communicate()[0][-2000:]
+    # ip netns exec bind-mounts this file over the host's /etc/hosts: an
+    # append (same inode) shows there.
+    with open(os.path.join(hosts3.hosts[1].etc, "hosts"), "a") as f:
+        f.write(f"{hosts3.hosts[0].addr} {alias}\n")
+    first = _launch(hosts3.hosts[0], _flags(2, 0, alias), ["collectives"], env)
+    _check_job(tmp_path, 2, _wait(hosts3, [first, late], 60))

@@ -9,6 +9,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -220,3 +221,27 @@ def test_two_nodes_on_this_machine(tmp_path):
         assert (rep["local_rank"], rep["local_size"]) == (r % 2, 2), rep
         assert (rep["cross_rank"], rep["cross_size"]) == (r // 2, 2), rep
         assert np.max(np.abs(np.array(rep["sum"]) - ref)) < 1e-5
+
+
+def test_a_node_with_another_secret_is_told_at_once(tmp_path):
+    """Node 1 reaches node 0 but with another TFRING_SECRET: it stops well
+    before the start timeout, saying so; node 0 then times out naming it."""
+    pytest.importorskip("tfring._core")
+    port = _free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "tfring.run", "--nnodes", "2", "--node-rank", str(i),
+         "--master-addr", "127.0.0.1", "--master-port", str(port), "--start-timeout", "6",
+         sys.executable, "-c", "pass"],
+        cwd=REPO, env=_env({"TFRING_SECRET": f"secret-{i}"}), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    t0 = time.monotonic()
+    try:
+        out1 = procs[1].communicate(timeout=60)[0]
+        t1 = time.monotonic() - t0
+        out0 = procs[0].communicate(timeout=60)[0]
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[1].returncode == 1 and t1 < 5, (t1, out1)
+    assert "wrong job secret" in out1 and "same TFRING_SECRET" in out1, out1
+    assert procs[0].returncode == 124 and "node rank(s) 1 did not arrive" in out0, out0

@@ -84,19 +84,35 @@ class Meeting:
         self.timeout_s = start_timeout_s
         self.deadline = time.monotonic() + start_timeout_s
         self.error_types = (_core.TfringError,)
-        try:
-            self.store = _core.TcpStore(store_host, cfg.master_port, secret, start_timeout_s)
-        except self.error_types as e:
-            raise MeetingError(
-                f"timeout: cannot reach {self.where} within {start_timeout_s:g} s "
-                f"(--start-timeout): node rank 0, which serves it, has not come up there "
-                f"(or {cfg.master_addr} does not lead to it); missing node rank(s): 0 "
-                f"({e})", EXIT_TIMEOUT) from None
+        self.store = self._connect(_core, store_host, secret)
         self.exit_code = None  # read by Job.wait when poll() says to stop
         self.remote_stop = False
         self.next_poll = self.next_beat = 0.0
         self.beats = {}  # node -> (last count seen, when it changed)
         self.hosts = {}
+
+    def _connect(self, _core, host, secret):
+        """The store client, once node 0 answers. Retried until the start
+        deadline: in Kubernetes, node 0's name resolves only once its pod
+        exists, and a connection may go unanswered until it runs."""
+        last = None
+        while True:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                return _core.TcpStore(host, self.cfg.master_port, secret, min(left, 30.0))
+            except self.error_types as e:
+                if "secret" in str(e):  # node 0 is there, with another secret
+                    raise MeetingError(f"{self.where}: {e}; give every node the same "
+                                       "TFRING_SECRET") from None
+                last = e
+            time.sleep(min(1.0, max(0.0, self.deadline - time.monotonic())))
+        raise MeetingError(
+            f"timeout: cannot reach {self.where} within {self.timeout_s:g} s "
+            f"(--start-timeout): node rank 0, which serves it, has not come up there "
+            f"(or {self.cfg.master_addr} does not lead to it); missing node rank(s): 0 "
+            f"({last})", EXIT_TIMEOUT)
 
     # ---------------------------------------------------------------- meet --
 
