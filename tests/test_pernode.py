@@ -245,3 +245,82 @@ def test_a_node_with_another_secret_is_told_at_once(tmp_path):
     assert procs[1].returncode == 1 and t1 < 5, (t1, out1)
     assert "wrong job secret" in out1 and "same TFRING_SECRET" in out1, out1
     assert procs[0].returncode == 124 and "node rank(s) 1 did not arrive" in out0, out0
+
+
+def _meetings(nnodes, port):
+    """Every node's Meeting, met, in this process (one thread per node)."""
+    import threading
+
+    from tfring.run import node_meeting
+
+    cfgs = [pernode.NodeConfig(nnodes, r, 1, "127.0.0.1", port, {}) for r in range(nnodes)]
+    out, errors = [None] * nnodes, []
+
+    def meet(r):
+        try:
+            m = node_meeting.Meeting(cfgs[r], "127.0.0.1", "s", 10.0)
+            m.meet()
+            out[r] = m
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=meet, args=(r,)) for r in range(nnodes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    return out
+
+
+def test_node_zero_tells_a_silent_node_from_one_that_ended(monkeypatch):
+    """Node 0 records a node whose tfring-run stopped beating as a failure
+    every node sees, but not a node that recorded its end."""
+    _core = pytest.importorskip("tfring._core")
+    from tfring.run import node_meeting
+
+    monkeypatch.setattr(node_meeting, "NODE_LOST_S", 0.3)
+    monkeypatch.setattr(node_meeting, "BEAT_S", 0.05)
+    monkeypatch.setattr(node_meeting, "POLL_S", 0.01)
+    server = _core.TcpStoreServer("127.0.0.1", 0, "s")
+    try:
+        m0, m1, m2 = _meetings(3, server.port)
+        m1.store.set("launch/end/1", b"0")  # node 1 ended; node 2 goes silent
+        deadline = time.monotonic() + 10
+        message = None
+        while message is None and time.monotonic() < deadline:
+            message = m0.poll()
+            time.sleep(0.01)
+        assert message is not None, "node 0 never noticed the silent node"
+        assert "node 2 (" in message and "stopped answering" in message, message
+        assert "node 1 (" not in message, message
+        assert m0.exit_code == 1
+        # Node 1, still polling, sees the same failure.
+        m1.next_poll = 0.0
+        assert "node 2 (" in (m1.poll() or ""), "node 1 did not see the failure"
+    finally:
+        server.stop()
+
+
+def test_nodes_started_with_different_shapes_are_refused(monkeypatch):
+    _core = pytest.importorskip("tfring._core")
+    from tfring.run import node_meeting
+
+    server = _core.TcpStoreServer("127.0.0.1", 0, "s")
+    try:
+        a = node_meeting.Meeting(pernode.NodeConfig(2, 0, 2, "127.0.0.1", server.port, {}),
+                                 "127.0.0.1", "s", 5.0)
+        b = node_meeting.Meeting(pernode.NodeConfig(2, 1, 3, "127.0.0.1", server.port, {}),
+                                 "127.0.0.1", "s", 5.0)
+        b.store.set("launch/node/1", json.dumps(
+            {"host": "h1", "nnodes": 2, "nproc": 3}).encode())
+        with pytest.raises(node_meeting.MeetingError,
+                           match=r"node 1 \(h1\) was started with --nnodes 2 "
+                                 r"--nproc-per-node 3, node 0 .* --nproc-per-node 2"):
+            a.meet()
+        # a second node 0 (node 0 above has claimed its rank)
+        with pytest.raises(node_meeting.MeetingError, match="node rank 0 was taken"):
+            node_meeting.Meeting(pernode.NodeConfig(2, 0, 2, "127.0.0.1", server.port, {}),
+                                 "127.0.0.1", "s", 5.0).meet()
+    finally:
+        server.stop()

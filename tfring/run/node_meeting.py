@@ -215,8 +215,10 @@ class Meeting:
             if int(c) != last:
                 self.beats[i] = (int(c), now)
             elif now - since > NODE_LOST_S:
-                lost.append(i)
                 del self.beats[i]
+                # A node that has ended beats no more, and is not lost.
+                if not self.store.check([f"launch/end/{i}"]):
+                    lost.append(i)
         return lost
 
     # ----------------------------------------------------------------- end --
