@@ -317,8 +317,12 @@ def run(parser, args, cfg, place_rank, relay=None):
     server = None
     if cfg.node_rank == 0:
         bind = _core._listen_address() if pinned else "0.0.0.0"
+        alone = cfg.nnodes == 1 and cfg.sources.get("master_port") == "default"
+        if alone:  # nobody else to meet: any free port on loopback
+            bind = "127.0.0.1"
         try:
-            server = _core.TcpStoreServer(bind, cfg.master_port, secret)
+            server = _core.TcpStoreServer(bind, 0 if alone else cfg.master_port, secret)
+            cfg.master_port = server.port
         except Exception as e:  # noqa: BLE001 - reported as the reason the node stops
             relay.message(f"node 0 cannot serve the rendezvous on port {cfg.master_port} "
                           f"({bind}): {e}")
@@ -362,7 +366,8 @@ def _run_node(args, cfg, command, user_env, relay, secret, store_host, store_add
         host_id = f"{host_id}#node{R}"
     if args.verbose:
         relay.message(f"node {R} of {cfg.nnodes}: ranks {R * L}..{R * L + L - 1}; "
-                      f"rendezvous at {cfg.master} ({', '.join(cfg.sources.values())})")
+                      f"rendezvous at {cfg.master} (from "
+                      + ", ".join(f"{k}: {v}" for k, v in cfg.sources.items()) + ")")
     base_env = dict(os.environ)
     base_env.update(user_env)
     base_env.update(PYTHONUNBUFFERED="1", TFRING_RESTART="0")
