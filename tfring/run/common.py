@@ -221,6 +221,7 @@ class Job:
         self.kill_at = None  # when survivors of a stop get SIGKILL
         self.exit_code = None  # decided by the first reason to stop
         self.signals_received = 0
+        self.failure = None  # (rank, what happened) of the first rank that failed
 
     def spawn(self, rank, argv, env, cwd, output_dir=None, stdin_data=None, cpus=None):
         """Starts one process; with ``cpus`` it runs on them from its start
@@ -286,13 +287,16 @@ class Job:
             self.signal_all(signal.SIGKILL)
 
     def wait(self, timeout_s=None, start_watch=None):
+        """Runs until every rank has ended. ``start_watch.poll()`` (when
+        given) returns a message once the job must stop, with the exit code
+        in its ``exit_code`` attribute (default EXIT_TIMEOUT)."""
         start = time.monotonic()
         while True:
             if start_watch is not None and self.exit_code is None:
                 late = start_watch.poll()
                 if late:
                     self.relay.message(late)
-                    self.stop(EXIT_TIMEOUT)
+                    self.stop(getattr(start_watch, "exit_code", None) or EXIT_TIMEOUT)
             for rank, proc in self.running():
                 rc = proc.poll()
                 if rc is None:
@@ -308,6 +312,7 @@ class Job:
                         code = rc
                     tail = "; terminating the other ranks" if others else ""
                     self.relay.message(f"rank {rank} (pid {proc.pid}) {what}{tail}")
+                    self.failure = (rank, what)
                     self.stop(code)
             if not self.running():
                 break

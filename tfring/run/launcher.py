@@ -3,6 +3,10 @@
     tfring-run -np 4 python train.py
     tfring-run -np 8 -H node1:4,node2:4 python train.py
     tfring-run -np 8 --hostfile hosts.txt --fusion-threshold-mb 32 python train.py
+    tfring-run --nnodes 2 --node-rank R --nproc-per-node 4 --master-addr A python train.py
+
+The last form runs on each node, no ssh (tfring/run/pernode.py,
+tfring/run/node_meeting.py, docs/kubernetes.md).
 
 horovodrun's options are accepted too (tfring/run/horovodrun.py): its tunables
 become TFRING_* variables in every rank, and HOROVOD_* variables in the
@@ -46,7 +50,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from tfring.run import affinity, horovodrun, mpi
+from tfring.run import affinity, horovodrun, mpi, pernode
 from tfring.run.common import (
     EXIT_TIMEOUT,
     FORWARDED_SIGNALS,
@@ -267,6 +271,7 @@ def build_parser():
         "the cores when there are at least as many cores as ranks; none: "
         "leave every rank free to use every core (env TFRING_BIND)",
     )
+    pernode.add_options(p)
     horovodrun.add_options(p)
     p.add_argument(
         "command", nargs=argparse.REMAINDER, help="the program every rank runs"
@@ -289,17 +294,26 @@ def main(argv=None):
     if args.version:
         print(f"tfring {_version()}")
         return 0
+    from tfring.run import elastic
+
+    node_cfg = pernode.choose(parser, args, elastic.requested(args), _hosts)
     horovodrun.check_args(parser, args)
     if args.check_build:
         horovodrun.check_build(sys.stdout, mpi.find_mpirun())
         return 0
-    from tfring.run import elastic
-
-    if args.np is None and not elastic.requested(args):
+    if args.np is None and not elastic.requested(args) and node_cfg is None:
         parser.error("the following arguments are required: -np")
     if args.restarts < 0:
         parser.error("--restarts must be >= 0")
     tunables = horovodrun.launcher_tunables(args, sys.stderr)
+    if node_cfg is not None:
+        from tfring.run import node_meeting
+
+        with horovodrun.environ(tunables):
+            return node_meeting.run(
+                parser, args, node_cfg,
+                lambda relay, addr, secret, **place: _place_rank(args, relay, addr, secret,
+                                                                 **place))
     if args.use_mpi:
         return mpi.run_job(parser, args, tunables, _hosts, parse_env_items)
     with horovodrun.environ(tunables):
@@ -443,6 +457,15 @@ def _run_once(parser, args, attempt):
         if server is not None:
             with contextlib.suppress(Exception):  # the job is over either way
                 server.stop()
+
+
+def _place_rank(args, relay, store_addr, secret, **place):
+    """A rank a per-node launch starts on this node: its variables and the
+    cores it runs on (tfring/run/node_meeting.py)."""
+    spec = RankSpec(local=True, **place)
+    env = rank_env(spec, store_addr, secret)
+    env.update(horovod_rank_env(spec))
+    return env, _local_cpus(args, spec, relay)
 
 
 def _local_cpus(args, spec, relay):
