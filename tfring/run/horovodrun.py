@@ -14,19 +14,18 @@ docs/launching-horovod.md lists every option.
 
 import argparse
 import contextlib
-import json
 import os
 import shlex
 import sys
 import time
 
 from tfring import _horovod_env
-from tfring._horovod_env import SEEN_VAR
+from tfring._horovod_env import SEEN_VAR  # noqa: F401  (tfring.run.mpi reads it here)
+from tfring.run.check_build import check_build
+from tfring.run.config_file import load_config_file, log_level as _log_level
 
 __all__ = ["ELASTIC_OPTIONS", "StartWatch", "add_options", "check_args", "check_build",
            "environ", "launcher_tunables", "load_config_file", "translate_x", "tunables"]
-
-LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 
 # dest -> (HOROVOD variable horovodrun sets for it, how the value becomes
 # that variable's text, the option a notice names).
@@ -83,14 +82,6 @@ def _nonnegative(kind):
             raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
         return v
     return parse
-
-
-def _log_level(text):
-    if text.upper() in LOG_LEVELS:
-        return text.upper()
-    if text in ("0", "1", "2", "3"):  # tfring's own levels
-        return ("DEBUG", "INFO", "WARNING", "ERROR")[int(text)]
-    raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(LOG_LEVELS)} or 0-3")
 
 
 class _Interfaces(argparse.Action):
@@ -229,136 +220,6 @@ def add_options(parser):
                    default=None, metavar=("MIN", "MAX"),
                    help="a failed host is readmitted after MIN s, doubling per failure up "
                    "to MAX s (default: never)")
-
-
-# ----------------------------------------------------------- config file ----
-
-# horovodrun's YAML layout: section -> {key: dest}.
-_CONFIG = {
-    "params": {"fusion_threshold_mb": "fusion_threshold_mb", "cycle_time_ms": "cycle_time_ms",
-               "cache_capacity": "cache_capacity",
-               "hierarchical_allreduce": "hierarchical_allreduce",
-               "hierarchical_allgather": "hierarchical_allgather",
-               "torus_allreduce": "torus_allreduce"},
-    "autotune": {"enabled": "autotune", "log_file": "autotune_log_file",
-                 "warmup_samples": "autotune_warmup_samples",
-                 "steps_per_sample": "autotune_steps_per_sample",
-                 "bayes_opt_max_samples": "autotune_bayes_opt_max_samples",
-                 "gaussian_process_noise": "autotune_gaussian_process_noise"},
-    "timeline": {"filename": "timeline_filename", "mark_cycles": "timeline_mark_cycles"},
-    "stall_check": {"enabled": "no_stall_check",
-                    "warning_time_seconds": "stall_check_warning_time_seconds",
-                    "shutdown_time_seconds": "stall_check_shutdown_time_seconds"},
-    "library_options": {"mpi_threads_disable": "mpi_threads_disable",
-                        "num_nccl_streams": "num_nccl_streams",
-                        "thread_affinity": "thread_affinity",
-                        "gloo_timeout_seconds": "gloo_timeout_seconds"},
-    "logging": {"level": "log_level", "with_timestamp": "log_with_timestamp"},
-}
-
-
-def _read_config(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ValueError(f"--config-file {path}: {e.strerror}") from None
-    try:
-        import yaml
-    except ImportError:
-        yaml = None
-    if yaml is not None:
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ValueError(f"--config-file {path}: not valid YAML ({e})") from None
-    try:
-        return json.loads(text)  # JSON is YAML too
-    except ValueError:
-        pass
-    try:
-        return _two_level_yaml(text)
-    except ValueError as e:
-        raise ValueError(
-            f"--config-file {path}: {e}; without PyYAML (pip install pyyaml) only "
-            "horovodrun's plain layout (section:, then indented key: value lines) or "
-            "JSON is read") from None
-
-
-def _scalar(text):
-    t = text.strip()
-    if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"":
-        return t[1:-1]
-    low = t.lower()
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    if low in ("null", "~", ""):
-        return None
-    for kind in (int, float):
-        try:
-            return kind(t)
-        except ValueError:
-            pass
-    return t
-
-
-def _two_level_yaml(text):
-    """horovodrun's config layout without PyYAML: top-level ``key: value``
-    or ``section:`` followed by indented ``key: value`` lines of scalars."""
-    config, section = {}, None
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split(" #", 1)[0].rstrip()
-        if not line.strip() or line.lstrip().startswith("#") or line.strip() == "---":
-            continue
-        key, sep, value = line.strip().partition(":")
-        if not sep or not key or any(c in line for c in "[]{}&*|>"):
-            raise ValueError(f"line {lineno} is not 'key: value'")
-        if line[0] in " \t":
-            if section is None:
-                raise ValueError(f"line {lineno} is indented outside a section")
-            config[section][key.strip()] = _scalar(value)
-        elif value.strip():
-            config[key.strip()], section = _scalar(value), None
-        else:
-            section = key.strip()
-            config[section] = {}
-    return config
-
-
-def load_config_file(args):
-    """Fills the options left unset on the command line from horovodrun's
-    YAML parameter file. Raises ValueError naming a malformed entry."""
-    path = args.config_file
-    config = _read_config(path)
-    if config is None:
-        return
-    if not isinstance(config, dict):
-        raise ValueError(f"--config-file {path}: the top level must be a mapping")
-    for section, value in config.items():
-        if section == "controller":
-            if str(value).lower() not in ("gloo", "mpi"):
-                raise ValueError(f"--config-file {path}: no such controller {value!r}")
-            if str(value).lower() == "mpi" and not args.use_gloo:
-                args.use_mpi = True
-            continue
-        keys = _CONFIG.get(section)
-        if keys is None:
-            raise ValueError(f"--config-file {path}: unknown section {section!r} "
-                             f"(known: controller, {', '.join(_CONFIG)})")
-        if not isinstance(value, dict):
-            raise ValueError(f"--config-file {path}: {section} must be a mapping")
-        for key, v in value.items():
-            dest = keys.get(key)
-            if dest is None:
-                raise ValueError(f"--config-file {path}: unknown key {section}.{key}")
-            if (section, key) == ("stall_check", "enabled"):
-                v = not v
-            if (section, key) == ("logging", "level"):
-                v = _log_level(str(v))
-            if getattr(args, dest, None) is None:
-                setattr(args, dest, v)
 
 
 # ---------------------------------------------------------------- tunables --
@@ -559,88 +420,3 @@ class StartWatch:
         return (f"start timeout: rank(s) {', '.join(missing)} did not reach "
                 f"tfring.init() within {self.timeout_s:g} s (--start-timeout); "
                 "terminating all ranks")
-
-
-# ------------------------------------------------------------- check-build --
-
-
-def check_build(out, mpirun):
-    """Writes horovodrun --check-build's table for this tfring; mpirun is
-    the mpirun that --mpi would use (tfring.run.mpi.find_mpirun()), or None."""
-    def mark(ok):
-        return "X" if ok else " "
-
-    rows = {}
-    try:
-        from importlib import metadata
-        version = metadata.version("tfring")
-    except Exception:  # noqa: BLE001 - a source tree without metadata
-        version = "(source tree)"
-    try:
-        from tfring import _core
-        core, core_why = True, ""
-    except ImportError as e:
-        _core, core, core_why = None, False, str(e)
-    rows["core"] = (core, f"tfring._core{'' if core else ': ' + core_why}")
-    tf_ok, tf_why = _tf_ops()
-    rows["tf"] = (tf_ok, tf_why)
-    mpi_ok, mpi_why = _mpi4py()
-    cuda_ok = bool(core and _core.cuda_built())
-    if core and cuda_ok:
-        why = _core.cuda_unavailable_reason().split(";")[0]
-        cuda_why = ("CUDA, GPU usable" if _core.cuda_available()
-                    else f"CUDA built; no GPU here ({why})")
-    else:
-        cuda_why = "CUDA: not built"
-    nccl_ok, nccl_why = False, "NCCL: core not loaded"
-    if core:
-        info = _core.nccl_info()
-        nccl_ok = bool(info.get("loaded"))
-        nccl_why = (f"NCCL {info.get('version')} from {info.get('path')}" if nccl_ok
-                    else f"NCCL: not loadable ({info.get('error', '').split(' (')[0]}; "
-                    "TFRING_NCCL_LIB names it)")
-    isa = _core.kernels.isa() if core else "?"
-    out.write(f"tfring v{version}:\n\n"
-              "Available Frameworks:\n"
-              f"    [{mark(tf_ok)}] TensorFlow     {tf_why}\n\n"
-              "Available Controllers:\n"
-              f"    [{mark(core)}] tfring-run     the built-in store and ring "
-              f"(no MPI needed)\n"
-              f"    [{mark(mpi_ok)}] MPI            {mpi_why}"
-              f"{'; mpirun ' + mpirun if mpirun else '; no mpirun found'}\n\n"
-              "Available Tensor Operations:\n"
-              f"    [{mark(core)}] CPU            shared memory and TCP rings, "
-              f"{isa} kernels\n"
-              f"    [{mark(cuda_ok)}] CUDA           {cuda_why}\n"
-              f"    [{mark(nccl_ok)}] NCCL           {nccl_why}\n")
-    out.flush()
-
-
-def _tf_ops():
-    """Whether TensorFlow imports and loads tfring's op library."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    gpu_note = ""
-    try:
-        with open(os.path.join(here, "_tfring_ops.so.gpu")) as f:
-            gpu_note = f.read().strip()
-    except OSError:
-        pass
-    try:
-        from tfring import _op_lib  # noqa: F401  (loads the library)
-        import tensorflow as tf
-    except Exception as e:  # noqa: BLE001 - reported in the table
-        return False, f"op library not loadable: {str(e).splitlines()[0][:200]}"
-    gpu = f"; GPU kernels: {gpu_note.split(':')[0]}" if gpu_note else ""
-    return True, f"TensorFlow {tf.__version__}, op library _tfring_ops.so loads{gpu}"
-
-
-def _mpi4py():
-    try:
-        import mpi4py
-        mpi4py.rc.initialize = False  # only asks for the library's version
-        mpi4py.rc.finalize = False
-        from mpi4py import MPI
-        library = MPI.Get_library_version().split("\n")[0].split(",")[0].strip(" \0")
-        return True, f"mpi4py {mpi4py.__version__} ({library})"
-    except Exception as e:  # noqa: BLE001 - reported in the table
-        return False, f"mpi4py not importable ({e})"
