@@ -16,13 +16,16 @@ Start-up, in the driver process:
      tfring-run.
 
 ``run`` waits on the ranks' results as they come: the first rank that
-raises, or whose actor dies, fails the call at once with a WorkerError that
-names the rank, actor, pid and node. The other ranks, blocked in a
+raises, or whose actor dies, fails the call with a WorkerError that names the
+rank, actor, pid and node, FAILURE_GRACE_S later (the failures that follow in
+that time are listed too, a dead actor first: its peers' errors, naming it,
+may arrive before Ray reports the death). The other ranks, blocked in a
 collective with the failed one, fail within ``timeout_s`` (TFRING_TIMEOUT).
 """
 
 import os
 import secrets
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
@@ -34,6 +37,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tfring.ray import _layout
 from tfring.ray._worker import TfringWorker
 from tfring.run.common import format_addr
+
+
+# How long run() keeps gathering failures after the first (see _get).
+FAILURE_GRACE_S = 3.0
 
 
 class WorkerError(RuntimeError):
@@ -288,13 +295,25 @@ class RayExecutor:
     def _get(refs, actors, infos, what, timeout=None):
         """The results of ``refs`` (one per rank, in rank order), taken as
         they finish, so the first failure is reported at once whichever
-        rank it is; ``timeout`` bounds the whole wait."""
+        rank it is; ``timeout`` bounds the whole wait.
+
+        A rank that dies makes its peers' collectives fail too, naming it,
+        and the peers' errors may reach the driver before Ray reports the
+        death: failures that follow the first within FAILURE_GRACE_S are
+        gathered, and a dead actor is named first as the likely cause."""
         index = {ref: i for i, ref in enumerate(refs)}
         results = [None] * len(refs)
+        failures = []
         pending = list(refs)
+        grace_end = None
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+            wait = timeout
+            if grace_end is not None:
+                wait = max(0.0, grace_end - time.monotonic())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=wait)
             if not ready:
+                if failures:
+                    break
                 late = sorted(index[r] for r in pending)
                 raise TimeoutError(
                     f"tfring.ray: worker(s) {late} did not finish {what} within {timeout} s "
@@ -303,25 +322,37 @@ class RayExecutor:
             try:
                 results[i] = ray.get(ready[0])
             except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
-                raise _worker_error(e, i, len(refs), actors[i],
-                                    infos[i] if infos else None, what) from e
+                failures.append((i, e))
+                if grace_end is None:
+                    grace_end = time.monotonic() + FAILURE_GRACE_S
+        if failures:
+            died = [f for f in failures if isinstance(f[1], ray.exceptions.RayActorError)]
+            i, e = (died or failures)[0]
+            others = [(j, x) for j, x in failures if j != i]
+            raise _worker_error(e, i, len(refs), actors[i], infos[i] if infos else None,
+                                what, others) from e
         return results
 
 
-def _worker_error(err, rank, size, actor, info, what):
+def _detail(err):
+    if isinstance(err, ray.exceptions.RayActorError):
+        cause = str(err).strip().splitlines()
+        return f"its actor died ({cause[0] if cause else type(err).__name__})"
+    inner = getattr(err, "cause", None)
+    if inner is not None:
+        return f"raised {type(inner).__name__}: {inner}"
+    return f"raised: {str(err).strip().splitlines()[-1]}"
+
+
+def _worker_error(err, rank, size, actor, info, what, others=()):
     who = "rank" if info is not None else "worker"
     where = f"actor {actor._actor_id.hex()[:16]}"
     if info is not None:
         where += f", pid {info['pid']}, node {info['node_id'][:16]} ({info['ip']})"
-    if isinstance(err, ray.exceptions.RayActorError):
-        cause = str(err).strip().splitlines()
-        detail = f"its actor died ({cause[0] if cause else type(err).__name__})"
-    else:
-        inner = getattr(err, "cause", None)
-        detail = (f"raised {type(inner).__name__}: {inner}" if inner is not None
-                  else f"raised: {str(err).strip().splitlines()[-1]}")
-    return WorkerError(f"tfring.ray: {who} {rank} of {size} ({where}) failed {what}: {detail}",
-                       rank, actor._actor_id.hex(), info and info["node_id"],
+    message = f"tfring.ray: {who} {rank} of {size} ({where}) failed {what}: {_detail(err)}"
+    for j, other in others:
+        message += f"\n  then {who} {j}: {_detail(other)}"
+    return WorkerError(message, rank, actor._actor_id.hex(), info and info["node_id"],
                        info and info["ip"], info and info["pid"])
 
 

@@ -1,0 +1,189 @@
+"""tfring on Ray (tfring/ray/): RayExecutor's ranks, layout, failures and
+restarts, and the Ray Train backend, on a Ray cluster this module starts: two
+simulated nodes (ray.cluster_utils.Cluster) of 2 CPUs each on this machine.
+
+The ranks compute with tfring._core's numpy collectives (no TensorFlow in
+the actors, which keeps the module fast), except the Ray Train test, which
+trains a small Keras model."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="tfring.ray needs ray (pip install 'ray[train]')")
+
+from ray import cloudpickle  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from tfring.ray import RayExecutor, WorkerError  # noqa: E402
+from tfring.ray._layout import layout, order_by_node  # noqa: E402
+
+CPUS_PER_NODE = 2
+TIMEOUT_S = 10  # the ranks' TFRING_TIMEOUT
+FAIL_DEADLINE_S = 20  # a failed rank must fail run() within this
+
+# The workers cannot import this module: its functions travel by value.
+cloudpickle.register_pickle_by_value(__import__(__name__))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(initialize_head=True,
+                head_node_args={"num_cpus": CPUS_PER_NODE, "include_dashboard": False})
+    c.add_node(num_cpus=CPUS_PER_NODE)
+    ray.init(address=c.address)
+    c.wait_for_nodes()
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def _settings():
+    return RayExecutor.create_settings(timeout_s=TIMEOUT_S, placement_group_timeout_s=60)
+
+
+def _allreduce_job(scale):
+    """One join of the job: each rank contributes its own float64 vector;
+    returns what the rank saw (its place, the sum) and leaves the job."""
+    import numpy as np
+    import ray
+
+    import tfring
+    from tfring import _core
+
+    tfring.init()
+    rank = tfring.rank()
+    mine = np.random.default_rng(rank).normal(size=1000) * scale
+    total = _core.allreduce(mine, op="sum", name="ray.sum")
+    seen = {
+        "rank": rank, "size": tfring.size(),
+        "local_rank": tfring.local_rank(), "local_size": tfring.local_size(),
+        "cross_rank": tfring.cross_rank(), "cross_size": tfring.cross_size(),
+        "node": ray.get_runtime_context().get_node_id(), "sum": total,
+    }
+    tfring.shutdown()
+    return seen
+
+
+def _expected_sum(size, scale):
+    return sum(np.random.default_rng(r).normal(size=1000) * scale for r in range(size))
+
+
+def test_layout_orders_ranks_by_node():
+    # Ray created the actors interleaved over nodes b, a, c.
+    nodes = ["b", "a", "b", "a", "c"]
+    order = order_by_node(nodes)
+    assert order == [0, 2, 1, 3, 4]
+    specs = layout([nodes[i] for i in order])
+    assert [(s.host, s.local_rank, s.local_size) for s in specs] == [
+        ("b", 0, 2), ("b", 1, 2), ("a", 0, 2), ("a", 1, 2), ("c", 0, 1)]
+    # cross_rank: the node's index among the nodes having that local rank.
+    assert [(s.cross_rank, s.cross_size) for s in specs] == [
+        (0, 3), (0, 2), (1, 3), (1, 2), (2, 3)]
+
+
+def test_two_hosts_two_workers_layout_results_and_two_runs(cluster):
+    executor = RayExecutor(_settings(), num_hosts=2, num_workers_per_host=2)
+    executor.start()
+    try:
+        for scale in (1.0, -3.0):  # two runs, each a fresh tfring.init()
+            seen = executor.run(_allreduce_job, args=[scale])
+            assert [s["rank"] for s in seen] == [0, 1, 2, 3]
+            assert {s["size"] for s in seen} == {4}
+            expected = _expected_sum(4, scale)
+            for s in seen:
+                np.testing.assert_allclose(s["sum"], expected, rtol=1e-12, atol=1e-12)
+            # Two Ray nodes, ranks consecutive per node.
+            nodes = [s["node"] for s in seen]
+            assert nodes[0] == nodes[1] != nodes[2] == nodes[3]
+            assert [(s["local_rank"], s["local_size"]) for s in seen] == [
+                (0, 2), (1, 2), (0, 2), (1, 2)]
+            assert [(s["cross_rank"], s["cross_size"]) for s in seen] == [
+                (0, 2), (0, 2), (1, 2), (1, 2)]
+        # execute / execute_single run on the executable, in rank order.
+        assert executor.execute(lambda e: e) == [None] * 4
+        refs = executor.run_remote(lambda: os.environ["TFRING_RANK"])
+        assert ray.get(refs) == ["0", "1", "2", "3"]
+    finally:
+        executor.shutdown()
+
+
+class _Counter:
+    def __init__(self, start):
+        self.value = start
+
+    def bump(self):
+        self.value += 1
+        return self.value
+
+
+def test_second_start_and_executable(cluster):
+    executor = RayExecutor(_settings(), num_workers=2)
+    for attempt in range(2):
+        executor.start(executable_cls=_Counter, executable_args=[10 * attempt])
+        try:
+            seen = executor.run(_allreduce_job, kwargs={"scale": 2.0})
+            assert [s["rank"] for s in seen] == [0, 1]
+            for s in seen:
+                np.testing.assert_allclose(s["sum"], _expected_sum(2, 2.0), rtol=1e-12)
+            assert executor.execute(lambda c: c.bump()) == [10 * attempt + 1] * 2
+            assert executor.execute_single(lambda c: c.bump()) == 10 * attempt + 2
+        finally:
+            executor.shutdown()
+
+
+def _fail_at_rank_1(how):
+    import numpy as np
+
+    import tfring
+    from tfring import _core
+
+    tfring.init()
+    if tfring.rank() == 1:
+        if how == "raise":
+            raise ValueError("planted failure at rank 1")
+        os._exit(3)
+    # Rank 0 waits in a collective with the failed rank.
+    _core.allreduce(np.ones(8), op="sum", name="ray.after_failure")
+    return "rank 0 should not finish"
+
+
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_failed_rank_fails_run_naming_it(cluster, how):
+    executor = RayExecutor(_settings(), num_workers=2)
+    executor.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            executor.run(_fail_at_rank_1, args=[how])
+        elapsed = time.monotonic() - t0
+        err = info.value
+        assert err.rank == 1
+        assert "rank 1 of 2" in str(err)
+        assert err.node_id and err.node_id[:16] in str(err) and str(err.pid) in str(err)
+        if how == "raise":
+            assert "ValueError: planted failure at rank 1" in str(err)
+        else:
+            assert "actor died" in str(err)
+        assert elapsed < FAIL_DEADLINE_S, f"run() took {elapsed:.1f} s to fail"
+    finally:
+        executor.shutdown()
+    # The session goes on: a new job runs.
+    executor.start()
+    try:
+        assert [s["rank"] for s in executor.run(_allreduce_job, args=[1.0])] == [0, 1]
+    finally:
+        executor.shutdown()
+
+
+def test_bad_arguments(cluster):
+    with pytest.raises(ValueError, match="not both"):
+        RayExecutor(_settings(), num_workers=2, num_hosts=2)
+    with pytest.raises(NotImplementedError, match="min_workers"):
+        RayExecutor(_settings(), min_workers=1, max_workers=2)
+    with pytest.raises(RuntimeError, match="start"):
+        RayExecutor(_settings(), num_workers=1).run(lambda: None)
