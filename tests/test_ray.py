@@ -20,6 +20,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from tfring.ray import RayExecutor, WorkerError  # noqa: E402
 from tfring.ray._layout import layout, order_by_node  # noqa: E402
 
+pytestmark = pytest.mark.timeout(240)
+
 CPUS_PER_NODE = 2
 TIMEOUT_S = 10  # the ranks' TFRING_TIMEOUT
 FAIL_DEADLINE_S = 20  # a failed rank must fail run() within this
@@ -121,21 +123,6 @@ class _Counter:
         return self.value
 
 
-def test_second_start_and_executable(cluster):
-    executor = RayExecutor(_settings(), num_workers=2)
-    for attempt in range(2):
-        executor.start(executable_cls=_Counter, executable_args=[10 * attempt])
-        try:
-            seen = executor.run(_allreduce_job, kwargs={"scale": 2.0})
-            assert [s["rank"] for s in seen] == [0, 1]
-            for s in seen:
-                np.testing.assert_allclose(s["sum"], _expected_sum(2, 2.0), rtol=1e-12)
-            assert executor.execute(lambda c: c.bump()) == [10 * attempt + 1] * 2
-            assert executor.execute_single(lambda c: c.bump()) == 10 * attempt + 2
-        finally:
-            executor.shutdown()
-
-
 def _fail_at_rank_1(how):
     import numpy as np
 
@@ -152,30 +139,38 @@ def _fail_at_rank_1(how):
     return "rank 0 should not finish"
 
 
-@pytest.mark.parametrize("how", ["raise", "exit"])
-def test_failed_rank_fails_run_naming_it(cluster, how):
+def test_failed_rank_fails_run_naming_it_then_a_new_start_runs(cluster):
+    """A rank that raises, then one whose process exits: each fails run()
+    within the deadline naming rank 1; each time the executor starts again,
+    and the last start runs a job and an executable."""
     executor = RayExecutor(_settings(), num_workers=2)
-    executor.start()
+    for how in ("raise", "exit"):
+        executor.start()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(WorkerError) as info:
+                executor.run(_fail_at_rank_1, args=[how])
+            elapsed = time.monotonic() - t0
+            err = info.value
+            assert err.rank == 1, str(err)
+            assert "rank 1 of 2" in str(err).splitlines()[0]
+            assert err.node_id and err.node_id[:16] in str(err) and str(err.pid) in str(err)
+            if how == "raise":
+                assert "ValueError: planted failure at rank 1" in str(err)
+            else:
+                assert "actor died" in str(err)
+            assert elapsed < FAIL_DEADLINE_S, f"run() took {elapsed:.1f} s to fail ({how})"
+        finally:
+            executor.shutdown()
+    executor.start(executable_cls=_Counter, executable_args=[10])
     try:
-        t0 = time.monotonic()
-        with pytest.raises(WorkerError) as info:
-            executor.run(_fail_at_rank_1, args=[how])
-        elapsed = time.monotonic() - t0
-        err = info.value
-        assert err.rank == 1
-        assert "rank 1 of 2" in str(err)
-        assert err.node_id and err.node_id[:16] in str(err) and str(err.pid) in str(err)
-        if how == "raise":
-            assert "ValueError: planted failure at rank 1" in str(err)
-        else:
-            assert "actor died" in str(err)
-        assert elapsed < FAIL_DEADLINE_S, f"run() took {elapsed:.1f} s to fail"
-    finally:
-        executor.shutdown()
-    # The session goes on: a new job runs.
-    executor.start()
-    try:
-        assert [s["rank"] for s in executor.run(_allreduce_job, args=[1.0])] == [0, 1]
+        seen = executor.run(_allreduce_job, kwargs={"scale": 2.0})
+        assert [s["rank"] for s in seen] == [0, 1]
+        for s in seen:
+            np.testing.assert_allclose(s["sum"], _expected_sum(2, 2.0), rtol=1e-12)
+        assert executor.execute(lambda c: c.bump()) == [11, 11]
+        assert executor.execute_single(lambda c: c.bump()) == 12
+        assert executor.execute(lambda c: c.value) == [12, 11]
     finally:
         executor.shutdown()
 
