@@ -190,6 +190,7 @@ def _train_loop(config):
     weights, which the callback's initial broadcast replaces by rank 0's."""
     import keras
     import numpy as np
+    import ray
     import ray.train
 
     import tfring
@@ -199,7 +200,9 @@ def _train_loop(config):
     ctx = ray.train.get_context()
     rank = tfring.rank()
     assert (rank, tfring.size()) == (ctx.get_world_rank(), ctx.get_world_size())
-    assert tfring.local_rank() == ctx.get_local_rank()
+    assert (tfring.local_rank(), tfring.local_size()) == (ctx.get_local_rank(),
+                                                         ctx.get_local_world_size())
+    assert tfring.cross_rank() == ctx.get_node_rank()
     x, y = (np.asarray(a, dtype=np.float32) for a in (config["x"], config["y"]))
     xs, ys = tk.shard(x, y)
     model = keras.Sequential([keras.Input((x.shape[1],)), keras.layers.Dense(1)])
@@ -210,6 +213,8 @@ def _train_loop(config):
               verbose=0, callbacks=[tk.callbacks.RingAllreduceCallback()])
     w, b = model.layers[0].get_weights()
     np.save(os.path.join(config["out"], f"rank{rank}.npy"), np.concatenate([w.ravel(), b]))
+    with open(os.path.join(config["out"], f"rank{rank}.node"), "w") as f:
+        f.write(ray.get_runtime_context().get_node_id())
 
 
 def test_ray_train_backend_keras_fit(cluster, tmp_path):
@@ -230,9 +235,14 @@ def test_ray_train_backend_keras_fit(cluster, tmp_path):
         train_loop_config={"x": x.tolist(), "y": y.tolist(), "w0": w0.tolist(),
                            "b0": b0.tolist(), "lr": lr, "epochs": epochs, "out": str(out)},
         tensorflow_config=TfringConfig(timeout_s=30),
-        scaling_config=ScalingConfig(num_workers=2),
+        # One worker per Ray node: rank 0 serves the store on its node's
+        # address. The two nodes share this machine's address, so Ray Train
+        # counts them as one local world, and so does the backend.
+        scaling_config=ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD"),
         run_config=RunConfig(storage_path=str(tmp_path / "ray_results"), name="tfring"))
     trainer.fit()
+    nodes = [(out / f"rank{r}.node").read_text() for r in range(2)]
+    assert nodes[0] != nodes[1]
     weights = [np.load(out / f"rank{r}.npy") for r in range(2)]
     np.testing.assert_array_equal(weights[0], weights[1])
     # Averaged equal-size shard gradients are the full batch's: plain

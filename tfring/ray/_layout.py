@@ -1,10 +1,11 @@
 """Ranks of a job whose processes Ray placed: which actor gets which rank,
 and each rank's place among its node's ranks.
 
-A rank's *host* here is its Ray node id. The ranks also get it as
-TFRING_HOSTNAME, so tfring's core groups ranks by Ray node exactly as this
-module does (two simulated Ray nodes on one machine are two hosts to tfring
-too, joined over TCP).
+A rank's *host* here is its Ray node id (RayExecutor) or its node's address
+(Ray Train, whose own local ranks count workers by node address). The ranks
+also get it as TFRING_HOSTNAME, so tfring's core groups ranks exactly as this
+module does (under RayExecutor two simulated Ray nodes on one machine are two
+hosts to tfring too, joined over TCP).
 """
 
 from tfring.run.launcher import RankSpec
@@ -62,18 +63,21 @@ def forwarded_env(environ):
             or (k.startswith("HOROVOD_") and k not in LAUNCHER_SET)}
 
 
-def rank_envs(infos, store_addr, secret, common):
+def rank_envs(infos, store_addr, secret, common, host_key="node_id"):
     """The environment of every rank: ``infos[r]`` is rank r's node_info()
     (tfring/ray/_worker.py), ``common`` what every rank gets first.
+    ``host_key`` names what tells hosts apart: the Ray node id (RayExecutor,
+    as Horovod), or the node's address ("ip", as Ray Train counts local
+    ranks; Ray nodes that share an address are one host then).
 
-    Beyond tfring-run's variables: TFRING_HOSTNAME is the Ray node id; a job
+    Beyond tfring-run's variables: TFRING_HOSTNAME is that host key; a job
     on several nodes binds each rank to the address Ray reaches its node at
     (TFRING_IFACE_ADDR), unless ``common`` pins an interface; the ranks of a
     node that hold GPUs all see that node's GPUs, listed in local-rank order
     (the GPU of local rank i is device i), so CUDA IPC can join them."""
     from tfring.run.launcher import horovod_rank_env, rank_env
 
-    specs = layout([info["node_id"] for info in infos])
+    specs = layout([info[host_key] for info in infos])
     multi_node = len({s.host for s in specs}) > 1
     pinned = common.get("TFRING_IFACE") or common.get("TFRING_IFACE_ADDR")
     gpus_of = {}

@@ -10,8 +10,8 @@ tfring job, in place of TensorFlow's MultiWorkerMirroredStrategy:
 
 ``train_loop_per_worker`` calls ``tfring.init()`` (or ``tfring.keras.init()``)
 and trains with tfring's callback, optimizer or tape (docs/training.md). Its
-tfring rank is Ray Train's world rank, and local_rank / cross_rank are taken
-from the workers' Ray nodes (tfring/ray/_layout.py).
+tfring rank is Ray Train's world rank, and its local rank Ray Train's: both
+count the workers that share a node address (tfring/ray/_layout.py).
 
 When the worker group starts, the backend (in Ray Train's controller) asks
 every worker for its node, has world rank 0 serve the run's rendezvous store
@@ -71,7 +71,8 @@ class _TfringBackend(Backend):
         common = {k: str(v) for k, v in (backend_config.env or {}).items()}
         if backend_config.timeout_s is not None:
             common["TFRING_TIMEOUT"] = str(backend_config.timeout_s)
-        _, envs = _layout.rank_envs(infos, format_addr(store_host, port), secret, common)
+        _, envs = _layout.rank_envs(infos, format_addr(store_host, port), secret, common,
+                                    host_key="ip")
         ray.get([worker_group.execute_single_async(i, _worker.set_env, env)
                  for i, env in enumerate(envs)])
 
