@@ -160,6 +160,9 @@ def test_failed_rank_fails_run_naming_it_then_a_new_start_runs(cluster):
             else:
                 assert "actor died" in str(err)
             assert elapsed < FAIL_DEADLINE_S, f"run() took {elapsed:.1f} s to fail ({how})"
+            # The job is out of step now: no more calls until a new start.
+            with pytest.raises(RuntimeError, match="shutdown.*start"):
+                executor.run(_allreduce_job, args=[1.0])
         finally:
             executor.shutdown()
     executor.start(executable_cls=_Counter, executable_args=[10])

@@ -135,6 +135,7 @@ class RayExecutor:
         self._pg = None
         self._own_pg = False
         self._server = None
+        self._failed = None  # the WorkerError that broke the current job
 
     # ------------------------------------------------------------ start ----
 
@@ -275,6 +276,7 @@ class RayExecutor:
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self.workers, self._infos = [], []
+        self._failed = None
         if self._pg is not None and self._own_pg:
             try:
                 ray.util.remove_placement_group(self._pg)
@@ -290,9 +292,13 @@ class RayExecutor:
     def _require(self):
         if not self.workers:
             raise RuntimeError("RayExecutor: not started; call start() first")
+        if self._failed is not None:
+            # The survivors may still be in the failed job's collectives.
+            raise RuntimeError(
+                "RayExecutor: an earlier call failed, so the job's ranks are out of step; "
+                f"call shutdown() and start() again. The failure: {self._failed}")
 
-    @staticmethod
-    def _get(refs, actors, infos, what, timeout=None):
+    def _get(self, refs, actors, infos, what, timeout=None):
         """The results of ``refs`` (one per rank, in rank order), taken as
         they finish, so the first failure is reported at once whichever
         rank it is; ``timeout`` bounds the whole wait.
@@ -329,8 +335,9 @@ class RayExecutor:
             died = [f for f in failures if isinstance(f[1], ray.exceptions.RayActorError)]
             i, e = (died or failures)[0]
             others = [(j, x) for j, x in failures if j != i]
-            raise _worker_error(e, i, len(refs), actors[i], infos[i] if infos else None,
-                                what, others) from e
+            self._failed = _worker_error(e, i, len(refs), actors[i],
+                                         infos[i] if infos else None, what, others)
+            raise self._failed from e
         return results
 
 
