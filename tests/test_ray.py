@@ -178,6 +178,38 @@ def test_failed_rank_fails_run_naming_it_then_a_new_start_runs(cluster):
         executor.shutdown()
 
 
+def _executor_in_trial():
+    """What a Ray Tune trial does: a RayExecutor started from a task that
+    runs inside a placement group."""
+    executor = RayExecutor(_settings(), num_workers=2)
+    executor.start()
+    try:
+        seen = executor.run(_allreduce_job, args=[0.5])
+        return [s["rank"] for s in seen], [s["sum"] for s in seen], executor._pg.id.hex()
+    finally:
+        executor.shutdown()
+
+
+def test_uses_the_current_placement_group(cluster):
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}])
+    assert ray.get(pg.ready(), timeout=60)
+    try:
+        trial = ray.remote(num_cpus=0)(_executor_in_trial).options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                pg, placement_group_capture_child_tasks=True))
+        ranks, sums, used = ray.get(trial.remote(), timeout=120)
+        assert ranks == [0, 1] and used == pg.id.hex()
+        # shutdown() leaves a placement group it did not create.
+        assert ray.util.placement_group_table(pg)["state"] == "CREATED"
+        for total in sums:
+            np.testing.assert_allclose(total, _expected_sum(2, 0.5), rtol=1e-12)
+    finally:
+        remove_placement_group(pg)
+
+
 def test_bad_arguments(cluster):
     with pytest.raises(ValueError, match="not both"):
         RayExecutor(_settings(), num_workers=2, num_hosts=2)
