@@ -20,10 +20,13 @@ worker's TFRING_* variables. A restarted worker group (Ray Train's failure
 handling) gets a new store and secret. On shutdown the workers leave the job
 and rank 0 stops the store.
 
-TfringConfig subclasses TensorflowConfig, so TensorflowTrainer takes it where
-it takes a TensorflowConfig, and Ray Train reports the run as a TensorFlow
-one; unlike TensorflowConfig it sets neither TF_CONFIG (tfring would read it)
-nor TF_USE_LEGACY_KERAS (tfring trains Keras 3 models).
+TensorflowTrainer takes any BackendConfig as its ``tensorflow_config``, and
+TfringConfig names TensorFlow as its framework, so Ray Train reports the run
+as a TensorFlow one. It does not subclass TensorflowConfig: importing
+ray.train.tensorflow imports TensorFlow, which would then load in Ray Train's
+controller too, where this config is unpickled. Unlike TensorflowConfig it
+sets neither TF_CONFIG (tfring would read it) nor TF_USE_LEGACY_KERAS (tfring
+trains Keras 3 models).
 """
 
 import secrets
@@ -31,15 +34,14 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 import ray
-from ray.train.backend import Backend
-from ray.train.tensorflow import TensorflowConfig
+from ray.train.backend import Backend, BackendConfig
 
 from tfring.ray import _layout, _worker
 from tfring.run.common import format_addr
 
 
 @dataclass
-class TfringConfig(TensorflowConfig):
+class TfringConfig(BackendConfig):
     """timeout_s: the ranks' deadline for every wait (TFRING_TIMEOUT);
     None keeps tfring's default. env: more variables for every worker
     (TFRING_* tunables, docs/tunables.md)."""
@@ -50,6 +52,14 @@ class TfringConfig(TensorflowConfig):
     @property
     def backend_cls(self):
         return _TfringBackend
+
+    @property
+    def framework(self):
+        try:  # what Ray Train's own TensorflowConfig reports (not public API)
+            from ray.train.v2._internal.util import TrainingFramework
+        except ImportError:
+            return None
+        return TrainingFramework.TENSORFLOW
 
     def to_dict(self) -> Dict[str, Any]:
         return {"timeout_s": self.timeout_s, "env": dict(self.env or {})}
