@@ -139,7 +139,6 @@ def _fail_at_rank_1(how):
     return "rank 0 should not finish"
 
 
-@pytest.mark.slow
 def test_failed_rank_fails_run_naming_it_then_a_new_start_runs(cluster):
     """A rank that raises, then one whose process exits: each fails run()
     within the deadline naming rank 1; each time the executor starts again,
