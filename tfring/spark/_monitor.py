@@ -2,7 +2,8 @@
 
 Accepts one connection per rank, relays the ranks' output to the driver's
 streams, and turns each rank's last message, or its absence, into an event:
-("done", rank), ("error", rank, text, traceback) or ("died", rank).
+("done", rank), ("error", rank, text, traceback, secondary) or ("died", rank);
+secondary errors are tfring's reports of a failure elsewhere (_task.py).
 """
 
 import hmac
@@ -100,7 +101,8 @@ class Monitor:
                     self._write(rank, msg["out"], msg.get("line", ""))
                 elif "error" in msg:
                     ended = True
-                    self.events.put(("error", rank, msg["error"], msg.get("traceback", "")))
+                    self.events.put(("error", rank, msg["error"], msg.get("traceback", ""),
+                                     bool(msg.get("secondary"))))
                 elif "done" in msg:
                     ended = True
                     self.events.put(("done", rank))

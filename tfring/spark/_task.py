@@ -176,7 +176,8 @@ def run_task(job):
         out.close_line()
         err.close_line()
         _report(conn, lock, {"error": f"{type(e).__name__}: {e}",
-                             "traceback": traceback.format_exc()})
+                             "traceback": traceback.format_exc(),
+                             "secondary": _is_secondary(e)})
         _leave()
         _close(conn)
         raise
@@ -193,6 +194,20 @@ def run_task(job):
     _report(conn, lock, {"done": True})
     _close(conn)
     return [(rank, result)]
+
+
+def _is_secondary(e):
+    """Whether ``e`` is how tfring tells a rank that the job failed elsewhere:
+    a core error (a peer died, shut down or timed out) or the TensorFlow op
+    error that carries one. The driver names a rank whose error is not,
+    or a rank that died, before these."""
+    from tfring import _core
+
+    if isinstance(e, _core.TfringError):
+        return True
+    tf = sys.modules.get("tensorflow")
+    errors = getattr(tf, "errors", None) if tf is not None else None
+    return errors is not None and isinstance(e, errors.OpError)
 
 
 def _leave():

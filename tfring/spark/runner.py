@@ -242,7 +242,7 @@ def _run_job(sc, spec, monitor, verbose, stderr):
     if failure is None:
         results = sorted(outcome["result"], key=lambda pair: pair[0])
         return [r for _, r in results]
-    later = _late_events(monitor, 0.3)
+    failure, later = _cause(failure, monitor)
     sc.cancelJobGroup(spec.job_id)
     thread.join(60.0)
     raise _job_error(failure, later, monitor, spec, outcome.get("error"))
@@ -263,14 +263,33 @@ def _late_event(monitor, wait_s=0.5):
             return ev
 
 
-def _late_events(monitor, wait_s):
-    out = []
+def _rank_of_cause(ev):
+    """0: a rank's own error; 1: a rank's death; 2: a rank told by tfring of
+    a failure elsewhere; 3: not a rank's report."""
+    if ev[0] == "error":
+        return 2 if ev[4] else 0
+    return 1 if ev[0] == "died" else 3
+
+
+# How long the driver waits after a report for one that would explain it
+# better: each rank's report travels on its own connection, so a survivor's
+# "peer died" may arrive before the dead rank's connection is seen closed.
+_CAUSE_WAIT_S = {0: 0.3, 1: 1.0, 2: 2.0, 3: 2.0}
+
+
+def _cause(first, monitor):
+    """(the failure to name, the other reports seen meanwhile)."""
+    seen = [first]
+    deadline = time.monotonic() + _CAUSE_WAIT_S[_rank_of_cause(first)]
     while True:
-        ev = _late_event(monitor, wait_s)
+        best = min(seen, key=_rank_of_cause)
+        ev = _late_event(monitor, min(deadline, time.monotonic()
+                                      + _CAUSE_WAIT_S[_rank_of_cause(best)]) - time.monotonic())
         if ev is None:
-            return out
-        out.append(ev)
-        wait_s = 0.05
+            break
+        seen.append(ev)
+    best = min(seen, key=_rank_of_cause)  # stable: the earliest of the best kind
+    return best, [ev for ev in seen if ev is not best and ev[0] in ("error", "died")]
 
 
 def _job_error(failure, later, monitor, spec, spark_error):
