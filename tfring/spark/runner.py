@@ -151,6 +151,8 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
     nics: one network interface for the ranks (TFRING_IFACE).
     Raises SparkJobError naming the first rank to fail and its Spark task.
     """
+    if not callable(fn):
+        raise TypeError(f"tfring.spark.run: fn must be callable, got {type(fn).__name__}")
     if use_mpi:
         raise ValueError("tfring.spark.run: use_mpi=True is not supported: the ranks run in "
                          "the Spark tasks themselves and meet through tfring's own store "
@@ -213,6 +215,17 @@ def _run_job(sc, spec, monitor, verbose, stderr):
 
     thread = threading.Thread(target=spark_job, name="tfring-spark-job", daemon=True)
     thread.start()
+    try:
+        return _wait(sc, spec, monitor, verbose, stderr, outcome, thread)
+    except SparkJobError:
+        raise  # the job group is cancelled already
+    except BaseException:
+        # Interrupted (Ctrl-C) or broken here: the tasks must not run on.
+        sc.cancelJobGroup(spec.job_id)
+        raise
+
+
+def _wait(sc, spec, monitor, verbose, stderr, outcome, thread):
     start_deadline = time.monotonic() + spec.start_timeout
     next_poll = 0.0
     failure = None
