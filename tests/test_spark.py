@@ -224,6 +224,27 @@ def test_output_reaches_the_driver_prefixed_by_rank(spark):
                                                    "[1]<stderr>: warned"]
 
 
+def _env_probe():
+    from tfring import basics
+
+    basics.init()
+    return (basics.size(), os.environ.get("TFRING_SPARK_TEST_VAR"),
+            os.environ.get("TFRING_TIMEOUT"))
+
+
+def test_env_reaches_fn_and_is_put_back(spark, monkeypatch):
+    monkeypatch.setenv("TFRING_TIMEOUT", "77")  # a driver tunable travels to the ranks
+    # A launcher's variables are the task's own: an outer launcher's file
+    # store or elastic id must not redirect this job's init().
+    env = {"TFRING_SPARK_TEST_VAR": "x", "TFRING_FILE_STORE": "/nonexistent",
+           "TFRING_ELASTIC_ID": "3"}
+    assert tfring.spark.run(_env_probe, num_proc=2, env=env, verbose=0) == [(2, "x", "77")] * 2
+    monkeypatch.delenv("TFRING_TIMEOUT")
+    # The reused workers no longer carry the job's variables.
+    for _ in range(2):
+        assert tfring.spark.run(_env_probe, num_proc=4, verbose=0) == [(4, None, None)] * 4
+
+
 def test_run_elastic_says_what_to_use(spark):
     with pytest.raises(NotImplementedError, match="tfring-run --min-np"):
         tfring.spark.run_elastic(_allreduce_fn, num_proc=2)

@@ -156,10 +156,12 @@ def run_task(job):
     }
     env = dict(job.env)
     env.update({k: str(v) for k, v in rank_env.items()})
-    saved_env = {k: os.environ.get(k) for k in env}
+    saved_env = {k: os.environ.get(k) for k in list(env) + list(job.clear_env)}
     saved_streams = sys.stdout, sys.stderr
     out = _Relay(conn, lock, "stdout", sys.__stdout__)
     err = _Relay(conn, lock, "stderr", sys.__stderr__)
+    for k in job.clear_env:  # an outer launcher's, which tfring.init() would follow
+        os.environ.pop(k, None)
     os.environ.update(env)
     sys.stdout, sys.stderr = out, err
     try:

@@ -89,13 +89,12 @@ def _driver_address(sc):
 def _task_env(env, nics):
     """The variables each task sets around fn: the driver's TFRING_* and
     HOROVOD_* tunables (as tfring-run forwards them to remote ranks), then
-    ``env``, then the NIC."""
-    from tfring.run.common import RANK_VARS
-
+    ``env``, then the NIC; never a launcher's per-rank or per-job variables,
+    which the task sets itself."""
+    launcher = _launcher_vars()
     out = {k: v for k, v in os.environ.items()
-           if (k.startswith("TFRING_") or k.startswith("HOROVOD_"))
-           and k not in RANK_VARS and not k.startswith("HOROVOD_RANK")}
-    out.update({str(k): str(v) for k, v in (env or {}).items()})
+           if (k.startswith("TFRING_") or k.startswith("HOROVOD_")) and k not in launcher}
+    out.update({str(k): str(v) for k, v in (env or {}).items() if str(k) not in launcher})
     if nics:
         nics = sorted(set([nics] if isinstance(nics, str) else nics))
         if len(nics) > 1:
@@ -103,6 +102,18 @@ def _task_env(env, nics):
                              "interface (TFRING_IFACE); name one")
         out["TFRING_IFACE"] = nics[0]
     return out
+
+
+def _launcher_vars():
+    """The variables a launcher sets per rank or per job (tfring-run's, the
+    elastic driver's, horovodrun's): each task sets its own or none, never
+    the driver's or the executor's."""
+    from tfring import _tunables
+    from tfring.run.common import RANK_VARS
+
+    hvd = [f"HOROVOD_{n}" for n in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK",
+                                     "CROSS_SIZE", "HOSTNAME")]
+    return set(RANK_VARS) | {t.name for t in _tunables.PYTHON if t.launcher} | set(hvd)
 
 
 def _failed_tasks(sc, group):
@@ -188,6 +199,7 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
     spec = JobSpec(job_id=job_id, fn=fn, args=tuple(args), kwargs=dict(kwargs or {}),
                    size=num_proc, store_addr=format_addr(addr, server.port), secret=secret,
                    monitor_addr=(addr, monitor.port), env=task_env,
+                   clear_env=sorted(_launcher_vars() - set(task_env)),
                    start_timeout=float(start_timeout))
     if verbose >= 1:
         stderr.write(f"tfring.spark: running {num_proc} ranks{inferred} as one barrier "
