@@ -47,8 +47,10 @@ def _rank_size(rank, size):
     if basics.is_initialized():
         return (basics.rank() if rank is None else rank,
                 basics.size() if size is None else size)
-    env_rank, env_size = os.environ.get("TFRING_RANK"), os.environ.get("TFRING_SIZE")
-    if env_rank is None or env_size is None:
+    from tfring import _tunables
+
+    env_rank, env_size = _tunables.raw("TFRING_RANK"), _tunables.raw("TFRING_SIZE")
+    if not env_rank or not env_size:
         raise ValueError("read_shard: pass rank and size, or call tfring.init() first")
     return (int(env_rank) if rank is None else rank, int(env_size) if size is None else size)
 

@@ -70,7 +70,9 @@ def _driver_address(sc):
     master = sc.master or ""
     if master == "local" or master.startswith("local["):
         return "127.0.0.1", "127.0.0.1"  # the executor is this process's JVM
-    if os.environ.get("TFRING_IFACE_ADDR") or os.environ.get("TFRING_IFACE"):
+    from tfring import _tunables
+
+    if _tunables.raw("TFRING_IFACE_ADDR") or _tunables.raw("TFRING_IFACE"):
         from tfring import _core
 
         addr = _core._listen_address()
