@@ -279,6 +279,24 @@ def _fit_on_shard(path):
             "weights": [np.asarray(w) for w in model.get_weights()]}
 
 
+def test_shards_deal_files_in_turn_and_refuse_too_few(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for i, n in enumerate((3, 0, 5, 2, 4)):  # an empty file is a file too
+        start = 10 * i
+        pq.write_table(pa.table({"id": pa.array(range(start, start + n), pa.int64())}),
+                       tmp_path / f"part-{i:05d}.parquet")
+    (tmp_path / "_SUCCESS").write_text("")
+    got = [tfring.spark.read_shard(str(tmp_path), rank=r, size=2).column("id").to_pylist()
+           for r in range(2)]
+    assert got == [[0, 1, 2, 20, 21, 22, 23, 24, 40, 41, 42, 43], [30, 31]]
+    with pytest.raises(ValueError, match=r"holds 5 Parquet files for 6 ranks"):
+        tfring.spark.shard_files(str(tmp_path), rank=0, size=6)
+    with pytest.raises(FileNotFoundError, match="no Parquet files"):
+        tfring.spark.read_shard(str(tmp_path / "missing"), rank=0, size=1)
+
+
 def test_dataframe_shards_train_identical_weights(spark, tmp_path):
     rng = np.random.default_rng(7)
     rows = 96
