@@ -109,6 +109,12 @@ def _allreduce_fn(n):
             "sum": got, "pid": os.getpid()}
 
 
+def test_no_spark_context_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(pyspark.SparkContext, "_active_spark_context", None)
+    with pytest.raises(RuntimeError, match="no active SparkContext"):
+        tfring.spark.run(len, num_proc=2)
+
+
 def test_placement_groups_ranks_by_host():
     # Partitions 0..5 land on hosts a, b, a, c, b, a: the ranks of a host are
     # consecutive, hosts come in the order of their lowest partition.

@@ -61,7 +61,8 @@ def _active_context():
     sc = pyspark.SparkContext._active_spark_context
     if sc is None:
         raise RuntimeError("tfring.spark: no active SparkContext; create a SparkSession "
-                           "(SparkSession.builder.getOrCreate()) before calling run()")
+                           "(SparkSession.builder.getOrCreate()) before calling run() (a "
+                           "Spark Connect client session has no SparkContext to run it in)")
     return sc
 
 
