@@ -111,6 +111,19 @@ activate() {
   export PATH="$VENV/bin:$PATH"
 }
 
+# tests/test_spark.py needs Java 17+ for pyspark: Debian's headless runtime
+# where `java` is missing and apt-get can install it (as root); otherwise
+# the Spark tests skip and say why.
+ensure_java() {
+  command -v java >/dev/null 2>&1 && return 0
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    log "installing openjdk-17-jre-headless for the Spark tests"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        openjdk-17-jre-headless; } >/dev/null 2>&1 || log "could not install Java: Spark tests skip"
+  fi
+  return 0
+}
+
 # A safety net against hanging tests, unless the project's pytest config or
 # the caller sets a timeout of its own.
 default_test_timeout() {
@@ -131,6 +144,7 @@ case "$cmd" in
     ;;
   test)
     setup
+    ensure_java
     activate
     default_test_timeout
     rc=0

