@@ -70,8 +70,12 @@ void storeBarrier(rendezvous::Store& store, const std::string& name, int rank,
 
 std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int rank,
                                               int size, const std::string& secret,
-                                              const Config& cfg) {
+                                              const Config& cfg, AbortState* abort,
+                                              RankLabels labels) {
   std::unique_ptr<RingLinks> L(new RingLinks());
+  L->abort_ = abort;
+  L->labels_ = std::move(labels);
+  const RankLabels& label = L->labels_;
   Topology& T = L->topo_;
   T.rank = rank;
   T.size = size;
@@ -256,11 +260,13 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     if (T.local_rank == 0) {
       H.segment = HostSegment::create(host_seg_name, T.local_size, hostSlotBytes(H, cfg),
                                       H.vote_host ? kHostVoteSlotBytes : 0);
+      H.segment->setAbort(abort);
       if (H.vote_host) H.wake = HostWake::open(wake_name, true);
       store.setString(strCat("hostseg/", rank), "1");
     } else {
       store.wait({strCat("hostseg/", mine[0])}, deadline.remaining());
       H.segment = HostSegment::open(host_seg_name, T.local_size);
+      H.segment->setAbort(abort);
       H.segment->words(T.local_rank).pid = static_cast<int32_t>(::getpid());
       if (H.vote_host) H.wake = HostWake::open(wake_name, false);
     }
@@ -294,7 +300,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   // handshake (common/wire.h) runs on its own thread while we accept, so no
   // ring of ranks can wait on each other in a cycle.
   int right_fd = -1, left_fd = -1;
-  std::string right_name = strCat("rank ", T.right, " at ", T.peers[T.right].addr, ":", T.peers[T.right].port);
+  std::string right_name = strCat("rank ", label(T.right), " at ", T.peers[T.right].addr, ":", T.peers[T.right].port);
   std::unique_ptr<wire::HelloClient> right_hello;
   if (!L->right_shm_) {
     right_fd = net::connectTo(T.peers[T.right].addr, T.peers[T.right].port, deadline);
@@ -370,9 +376,9 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     H.open_cross = [=]() {
       HostLinks& H = *hp;
       const Deadline deadline = Deadline::in(timeout_s);
-      std::string xr_name = strCat("rank ", xr, " at ", xaddr, ":", xport);
+      std::string xr_name = strCat("rank ", label(xr), " at ", xaddr, ":", xport);
       const int xr_fd = net::connectInSlices(xaddr, xport, deadline,
-                                             [] { AbortState::get().check(); });
+                                             [abort] { abort->check(); });
       net::setNoDelay(xr_fd);
       net::setBufferSizes(xr_fd, 4 << 20);
       auto xr_hello = std::make_unique<wire::HelloClient>(xr_fd, wire::kPurposeCross, rank,
@@ -385,9 +391,9 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
       int xl_fd = -1;
       std::string rejected;
       while (xl_fd < 0) {
-        if (AbortState::get().aborted()) {
+        if (abort->aborted()) {
           abandon();
-          AbortState::get().check();
+          abort->check();
         }
         int fd = net::acceptWithDeadline(
             listener->fd, Deadline::in(std::min(0.2, std::max(0.0, deadline.remaining()))));
@@ -423,7 +429,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
       net::setBufferSizes(xl_fd, 4 << 20);
       H.cross_send.reset(new TcpSendChannel(xr_fd, xr, strCat(xaddr, ":", xport)));
       H.cross_recv.reset(new TcpRecvChannel(xl_fd, xl, xl_addr, 1 << 20));
-      H.cross_waiter.reset(new Waiter(nullptr, H.cross_send.get(), H.cross_recv.get()));
+      H.cross_waiter.reset(new Waiter(nullptr, H.cross_send.get(), H.cross_recv.get(), abort));
       TFRING_LOG(kDebug, "rank ", rank, ": cross-host ring open");
     };
   }
@@ -466,7 +472,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     // listener stays open for them (owned by the links from now on).
     H.want_peers = true;
     H.peer_links.reset(new PeerLinks(rank, std::move(peers), std::move(addrs), std::move(ports),
-                                     p2p_listen.fd, secret, cfg.timeout_s));
+                                     p2p_listen.fd, secret, cfg.timeout_s, abort,
+                                     label));
     p2p_listen.fd = -1;
   }
 

@@ -164,7 +164,7 @@ void HostSegment::waitAll(std::atomic<uint64_t> HostRankWords::*field, uint64_t 
     uint32_t ticket = bell.seq.load(std::memory_order_seq_cst);
     int q = lagging();
     if (q < 0) return;
-    AbortState::get().checkWaiting();
+    if (abort_) abort_->checkWaiting();
     double now = nowSeconds();
     if (now >= next_health) {
       next_health = now + kHealthInterval;
