@@ -80,8 +80,8 @@ PeerLink& PeerLinks::add(int peer, int fd) {
     net::closeFd(fd);
     fail(Code::kInternal, "dup failed for the link to rank ", peer);
   }
-  L->send.reset(new TcpSendChannel(fd, peer, addr));
-  L->recv.reset(new TcpRecvChannel(rfd, peer, addr, 1 << 16));
+  L->send.reset(new TcpSendChannel(fd, peer, addr, label_(peer)));
+  L->recv.reset(new TcpRecvChannel(rfd, peer, addr, 1 << 16, label_(peer)));
   L->waiter.reset(new Waiter(nullptr, L->send.get(), L->recv.get(), abort_));
   links_.push_back(std::move(L));
   TFRING_LOG(kDebug, "rank ", label_(rank_), ": point-to-point link to rank ", label_(peer),

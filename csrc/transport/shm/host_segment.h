@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/rank_labels.h"
 #include "transport/waiter.h"
 
 namespace tfring {
@@ -104,6 +105,8 @@ class HostSegment {
   // The failure state of the communicator this segment serves (set once,
   // before the first wait; it outlives the segment).
   void setAbort(AbortState* abort) { abort_ = abort; }
+  // How its messages name ranks (a process set's: global).
+  void setLabels(RankLabels labels) { label_ = std::move(labels); }
 
   // Waits until words(q).*field >= step for every local rank q. `what` names
   // the collective; `ranks` maps local ranks to global ranks for errors.
@@ -123,6 +126,7 @@ class HostSegment {
   size_t mapped_ = 0;
   bool owner_ = false;
   AbortState* abort_ = nullptr;
+  RankLabels label_;
 };
 
 }  // namespace transport
