@@ -9,7 +9,7 @@ Runs benchmarks/scale_bench.py's measurement (N core-only ranks, every link
 over TCP, each algorithm by itself through ``_core.DirectAllreduce``) for
 every N and size, and reads, for each (algorithm, N, size), the time per
 call, the hops on the critical path and the most bytes one rank sent, both
-from ``_core.last_collective_stats()``. Then it fits, by least squares,
+from ``DirectAllreduce.last_collective_stats()``. Then it fits, by least squares,
 
     t = c0 + alpha * hops + beta * bytes_sent
 

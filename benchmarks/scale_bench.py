@@ -19,7 +19,7 @@ back to back, ``--iters`` calls after a warm-up, ``--reps`` times with
 the algorithms taking turns; a repetition's time is the slowest rank's mean
 per call, and the table shows the median repetition. Beside it: the hops on
 the collective's critical path and the most bytes one rank sent
-(``_core.last_collective_stats()``), and each algorithm's time as a ratio of
+(``DirectAllreduce.last_collective_stats()``), and each algorithm's time as a ratio of
 the ring's.
 
 With more ranks than cores every sequential hop costs a context switch, so
@@ -77,7 +77,7 @@ def worker(args):
             buf = np.full(count, rank + 1, np.float32)
             direct.allreduce(buf, algo)
             assert np.all(buf == n * (n + 1) / 2), (algo, buf[:4])
-        st = _core.last_collective_stats()
+        st = direct.last_collective_stats()
         row[algo] = {"times": [], "hops": st["hops"], "bytes_sent": st["bytes_sent"],
                      "ran": st["algo"]}
     # Algorithms take turns, rep by rep, so a change in the machine's load

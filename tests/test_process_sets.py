@@ -81,3 +81,33 @@ def test_a_member_dying_fails_every_rank_naming_it():
         # Rank 3 is named as the job's rank, not its index in the set.
         assert "rank 3" in out["msg"] and "rank 1:" not in out["msg"], out["msg"]
         assert out["seconds"] < 30, out  # detected, not waited out (TFRING_TIMEOUT=60)
+
+
+def test_sets_keep_their_own_failure_state_statistics_and_rank_names():
+    outs = run("isolation", timeout=180)
+    assert_all_ok(outs, ["stats_per_set", "mismatch_names_global_ranks",
+                         "set_failure_is_its_own"])
+    st = [o["stats_per_set"] for o in outs]
+    for r, s in enumerate(st):
+        # The world's last collective was its own 4-rank allreduce of 1000
+        # float64, whatever the sets ran after it.
+        assert s["world"]["ranks"] == 4 and s["world"]["bytes"] == 8000, (r, s)
+        assert s["world_calls"] == 1, (r, s)
+        assert s["world_vote"]["ranks"] == 4, (r, s)
+    for r in (2, 3):  # set a = [2, 3]: three allreduces of 64 float64
+        assert st[r]["a"]["ranks"] == 2 and st[r]["a"]["bytes"] == 512, st[r]
+        # The first runs an algorithm; later ones may ride the vote instead.
+        assert 1 <= st[r]["a_calls"] <= 3 and st[r]["a_vote"]["ranks"] == 2, st[r]
+    for r in (0, 1, 3):  # set c = [0, 1, 3]: one allreduce of 300 float64
+        assert st[r]["c"]["ranks"] == 3 and st[r]["c"]["bytes"] == 2400, st[r]
+        assert st[r]["c_calls"] == 1 and st[r]["c_vote"]["ranks"] == 3, st[r]
+    for r in (0, 1):
+        assert "a_refused" in st[r], st[r]
+    assert "c_refused" in st[2], st[2]
+    # Set a failed on both members, naming rank 3 by its global rank (its
+    # place in a is 1); the world and set c reduced correctly after it.
+    for r in (2, 3):
+        msg = outs[r]["set_failure_is_its_own"]["msg"]
+        assert "process set 1 (ranks [2, 3])" in msg, msg
+        if r == 2:
+            assert "rank 3" in msg and "rank 1" not in msg, msg

@@ -39,10 +39,10 @@ constexpr size_t kGatherRecursiveMaxBytes = 256 << 10;
 const char* allgatherAlgoName(AllgatherAlgo a);
 AllgatherAlgo chooseAllgather(const RingComm& c, size_t total_bytes);
 
-// Per algorithm over this process: calls, hops and bytes sent.
-uint64_t allgatherCalls(AllgatherAlgo a);
-uint64_t allgatherHops(AllgatherAlgo a);
-uint64_t allgatherBytesSent(AllgatherAlgo a);
+// Per algorithm over a communicator's calls: calls, hops and bytes sent.
+uint64_t allgatherCalls(const CommStats& s, AllgatherAlgo a);
+uint64_t allgatherHops(const CommStats& s, AllgatherAlgo a);
+uint64_t allgatherBytesSent(const CommStats& s, AllgatherAlgo a);
 
 // Same contract as ringAllgather (ring.h): `out` holds every rank's block
 // in rank order, block r being rank_bytes[r] bytes; this rank's block must

@@ -9,17 +9,21 @@
 namespace tfring {
 namespace collectives {
 
-namespace {
-AlgoTotals<kNumAllgatherAlgos> g_totals;
-}  // namespace
+static_assert(kNumAllgatherAlgos <= kMaxAlgos, "CommStats has no room for every algorithm");
 
 const char* allgatherAlgoName(AllgatherAlgo a) {
   return a == AllgatherAlgo::kRecDbl ? "recdbl" : "ring";
 }
 
-uint64_t allgatherCalls(AllgatherAlgo a) { return g_totals.calls(static_cast<int>(a)); }
-uint64_t allgatherHops(AllgatherAlgo a) { return g_totals.hops(static_cast<int>(a)); }
-uint64_t allgatherBytesSent(AllgatherAlgo a) { return g_totals.bytesSent(static_cast<int>(a)); }
+uint64_t allgatherCalls(const CommStats& s, AllgatherAlgo a) {
+  return s.allgather.calls(static_cast<int>(a));
+}
+uint64_t allgatherHops(const CommStats& s, AllgatherAlgo a) {
+  return s.allgather.hops(static_cast<int>(a));
+}
+uint64_t allgatherBytesSent(const CommStats& s, AllgatherAlgo a) {
+  return s.allgather.bytesSent(static_cast<int>(a));
+}
 
 AllgatherAlgo chooseAllgather(const RingComm& c, size_t total_bytes) {
   const transport::HostLinks* H = c.host;
@@ -58,9 +62,8 @@ void allgather(RingComm& c, void* out, const std::vector<size_t>& rank_bytes) {
   } else if (c.size > 1 && a == AllgatherAlgo::kRing) {
     ringAllgather(c, out, rank_bytes);  // nothing moves; keeps the ring in lockstep
   }
-  const int i = static_cast<int>(a);
-  g_totals.add(i, st.hops, st.bytes_sent);
-  recordCollective(st);
+  if (c.stats) c.stats->allgather.add(static_cast<int>(a), st.hops, st.bytes_sent);
+  recordCollective(c.stats.get(), st);
 }
 
 }  // namespace collectives

@@ -58,8 +58,9 @@ const char* allreduceAlgoName(AllreduceAlgo a);
 // same rule.
 bool recursiveAtScale(const RingComm& c);
 AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes);
-// How many allreduce() calls ran each algorithm in this process.
-uint64_t allreduceCalls(AllreduceAlgo a);
+// How many allreduce() calls of a communicator (its CommStats) ran each
+// algorithm.
+uint64_t allreduceCalls(const CommStats& s, AllreduceAlgo a);
 
 // What one allreduce cost, as this rank saw it:
 //   hops        sequential message steps on the collective's critical path
@@ -77,11 +78,11 @@ struct AllreduceStats {
   uint64_t hops = 0;
   uint64_t bytes_sent = 0;
 };
-// The last allreduce() or allreduceSpans() of this process.
-AllreduceStats lastAllreduceStats();
-// Totals per algorithm over this process.
-uint64_t allreduceHops(AllreduceAlgo a);
-uint64_t allreduceBytesSent(AllreduceAlgo a);
+// The last allreduce() or allreduceSpans() of a communicator.
+AllreduceStats lastAllreduceStats(const CommStats& s);
+// Totals per algorithm over a communicator's calls.
+uint64_t allreduceHops(const CommStats& s, AllreduceAlgo a);
+uint64_t allreduceBytesSent(const CommStats& s, AllreduceAlgo a);
 
 // Same contract as ringAllreduce (ring.h): `out` may alias `in`; `out` ends
 // with op over every rank's `in`, times `postscale`.

@@ -14,10 +14,9 @@
 namespace tfring {
 namespace collectives {
 
+static_assert(kNumAllreduceAlgos <= kMaxAlgos, "CommStats has no room for every algorithm");
+
 namespace {
-AlgoTotals<kNumAllreduceAlgos> g_totals;
-std::mutex g_last_mu;
-AllreduceStats g_last;
 
 // Bytes position `pos` of an n-position ring sends in a ring allreduce of
 // `count` elements: every segment but (pos+1) in the reduce-scatter, every
@@ -68,7 +67,7 @@ void formulaStats(const RingComm& c, AllreduceAlgo a, size_t count, size_t es,
   }
 }
 
-void record(const AllreduceStats& st) {
+void record(RingComm& c, const AllreduceStats& st) {
   CollectiveStats cs;
   cs.collective = "allreduce";
   cs.algo = allreduceAlgoName(st.algo);
@@ -76,21 +75,34 @@ void record(const AllreduceStats& st) {
   cs.bytes = st.bytes;
   cs.hops = st.hops;
   cs.bytes_sent = st.bytes_sent;
-  recordCollective(cs);
+  if (!c.stats) return;
+  recordCollective(c.stats.get(), cs);
   const int i = static_cast<int>(st.algo);
-  g_totals.add(i, st.hops, st.bytes_sent);
-  std::lock_guard<std::mutex> lk(g_last_mu);
-  g_last = st;
+  c.stats->allreduce.add(i, st.hops, st.bytes_sent);
+  c.stats->setLast(CommStats::kAllreduce, cs, i);
 }
 
 }  // namespace
 
-uint64_t allreduceCalls(AllreduceAlgo a) { return g_totals.calls(static_cast<int>(a)); }
-uint64_t allreduceHops(AllreduceAlgo a) { return g_totals.hops(static_cast<int>(a)); }
-uint64_t allreduceBytesSent(AllreduceAlgo a) { return g_totals.bytesSent(static_cast<int>(a)); }
-AllreduceStats lastAllreduceStats() {
-  std::lock_guard<std::mutex> lk(g_last_mu);
-  return g_last;
+uint64_t allreduceCalls(const CommStats& s, AllreduceAlgo a) {
+  return s.allreduce.calls(static_cast<int>(a));
+}
+uint64_t allreduceHops(const CommStats& s, AllreduceAlgo a) {
+  return s.allreduce.hops(static_cast<int>(a));
+}
+uint64_t allreduceBytesSent(const CommStats& s, AllreduceAlgo a) {
+  return s.allreduce.bytesSent(static_cast<int>(a));
+}
+AllreduceStats lastAllreduceStats(const CommStats& s) {
+  int algo = 0;
+  const CollectiveStats cs = s.last(CommStats::kAllreduce, &algo);
+  AllreduceStats st;
+  st.algo = static_cast<AllreduceAlgo>(algo);
+  st.size = cs.size;
+  st.bytes = cs.bytes;
+  st.hops = cs.hops;
+  st.bytes_sent = cs.bytes_sent;
+  return st;
 }
 
 const char* allreduceAlgoName(AllreduceAlgo a) {
@@ -177,7 +189,7 @@ void allreduce(RingComm& c, const void* in, void* out, size_t count, DataType dt
   }
   if (st.algo != AllreduceAlgo::kRecDbl && st.algo != AllreduceAlgo::kRabenseifner)
     formulaStats(c, st.algo, count, es, &st);
-  record(st);
+  record(c, st);
 }
 
 void allreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dtype, ReduceOp op,
@@ -193,7 +205,7 @@ void allreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dtype,
     st.size = c.size;
     st.bytes = count * es;
     formulaStats(c, a, count, es, &st);
-    record(st);
+    record(c, st);
     return;
   }
   // Pieces of consecutive spans up to max_pack bytes, each packed, reduced

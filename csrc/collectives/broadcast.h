@@ -35,9 +35,10 @@ constexpr int kNumBroadcastAlgos = 3;
 const char* broadcastAlgoName(BroadcastAlgo a);
 BroadcastAlgo chooseBroadcast(const RingComm& c, size_t bytes);
 
-uint64_t broadcastCalls(BroadcastAlgo a);
-uint64_t broadcastHops(BroadcastAlgo a);
-uint64_t broadcastBytesSent(BroadcastAlgo a);
+// Per algorithm over a communicator's calls: calls, hops and bytes sent.
+uint64_t broadcastCalls(const CommStats& s, BroadcastAlgo a);
+uint64_t broadcastHops(const CommStats& s, BroadcastAlgo a);
+uint64_t broadcastBytesSent(const CommStats& s, BroadcastAlgo a);
 
 // Same contract as ringBroadcast (ring.h): `data` on the root is sent, on
 // every other rank overwritten.

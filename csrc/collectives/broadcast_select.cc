@@ -8,9 +8,7 @@
 namespace tfring {
 namespace collectives {
 
-namespace {
-AlgoTotals<kNumBroadcastAlgos> g_totals;
-}  // namespace
+static_assert(kNumBroadcastAlgos <= kMaxAlgos, "CommStats has no room for every algorithm");
 
 const char* broadcastAlgoName(BroadcastAlgo a) {
   switch (a) {
@@ -21,9 +19,15 @@ const char* broadcastAlgoName(BroadcastAlgo a) {
   return "?";
 }
 
-uint64_t broadcastCalls(BroadcastAlgo a) { return g_totals.calls(static_cast<int>(a)); }
-uint64_t broadcastHops(BroadcastAlgo a) { return g_totals.hops(static_cast<int>(a)); }
-uint64_t broadcastBytesSent(BroadcastAlgo a) { return g_totals.bytesSent(static_cast<int>(a)); }
+uint64_t broadcastCalls(const CommStats& s, BroadcastAlgo a) {
+  return s.broadcast.calls(static_cast<int>(a));
+}
+uint64_t broadcastHops(const CommStats& s, BroadcastAlgo a) {
+  return s.broadcast.hops(static_cast<int>(a));
+}
+uint64_t broadcastBytesSent(const CommStats& s, BroadcastAlgo a) {
+  return s.broadcast.bytesSent(static_cast<int>(a));
+}
 
 BroadcastAlgo chooseBroadcast(const RingComm& c, size_t bytes) {
   const transport::HostLinks* H = c.host;
@@ -64,9 +68,8 @@ void broadcast(RingComm& c, void* data, size_t bytes, int root_rank) {
       st.bytes_sent = dist < N - 1 ? bytes : 0;
     }
   }
-  const int i = static_cast<int>(a);
-  g_totals.add(i, st.hops, st.bytes_sent);
-  recordCollective(st);
+  if (c.stats) c.stats->broadcast.add(static_cast<int>(a), st.hops, st.bytes_sent);
+  recordCollective(c.stats.get(), st);
 }
 
 }  // namespace collectives

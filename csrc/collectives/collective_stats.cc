@@ -1,23 +1,14 @@
 #include "collectives/collective_stats.h"
 
-#include <mutex>
-
 namespace tfring {
 namespace collectives {
 
-namespace {
-std::mutex g_mu;
-CollectiveStats g_last;
-}  // namespace
-
-void recordCollective(const CollectiveStats& st) {
-  std::lock_guard<std::mutex> lk(g_mu);
-  g_last = st;
+void recordCollective(CommStats* stats, const CollectiveStats& st) {
+  if (stats) stats->setLast(CommStats::kAny, st);
 }
 
-CollectiveStats lastCollectiveStats() {
-  std::lock_guard<std::mutex> lk(g_mu);
-  return g_last;
+CollectiveStats lastCollectiveStats(const CommStats& stats) {
+  return stats.last(CommStats::kAny);
 }
 
 }  // namespace collectives

@@ -1,7 +1,10 @@
-// What the last collective of this process cost, whatever its kind: the
-// counters behind _core.last_collective_stats() and the timeline's
-// *_STATS events. Each kind's entry point (allreduce_select.cc,
-// allgather_select.cc, broadcast_select.cc) records one entry per call.
+// What a communicator's collectives cost: the last one, whatever its kind,
+// and totals per algorithm. The counters behind _core.last_collective_stats()
+// and the timeline's *_STATS events. Each kind's entry point
+// (allreduce_select.cc, allgather_select.cc, broadcast_select.cc) records
+// one entry per call into its RingComm's CommStats; every communicator (the
+// world, each process set) owns one, so a set's calls never show in the
+// world's numbers, and a new world starts from zero.
 //
 //   hops        sequential message steps on the collective's critical path,
 //               the same on every rank; where a rank sends several messages
@@ -13,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 
 namespace tfring {
 namespace collectives {
@@ -26,10 +30,8 @@ struct CollectiveStats {
   uint64_t bytes_sent = 0;
 };
 
-void recordCollective(const CollectiveStats& st);
-
 // One collective kind's totals per algorithm (N algorithms, indexed by the
-// kind's enum): calls, hops and bytes sent, summed over this process's
+// kind's enum): calls, hops and bytes sent, summed over a communicator's
 // calls. Behind _core.allreduce_algorithm_stats() and
 // collective_algorithm_stats().
 template <int N>
@@ -49,7 +51,39 @@ class AlgoTotals {
   std::atomic<uint64_t> hops_[N] = {};
   std::atomic<uint64_t> sent_[N] = {};
 };
-CollectiveStats lastCollectiveStats();
+
+// Room for every kind's algorithms (each *_select.cc checks its count).
+constexpr int kMaxAlgos = 8;
+
+// One communicator's statistics (shared by the copies of its RingComm).
+class CommStats {
+ public:
+  // The last call of: any collective, an allreduce (with its algorithm's
+  // enum value), the agreement round's vote (runtime/vote.h).
+  enum Kind { kAny = 0, kAllreduce = 1, kVote = 2, kNumKinds = 3 };
+
+  AlgoTotals<kMaxAlgos> allreduce, allgather, broadcast, vote;
+
+  void setLast(Kind k, const CollectiveStats& st, int algo = 0) {
+    std::lock_guard<std::mutex> lk(mu_);
+    last_[k] = st;
+    algo_[k] = algo;
+  }
+  CollectiveStats last(Kind k, int* algo = nullptr) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (algo) *algo = algo_[k];
+    return last_[k];
+  }
+
+ private:
+  mutable std::mutex mu_;
+  CollectiveStats last_[kNumKinds];
+  int algo_[kNumKinds] = {};
+};
+
+// Records `st` as the communicator's last collective (null: not recorded).
+void recordCollective(CommStats* stats, const CollectiveStats& st);
+CollectiveStats lastCollectiveStats(const CommStats& stats);
 
 }  // namespace collectives
 }  // namespace tfring

@@ -12,6 +12,7 @@
 
 #include "common/types.h"
 #include "common/env.h"
+#include "collectives/collective_stats.h"
 #include "collectives/store_tuner.h"
 #include "transport/channel.h"
 #include "transport/ring_links.h"
@@ -28,6 +29,9 @@ struct RingComm {
   transport::SendChannel* right = nullptr;
   transport::RecvChannel* left = nullptr;
   transport::Waiter* waiter = nullptr;
+  // The communicator's failure state (the links'); waits outside a Waiter
+  // (the GPU side's) poll it.
+  AbortState* abort = nullptr;
   size_t chunk_bytes = 1 << 20;     // pipeline unit
   double timeout_s = 300;
   // The host segment and cross-host ring for the host-aware allreduce
@@ -37,6 +41,8 @@ struct RingComm {
   // output and from 256 KiB (ring_pipeline.cc); shared by copies of this
   // comm, null for a ring built for one call.
   std::shared_ptr<StoreTuner> tuner, tuner_mid;
+  // The communicator's statistics (collective_stats.h), shared by copies.
+  std::shared_ptr<CommStats> stats;
 };
 
 // The ring of a job's links, as every collective sees it.

@@ -231,11 +231,13 @@ RingComm makeRingComm(const transport::RingLinks& links, transport::Waiter* wait
   c.right = links.right();
   c.left = links.left();
   c.waiter = waiter;
+  c.abort = links.abortState();
   c.chunk_bytes = static_cast<size_t>(cfg.chunk_bytes);
   c.timeout_s = cfg.timeout_s;
   c.host = links.host();
   c.tuner = std::make_shared<StoreTuner>(1.3);
   c.tuner_mid = std::make_shared<StoreTuner>(2.0);
+  c.stats = std::make_shared<CommStats>();
   return c;
 }
 

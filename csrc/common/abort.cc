@@ -6,23 +6,15 @@
 
 namespace tfring {
 
-AbortState& AbortState::get() {
-  static AbortState* s = new AbortState();  // never destroyed: used at exit
-  return *s;
-}
-
 bool AbortState::abort(const Status& s) {
-  std::function<void()> waker;
   std::vector<std::function<void()>> wakers;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (aborted_.load()) return false;
     status_ = s;
     aborted_.store(true, std::memory_order_release);
-    waker = waker_;
     for (auto& kv : wakers_) wakers.push_back(kv.second);
   }
-  if (waker) waker();
   for (auto& w : wakers) w();
   return true;
 }
@@ -52,11 +44,6 @@ Status AbortState::status() const {
   return status_;
 }
 
-void AbortState::setWaker(std::function<void()> waker) {
-  std::lock_guard<std::mutex> lk(mu_);
-  waker_ = std::move(waker);
-}
-
 void AbortState::addWaker(const void* key, std::function<void()> waker) {
   std::lock_guard<std::mutex> lk(mu_);
   wakers_[key] = std::move(waker);
@@ -73,7 +60,6 @@ void AbortState::reset() {
   status_ = Status();
   waits_until_.store(0);
   waits_status_ = Status();
-  waker_ = nullptr;
   wakers_.clear();
 }
 

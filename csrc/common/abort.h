@@ -1,7 +1,14 @@
-// The process-wide failure state. The first error that dooms the job (a dead
-// peer, a peer's report, a timeout inside a collective) is recorded here with
-// its message; every wait in the core polls it, so one rank's failure
-// reaches every rank as the same error instead of a hang.
+// A communicator's failure state. The first error that dooms the
+// communicator (a dead peer, a peer's report, a timeout inside one of its
+// collectives) is recorded here with its message; every wait of its engine
+// and links polls it, so one rank's failure reaches every member as the same
+// error instead of a hang.
+//
+// Each communicator (the world, every process set) owns one, and its links
+// and engine consult only theirs: a set that fails leaves the world and the
+// other sets working. A dead process aborts each communicator it belongs
+// to, because each notices the loss on its own connections (its
+// coordinator's control links, its data links).
 #pragma once
 
 #include <atomic>
@@ -15,8 +22,6 @@ namespace tfring {
 
 class AbortState {
  public:
-  static AbortState& get();
-
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
   // Records the first failure; later ones are ignored. Returns true if this
   // call was the first.
@@ -33,19 +38,16 @@ class AbortState {
   // waits that need it fail only after a grace period.
   void checkWaiting();
   void abortWaitsAfter(const Status& s, double seconds);
-  // Called (once per abort) so sleeping waits wake up promptly.
-  void setWaker(std::function<void()> waker);
-  // The same for each of several engines (the world's and every process
-  // set's): each registers its waker under its own key.
+  // Called (once per abort) so sleeping waits wake up promptly; each
+  // waiter (the engine) registers under its own key.
   void addWaker(const void* key, std::function<void()> waker);
   void removeWaker(const void* key);
-  void reset();  // at init, for a fresh job in the same process
+  void reset();
 
  private:
   std::atomic<bool> aborted_{false};
   mutable std::mutex mu_;
   Status status_;
-  std::function<void()> waker_;
   std::map<const void*, std::function<void()>> wakers_;
   std::atomic<double> waits_until_{0};  // 0: no deadline
   Status waits_status_;

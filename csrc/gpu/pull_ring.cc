@@ -105,7 +105,7 @@ PullProgram pullBroadcast(int n, int pos, int root_pos, size_t bytes) {
 }
 
 void waitForPeer(const std::function<bool()>& ready, const Deadline& deadline, int peer_rank,
-                 int peer_pid, const std::string& what) {
+                 int peer_pid, const std::string& what, AbortState* abort) {
   if (ready()) return;
   uint64_t rounds = 0;
   double next_check = nowSeconds() + 0.2;
@@ -118,7 +118,7 @@ void waitForPeer(const std::function<bool()>& ready, const Deadline& deadline, i
 #endif
       continue;
     }
-    AbortState::get().check();
+    if (abort) abort->check();
     if (rounds < 1024) {
       sched_yield();
     } else {
@@ -191,7 +191,7 @@ void runPull(const PullRun& run, PullDevice& dev, PullState& st) {
     uint64_t& prev = st.slot_unit[g % E];
     if (prev != kNoUnit)  // the right must have waited on the slot's last use
       waitForPeer([&] { return R->waited.load(std::memory_order_acquire) >= prev + 1; },
-                  deadline, run.right_rank, R->pid, what);
+                  deadline, run.right_rank, R->pid, what, run.abort);
     dev.record(g);
     prev = g;
   };
@@ -210,7 +210,7 @@ void runPull(const PullRun& run, PullDevice& dev, PullState& st) {
       const size_t b = std::min(ch, s.bytes - c * ch);
       const uint64_t dep = base + (s.src_step < 0 ? 0 : left_start[s.src_step] + c);
       waitForPeer([&] { return L->progress.load(std::memory_order_acquire) >= dep + 1; },
-                  deadline, run.left_rank, L->pid, what);
+                  deadline, run.left_rank, L->pid, what, run.abort);
       dev.waitLeft(dep);
       if (self->waited.load(std::memory_order_relaxed) < dep + 1)
         self->waited.store(dep + 1, std::memory_order_release);
@@ -225,7 +225,7 @@ void runPull(const PullRun& run, PullDevice& dev, PullState& st) {
   dev.recordDone();
   self->done_epoch.store(st.epoch + 1, std::memory_order_release);
   waitForPeer([&] { return R->done_epoch.load(std::memory_order_acquire) >= st.epoch + 1; },
-              deadline, run.right_rank, R->pid, what);
+              deadline, run.right_rank, R->pid, what, run.abort);
   dev.waitRightDone();
   // Nothing more of this collective will be waited on or published.
   if (self->waited.load(std::memory_order_relaxed) < base + units)
@@ -306,6 +306,8 @@ std::vector<std::vector<char>> emulatePullRing(const std::string& kind,
   }
   std::vector<std::vector<char>> bufs(n, std::vector<char>(buf_bytes));
   std::vector<Status> errors(n);
+  // The emulated ranks' communicator: one failing ends the others' waits.
+  AbortState emu_abort;
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
@@ -343,21 +345,19 @@ std::vector<std::vector<char>> emulatePullRing(const std::string& kind,
                               ? tunables::getDouble("TFRING_TIMEOUT")
                               : 60;
           run.what = "emulated collective";
+          run.abort = &emu_abort;
           HostDevice dev(b.data(), bufs[lr].data(), dtype, op);
           runPull(run, dev, st);
         }
       } catch (const Error& e) {
         errors[r] = e.status();
-        AbortState::get().abort(e.status());
+        emu_abort.abort(e.status());
       }
     });
   }
   for (auto& t : threads) t.join();
   for (auto& s : errors)
-    if (!s.ok()) {
-      AbortState::get().reset();
-      throw Error(s);
-    }
+    if (!s.ok()) throw Error(s);
   return bufs;
 }
 

@@ -53,6 +53,7 @@
 #include <string>
 #include <vector>
 
+#include "common/abort.h"
 #include "common/clock.h"
 #include "common/types.h"
 
@@ -116,6 +117,7 @@ struct PullRun {
   const PullCounters* right = nullptr;
   double timeout_s = 300;
   const char* what = "collective";
+  AbortState* abort = nullptr;  // the communicator's failure state
 };
 
 // Kept across collectives. unit_base and epoch are identical on every rank
@@ -130,9 +132,10 @@ struct PullState {
 void runPull(const PullRun& run, PullDevice& dev, PullState& st);
 
 // Host wait for a neighbour: spins, then yields, then sleeps briefly,
-// checking the deadline, the job's abort state and that `peer_pid` lives.
+// checking the deadline, the communicator's abort state (`abort`, may be
+// null) and that `peer_pid` lives.
 void waitForPeer(const std::function<bool()>& ready, const Deadline& deadline, int peer_rank,
-                 int peer_pid, const std::string& what);
+                 int peer_pid, const std::string& what, AbortState* abort);
 
 // Test hook: runs `repeats` collectives of `kind` ("allreduce", "allgather",
 // "broadcast", "reducescatter") on one thread per rank over host memory,

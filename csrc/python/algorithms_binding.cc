@@ -1,15 +1,17 @@
 // tfring._core allreduce algorithms outside the engine, for tests and
 // benchmarks that measure an algorithm by itself:
 //
-//   allreduce_algorithm_counts() -> dict   allreduce calls per algorithm in
-//                                          this process (ring, oneshot,
-//                                          small, hier, recdbl,
-//                                          rabenseifner), engine calls
-//                                          included
+// The statistics are a communicator's: each reader takes process_set=0 (the
+// world's id, the default; a set's id for that set's), and raises if this
+// rank is not in the set. A DirectAllreduce has its own.
+//
+//   allreduce_algorithm_counts() -> dict   allreduce calls per algorithm
+//                                          (ring, oneshot, small, hier,
+//                                          recdbl, rabenseifner)
 //   allreduce_algorithm_stats() -> dict    per algorithm: calls, hops and
 //                                          bytes_sent summed over them
 //   last_collective_stats() -> dict        the last allreduce, allgather or
-//                                          broadcast of this process:
+//                                          broadcast:
 //                                          collective, algo, ranks, bytes,
 //                                          hops (sequential message steps on
 //                                          its critical path), bytes_sent (by
@@ -17,11 +19,11 @@
 //   collective_algorithm_stats() -> dict   {"allgather": {algo: {calls, hops,
 //                                          bytes_sent}}, "broadcast": ...}
 //   last_vote_stats() -> dict              the last agreement round's vote
-//                                          of this process (runtime/vote.h):
-//                                          algo (ring or recdbl), ranks,
-//                                          bytes (one rank's vote), hops,
-//                                          bytes_sent, and rounds (this
-//                                          process's rounds with that algo)
+//                                          (runtime/vote.h): algo (ring,
+//                                          recdbl or host), ranks, bytes (one
+//                                          rank's vote), hops, bytes_sent,
+//                                          and rounds (the communicator's
+//                                          rounds with that algo)
 //   DirectAllreduce(store, rank, size, secret)
 //       connects this rank's own ring links and host segment through `store`
 //       (TFRING_* tunables read as at init), with no engine or coordinator.
@@ -33,6 +35,8 @@
 //                                    seconds per call, back to back; nbytes
 //                                    is the buffer (allgather: per rank)
 //     .algorithm(nbytes, algo="auto") the algorithm that size would take
+//     .last_collective_stats()       as _core.last_collective_stats(), for
+//                                    these links' last call
 //     .close()
 // Every rank must make the same calls in the same order.
 #include <pybind11/numpy.h>
@@ -53,6 +57,7 @@
 #include "python/bindings.h"
 #include "python/errors.h"
 #include "rendezvous/store.h"
+#include "runtime/registry.h"
 #include "runtime/vote.h"
 #include "transport/ring_links.h"
 
@@ -67,14 +72,21 @@ class DirectAllreduce {
   DirectAllreduce(std::shared_ptr<rendezvous::Store> store, int rank, int size,
                   const std::string& secret)
       : store_(std::move(store)), cfg_(Config::fromEnv()) {
-    links_ = transport::RingLinks::connect(store_.get(), rank, size, secret, cfg_);
-    waiter_.reset(new transport::Waiter(links_->bell(), links_->right(), links_->left()));
+    links_ = transport::RingLinks::connect(store_.get(), rank, size, secret, cfg_, &abort_);
+    waiter_.reset(
+        new transport::Waiter(links_->bell(), links_->right(), links_->left(), &abort_));
     comm_ = collectives::makeRingComm(*links_, waiter_.get(), cfg_);
     default_algo_ = comm_.host->policy.allreduce_algo;
     default_allgather_ = comm_.host->policy.allgather_algo;
     default_broadcast_ = comm_.host->policy.broadcast_algo;
     // Waits spin only where every local rank has a core, as in the engine.
     transport::setSpinning(links_->topology().local_size <= transport::usableCores());
+  }
+
+  // The last collective of these links (they are a communicator of their
+  // own, with their own statistics).
+  collectives::CollectiveStats lastStats() const {
+    return collectives::lastCollectiveStats(*comm_.stats);
   }
 
   void run(float* data, size_t count, const std::string& algo) {
@@ -179,71 +191,95 @@ class DirectAllreduce {
   }
   std::shared_ptr<rendezvous::Store> store_;
   Config cfg_;
+  AbortState abort_;  // the links' failure state; outlives them
   std::unique_ptr<transport::RingLinks> links_;
   std::unique_ptr<transport::Waiter> waiter_;
   collectives::RingComm comm_;
   std::string default_algo_, default_allgather_, default_broadcast_;
 };
 
+// The statistics of communicator `process_set` (0: the world). Before
+// init, and after shutdown, the world's are all zero.
+std::shared_ptr<const collectives::CommStats> statsOf(int process_set) {
+  auto c = runtime::Registry::get().find(process_set);
+  if (!c) {
+    if (process_set == 0) return std::make_shared<collectives::CommStats>();
+    fail(Code::kInvalidArgument, "process set ", process_set,
+         " does not exist (tfring.add_process_set)");
+  }
+  if (!c->stats)
+    fail(Code::kInvalidArgument, c->label(), ": rank ",
+         runtime::Registry::get().world()->topo.rank,
+         " is not in the set, so it has no statistics of it");
+  return c->stats;
+}
+
+py::dict collectiveDict(const collectives::CollectiveStats& st) {
+  py::dict d;
+  d["collective"] = st.collective;
+  d["algo"] = st.algo;
+  d["ranks"] = st.size;
+  d["bytes"] = st.bytes;
+  d["hops"] = st.hops;
+  d["bytes_sent"] = st.bytes_sent;
+  return d;
+}
+
 }  // namespace
 
 void bindAlgorithms(py::module_& m) {
-  m.def("allreduce_algorithm_counts", [] {
+  m.def("allreduce_algorithm_counts", [](int process_set) {
+    auto s = statsOf(process_set);
     std::map<std::string, uint64_t> out;
     for (int i = 0; i < collectives::kNumAllreduceAlgos; ++i) {
       auto a = static_cast<collectives::AllreduceAlgo>(i);
-      out[collectives::allreduceAlgoName(a)] = collectives::allreduceCalls(a);
+      out[collectives::allreduceAlgoName(a)] = collectives::allreduceCalls(*s, a);
     }
     return out;
-  });
-  m.def("allreduce_algorithm_stats", [] {
+  }, py::arg("process_set") = 0);
+  m.def("allreduce_algorithm_stats", [](int process_set) {
+    auto s = statsOf(process_set);
     py::dict out;
     for (int i = 0; i < collectives::kNumAllreduceAlgos; ++i) {
       auto a = static_cast<collectives::AllreduceAlgo>(i);
       py::dict d;
-      d["calls"] = collectives::allreduceCalls(a);
-      d["hops"] = collectives::allreduceHops(a);
-      d["bytes_sent"] = collectives::allreduceBytesSent(a);
+      d["calls"] = collectives::allreduceCalls(*s, a);
+      d["hops"] = collectives::allreduceHops(*s, a);
+      d["bytes_sent"] = collectives::allreduceBytesSent(*s, a);
       out[collectives::allreduceAlgoName(a)] = d;
     }
     return out;
-  });
-  m.def("collective_algorithm_stats", [] {
+  }, py::arg("process_set") = 0);
+  m.def("collective_algorithm_stats", [](int process_set) {
+    auto s = statsOf(process_set);
     py::dict ag, bc;
     for (int i = 0; i < collectives::kNumAllgatherAlgos; ++i) {
       auto a = static_cast<collectives::AllgatherAlgo>(i);
       py::dict d;
-      d["calls"] = collectives::allgatherCalls(a);
-      d["hops"] = collectives::allgatherHops(a);
-      d["bytes_sent"] = collectives::allgatherBytesSent(a);
+      d["calls"] = collectives::allgatherCalls(*s, a);
+      d["hops"] = collectives::allgatherHops(*s, a);
+      d["bytes_sent"] = collectives::allgatherBytesSent(*s, a);
       ag[collectives::allgatherAlgoName(a)] = d;
     }
     for (int i = 0; i < collectives::kNumBroadcastAlgos; ++i) {
       auto a = static_cast<collectives::BroadcastAlgo>(i);
       py::dict d;
-      d["calls"] = collectives::broadcastCalls(a);
-      d["hops"] = collectives::broadcastHops(a);
-      d["bytes_sent"] = collectives::broadcastBytesSent(a);
+      d["calls"] = collectives::broadcastCalls(*s, a);
+      d["hops"] = collectives::broadcastHops(*s, a);
+      d["bytes_sent"] = collectives::broadcastBytesSent(*s, a);
       bc[collectives::broadcastAlgoName(a)] = d;
     }
     py::dict out;
     out["allgather"] = ag;
     out["broadcast"] = bc;
     return out;
-  });
-  m.def("last_collective_stats", [] {
-    const collectives::CollectiveStats st = collectives::lastCollectiveStats();
-    py::dict d;
-    d["collective"] = st.collective;
-    d["algo"] = st.algo;
-    d["ranks"] = st.size;
-    d["bytes"] = st.bytes;
-    d["hops"] = st.hops;
-    d["bytes_sent"] = st.bytes_sent;
-    return d;
-  });
-  m.def("last_vote_stats", [] {
-    const runtime::VoteStats st = runtime::lastVoteStats();
+  }, py::arg("process_set") = 0);
+  m.def("last_collective_stats", [](int process_set) {
+    return collectiveDict(collectives::lastCollectiveStats(*statsOf(process_set)));
+  }, py::arg("process_set") = 0);
+  m.def("last_vote_stats", [](int process_set) {
+    auto s = statsOf(process_set);
+    const runtime::VoteStats st = runtime::lastVoteStats(*s);
     py::dict d;
     d["collective"] = "vote";
     d["algo"] = runtime::voteAlgoName(st.algo);
@@ -251,9 +287,9 @@ void bindAlgorithms(py::module_& m) {
     d["bytes"] = st.bytes;
     d["hops"] = st.hops;
     d["bytes_sent"] = st.bytes_sent;
-    d["rounds"] = runtime::voteRounds(st.algo);
+    d["rounds"] = runtime::voteRounds(*s, st.algo);
     return d;
-  });
+  }, py::arg("process_set") = 0);
   using Release = py::call_guard<py::gil_scoped_release>;
   py::class_<DirectAllreduce>(m, "DirectAllreduce")
       .def(py::init<std::shared_ptr<rendezvous::Store>, int, int, const std::string&>(),
@@ -295,6 +331,8 @@ void bindAlgorithms(py::module_& m) {
            py::arg("iters"), py::arg("collective") = "allreduce", Release())
       .def("algorithm", &DirectAllreduce::algorithm, py::arg("nbytes"),
            py::arg("algo") = "auto")
+      .def("last_collective_stats",
+           [](DirectAllreduce& d) { return collectiveDict(d.lastStats()); })
       .def("close", &DirectAllreduce::close, Release());
 }
 

@@ -417,6 +417,15 @@ void bindRuntime(py::module_& m) {
   m.def("process_set_ranks", &runtime::processSetRanks, py::arg("id"));
   m.def("process_set_ids", &runtime::processSetIds);
   m.def("next_process_set_id", &runtime::nextProcessSetId);
+  // Fault injection for tests (runtime.h): fails communicator `process_set`
+  // from this rank; its members' next collectives on it raise.
+  m.def(
+      "_fail_communicator",
+      [](int process_set, const std::string& message) {
+        Status s = runtime::failCommunicator(process_set, message);
+        if (!s.ok()) throwStatus(s);
+      },
+      py::arg("process_set"), py::arg("message"));
 }
 
 }  // namespace python

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <chrono>
 #include <exception>
 #include <thread>
@@ -31,67 +30,6 @@ std::string describeRank(const transport::Topology& T, int r, int label) {
                 T.peers.empty() ? 0 : T.peers[r].pid, ")");
 }
 
-// Rewrites the rank numbers of a message from the set's engine (indices
-// into the set) as global ranks: "rank 1", "ranks [0, 1]", "rank 0: 1, 2"
-// and, in a root mismatch, the root after "vs".
-std::string globalRanks(const std::string& msg, const std::vector<int>& ranks) {
-  const bool root_mismatch = msg.find("root rank") != std::string::npos;
-  std::string out;
-  size_t i = 0;
-  auto mapNumber = [&](size_t* p) {
-    size_t b = *p;
-    while (*p < msg.size() && std::isdigit(static_cast<unsigned char>(msg[*p]))) ++*p;
-    if (*p == b) return false;
-    long v = std::stol(msg.substr(b, *p - b));
-    out += (v >= 0 && v < static_cast<long>(ranks.size())) ? std::to_string(ranks[v])
-                                                             : msg.substr(b, *p - b);
-    return true;
-  };
-  auto mapList = [&](size_t* p) {  // "1, 2, 3"
-    while (mapNumber(p)) {
-      if (msg.compare(*p, 2, ", ") != 0 || *p + 2 >= msg.size() ||
-          !std::isdigit(static_cast<unsigned char>(msg[*p + 2])))
-        break;
-      out += ", ";
-      *p += 2;
-    }
-  };
-  while (i < msg.size()) {
-    const bool word_start = i == 0 || !std::isalpha(static_cast<unsigned char>(msg[i - 1]));
-    if (word_start && msg.compare(i, 6, "ranks ") == 0) {
-      out += "ranks ";
-      i += 6;
-      if (i < msg.size() && msg[i] == '[') {
-        out += '[';
-        ++i;
-        mapList(&i);
-      } else {
-        mapList(&i);
-      }
-      continue;
-    }
-    if (word_start && msg.compare(i, 5, "rank ") == 0) {
-      out += "rank ";
-      i += 5;
-      if (mapNumber(&i) && msg.compare(i, 2, ": ") == 0 && i + 2 < msg.size() &&
-          std::isdigit(static_cast<unsigned char>(msg[i + 2]))) {
-        out += ": ";
-        i += 2;
-        mapList(&i);
-      }
-      continue;
-    }
-    if (root_mismatch && word_start && msg.compare(i, 3, "vs ") == 0) {
-      out += "vs ";
-      i += 3;
-      mapNumber(&i);
-      continue;
-    }
-    out += msg[i++];
-  }
-  return out;
-}
-
 }  // namespace
 
 std::unique_ptr<Comm> connectComm(rendezvous::Store* store, int rank, int size,
@@ -99,8 +37,9 @@ std::unique_ptr<Comm> connectComm(rendezvous::Store* store, int rank, int size,
                                   const std::vector<int>* labels) {
   std::unique_ptr<Comm> c(new Comm());
   c->cfg = base;
+  c->abort.reset(new AbortState());
   Deadline deadline = Deadline::in(c->cfg.timeout_s);
-  auto label = [&](int r) { return labels ? (*labels)[r] : r; };
+  const RankLabels label = labels ? RankLabels(*labels) : RankLabels();
 
   // Coordinator connections: rank 0 accepts one from every other engine;
   // its own engine talks to the coordinator in process. They open before
@@ -195,7 +134,8 @@ std::unique_ptr<Comm> connectComm(rendezvous::Store* store, int rank, int size,
 
   std::unique_ptr<transport::RingLinks> links;
   try {
-    links = transport::RingLinks::connect(store, rank, size, secret, c->cfg);
+    links = transport::RingLinks::connect(store, rank, size, secret, c->cfg, c->abort.get(),
+                                          label);
   } catch (...) {
     stop_accepting = true;
     if (coord_thread.joinable()) coord_thread.join();
@@ -221,7 +161,7 @@ std::unique_ptr<Comm> connectComm(rendezvous::Store* store, int rank, int size,
     std::vector<std::string> desc;
     for (int r = 0; r < size; ++r) desc.push_back(describeRank(T, r, label(r)));
     coord.reset(new Coordinator(std::move(fds), std::move(desc), c->cfg));
-    if (labels) coord->setRankLabels(*labels);
+    coord->setRankLabels(label);
   }
 
   if (log::enabled(log::kDebug) && !links->phases.empty()) {
@@ -246,6 +186,7 @@ std::unique_ptr<Comm> connectComm(rendezvous::Store* store, int rank, int size,
   c->topo = T;
   c->transport = links->transportName();
   c->engine.reset(new Engine(std::move(links), ctrl, coord.get(), c->cfg));
+  c->stats = c->engine->stats();
   c->coordinator = std::move(coord);
   return c;
 }
@@ -284,19 +225,17 @@ std::string Comm::label() const {
 
 namespace {
 
-Status describeOn(const std::string& label, const std::vector<int>& ranks, const Status& st) {
+// The set's protocol already names its members by their global ranks
+// (RankLabels): only the set's name is added.
+Status describeOn(const std::string& label, const Status& st) {
   if (st.ok()) return st;
-  std::string msg = st.message();
-  if (st.code() == Code::kMismatch || st.code() == Code::kAborted ||
-      st.code() == Code::kInvalidArgument)
-    msg = globalRanks(msg, ranks);
-  return Status(st.code(), strCat(label, ": ", msg));
+  return Status(st.code(), strCat(label, ": ", st.message()));
 }
 
 }  // namespace
 
 Status Comm::describe(const Status& st) const {
-  return isWorld() ? st : describeOn(label(), ranks, st);
+  return isWorld() ? st : describeOn(label(), st);
 }
 
 Status Comm::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> dones) {
@@ -326,10 +265,9 @@ Status Comm::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> dones)
   // The callbacks may run while this Comm is torn down: they keep their
   // own copy of what they name.
   auto lbl = std::make_shared<const std::string>(label());
-  auto rk = std::make_shared<const std::vector<int>>(ranks);
   for (auto& d : dones) {
     DoneCallback inner = std::move(d);
-    d = [lbl, rk, inner](const Status& st) { inner(describeOn(*lbl, *rk, st)); };
+    d = [lbl, inner](const Status& st) { inner(describeOn(*lbl, st)); };
   }
   return describe(engine->enqueue(std::move(reqs), std::move(dones)));
 }

@@ -5,10 +5,11 @@
 // every member calls it with its place in the ring.
 //
 // A communicator's protocol only knows its members' places in its ring
-// (0..n-1). Its edge translates: a broadcast root given as a global rank
-// becomes the member's place, and an error of a process set is prefixed
-// with the set and names the members' global ranks (rank labels given to
-// connectComm).
+// (0..n-1). Its messages name members by their global ranks all the same:
+// connectComm hands the rank labels (common/rank_labels.h) to its links,
+// engine and coordinator. Its edge translates a broadcast root given as a
+// global rank into the member's place, and prefixes a process set's errors
+// with the set.
 #pragma once
 
 #include <atomic>
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/abort.h"
 #include "common/env.h"
 #include "rendezvous/store.h"
 #include "runtime/coordinator.h"
@@ -32,6 +34,12 @@ struct Comm {
   Config cfg;              // with rank 0's fusion settings
   transport::Topology topo;
   std::string transport;
+  // This communicator's failure state: its links and engine wait on it and
+  // set it, and no other communicator's failure does (common/abort.h).
+  // Members only; declared before the engine, which it outlives.
+  std::unique_ptr<AbortState> abort;
+  // Its collectives' and votes' statistics (members only).
+  std::shared_ptr<collectives::CommStats> stats;
   std::unique_ptr<Engine> engine;            // members only
   std::unique_ptr<Coordinator> coordinator;  // on the first member only
   std::atomic<bool> removed{false};
@@ -56,8 +64,7 @@ struct Comm {
   ~Comm();  // the engine first: it talks to the coordinator
 
  private:
-  // The error a caller sees: a process set's is named by the set, its rank
-  // numbers global where they come from the set's own protocol.
+  // The error a caller sees: a process set's is named by the set.
   Status describe(const Status& st) const;
 };
 

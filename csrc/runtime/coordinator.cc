@@ -22,12 +22,6 @@ namespace {
 // How long an aborted coordinator keeps draining connections (see loop()).
 constexpr double kDrainSeconds = 10.0;
 
-std::string rankList(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
-
 // Where two grouped allreduces (Request::parts) differ: what differs
 // ("shape of tensor 'g.2' (the group's tensor 2)") and each side's value;
 // false when their part shapes agree or cannot be read.
@@ -63,11 +57,11 @@ bool describeParts(const Meta& a, const Meta& b, std::string* what, std::string*
 }
 
 // Describes how Metas differ: "shape [4] on rank 0 vs [5] on rank 1".
-std::string describeMismatch(const std::vector<Meta>& m, size_t first_bad) {
+std::string describeMismatch(const std::vector<Meta>& m, size_t first_bad, const RankLabels& L) {
   const Meta& a = m[0];
   const Meta& b = m[first_bad];
-  auto r0 = std::string(" on rank 0 vs ");
-  auto rb = std::string(" on rank ") + std::to_string(first_bad);
+  auto r0 = strCat(" on rank ", L(0), " vs ");
+  auto rb = strCat(" on rank ", L(static_cast<int>(first_bad)));
   if (a.type != b.type)
     return strCat("operation ", collectiveName(a.type), r0, collectiveName(b.type), rb);
   if (a.dtype != b.dtype) return strCat("dtype ", dtypeName(a.dtype), r0, dtypeName(b.dtype), rb);
@@ -92,7 +86,7 @@ std::string describeMismatch(const std::vector<Meta>& m, size_t first_bad) {
     return strCat("shape ", a.shapeString(), r0, b.shapeString(), rb);
   }
   if (a.op != b.op) return strCat("reduce op ", reduceOpName(a.op), r0, reduceOpName(b.op), rb);
-  if (a.root != b.root) return strCat("root rank ", a.root, r0, b.root, rb);
+  if (a.root != b.root) return strCat("root rank ", L(a.root), r0, L(b.root), rb);
   if (a.prescale != b.prescale || a.postscale != b.postscale)
     return strCat("scale factors (", a.prescale, ", ", a.postscale, ")", r0, "(",
                   b.prescale, ", ", b.postscale, ")", rb);
@@ -222,7 +216,7 @@ void Coordinator::abortAll(int culprit, const std::string& msg, int reporter) {
   wire::Writer w;
   w.put<uint8_t>(kMsgAbort);
   // Engines print it as "rank <culprit>: ...": the job's rank number.
-  w.put<int32_t>(labels_.empty() ? culprit : labels_[culprit]);
+  w.put<int32_t>(label_(culprit));
   w.putStr(msg);
   sendAll(w.bytes(), reporter >= 0 ? reporter : culprit);  // it knows already
   abort_sent_.store(true);
@@ -355,7 +349,7 @@ void Coordinator::onMessage(int rank, const std::vector<uint8_t>& msg) {
       for (auto& kv : pending_)
         if (!kv.second.have[rank]) dead.push_back(kv.first);
       for (auto& name : dead) {
-        errorGroup({name}, strCat("tensor '", name, "' can never complete: rank ", rank,
+        errorGroup({name}, strCat("tensor '", name, "' can never complete: rank ", label_(rank),
                                   " shut down without submitting it"));
         pending_.erase(name);
       }
@@ -390,7 +384,7 @@ void Coordinator::onMeta(int rank, Meta meta) {
 
   for (int r = 0; r < size_; ++r) {
     if (bye_[r] && r != rank) {
-      errorGroup({name}, strCat("tensor '", name, "' can never complete: rank ", r,
+      errorGroup({name}, strCat("tensor '", name, "' can never complete: rank ", label_(r),
                                 " has already shut down"));
       return;
     }
@@ -440,7 +434,7 @@ void Coordinator::validate(const std::string& name, Pending& p) {
       errorGroup({name},
                  static_cast<int>(bad.size()) == have
                      ? first
-                     : strCat(first, " (on rank", bad.size() > 1 ? "s " : " ", rankList(bad),
+                     : strCat(first, " (on rank", bad.size() > 1 ? "s " : " ", label_.list(bad),
                               "; the other ranks' calls were valid)"),
                  Group::kInvalid);
       return;
@@ -455,8 +449,9 @@ void Coordinator::validate(const std::string& name, Pending& p) {
       for (int q = 1; q < size_; ++q)
         if (!sameExceptDim0(p.metas[0], p.metas[q])) bad.push_back(q);
       errorGroup({name}, strCat("mismatched ", collectiveName(p.metas[0].type), " of tensor '",
-                                name, "' across ranks: ", describeMismatch(p.metas, r),
-                                " (ranks disagreeing with rank 0: ", rankList(bad), ")"));
+                                name, "' across ranks: ", describeMismatch(p.metas, r, label_),
+                                " (ranks disagreeing with rank ", label_(0), ": ",
+                                label_.list(bad), ")"));
       return;
     }
   }
@@ -506,14 +501,15 @@ void Coordinator::checkStalls() {
     for (int r = 0; r < size_; ++r) (p.have[r] ? have : missing).push_back(r);
     if (age >= cfg_.timeout_s) {
       errorGroup({kv.first}, strCat("tensor '", kv.first, "' was submitted by ranks [",
-                                    rankList(have), "] but not by ranks [", rankList(missing),
+                                    label_.list(have), "] but not by ranks [",
+                                    label_.list(missing),
                                     "] within TFRING_TIMEOUT=", cfg_.timeout_s, " s"));
       expired.push_back(kv.first);
     } else if (age >= cfg_.stall_warning_s && !p.stall_warned) {
       p.stall_warned = true;
       std::string msg = strCat("stall: tensor '", kv.first, "' has been waiting ", int(age),
-                               " s; submitted by ranks [", rankList(have),
-                               "], missing ranks [", rankList(missing), "]");
+                               " s; submitted by ranks [", label_.list(have),
+                               "], missing ranks [", label_.list(missing), "]");
       TFRING_LOG(kWarning, msg);
       wire::Writer w;
       w.put<uint8_t>(kMsgStall);

@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "common/env.h"
+#include "common/rank_labels.h"
 #include "runtime/messages.h"
 
 namespace tfring {
@@ -72,7 +73,9 @@ class Coordinator {
   void setLocalSink(std::function<void(const std::vector<uint8_t>&)> sink);
   // A process set's coordinator: the job's rank of each of its ranks, for
   // the culprit an Abort names.
-  void setRankLabels(std::vector<int> labels) { labels_ = std::move(labels); }
+  // How its messages name the ranks (common/rank_labels.h): a process
+  // set's coordinator prints its members' global ranks.
+  void setRankLabels(RankLabels labels) { label_ = std::move(labels); }
   ~Coordinator();
   void start();
   // Waits (up to timeout_s) for every rank's goodbye, then stops.
@@ -145,7 +148,7 @@ class Coordinator {
   std::mutex local_mu_;
   std::vector<std::vector<uint8_t>> local_in_;
   std::function<void(const std::vector<uint8_t>&)> local_sink_;
-  std::vector<int> labels_;  // empty: ranks are the job's
+  RankLabels label_;  // identity: ranks are the job's
 };
 
 }  // namespace runtime

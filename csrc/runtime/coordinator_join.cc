@@ -9,11 +9,11 @@ namespace runtime {
 
 namespace {
 
-std::string ranksOf(const std::vector<bool>& flags) {
-  std::string s;
+std::string ranksOf(const std::vector<bool>& flags, const RankLabels& L) {
+  std::vector<int> set;
   for (size_t r = 0; r < flags.size(); ++r)
-    if (flags[r]) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return s;
+    if (flags[r]) set.push_back(static_cast<int>(r));
+  return L.list(set);
 }
 
 }  // namespace
@@ -55,10 +55,10 @@ std::string Coordinator::checkJoined(Pending& p, bool* fill) {
   const Meta& m = p.metas[first];
   if (m.type != CollectiveType::kAllreduce && m.type != CollectiveType::kBarrier)
     return strCat(collectiveName(m.type), " of tensor '", m.name,
-                  "' is not supported while ranks [", ranksOf(missing),
+                  "' is not supported while ranks [", ranksOf(missing, label_),
                   "] have joined: only allreduce and barrier are (as in Horovod)");
   if (m.device >= 0)
-    return strCat("allreduce of GPU tensor '", m.name, "' while ranks [", ranksOf(missing),
+    return strCat("allreduce of GPU tensor '", m.name, "' while ranks [", ranksOf(missing, label_),
                   "] have joined: join() supports host tensors only");
   return "";
 }
@@ -70,7 +70,7 @@ std::string Coordinator::checkAlltoall(const std::string& name, Pending& p,
     std::vector<int64_t> rows;
     std::string why = alltoallSplits(p.metas[r], size_, &rows);
     if (!why.empty())
-      return strCat("alltoall of tensor '", name, "' on rank ", r, ": ", why, " (shape ",
+      return strCat("alltoall of tensor '", name, "' on rank ", label_(r), ": ", why, " (shape ",
                     p.metas[r].shapeString(), ")");
     matrix->insert(matrix->end(), rows.begin(), rows.end());
   }

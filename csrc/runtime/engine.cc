@@ -35,7 +35,8 @@ Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordin
                const Config& cfg)
     : links_(std::move(links)), ctrl_fd_(ctrl_fd), local_coord_(local), cfg_(cfg) {
   const auto& T = links_->topology();
-  waiter_.reset(new transport::Waiter(links_->bell(), links_->right(), links_->left()));
+  waiter_.reset(new transport::Waiter(links_->bell(), links_->right(), links_->left(),
+                                      links_->abortState()));
   comm_ = collectives::makeRingComm(*links_, waiter_.get(), cfg);
   if (!cfg.timeline.empty()) timeline_.open(cfg.timeline, T.rank);
   const int ncpu = transport::usableCores();
@@ -62,7 +63,7 @@ Engine::~Engine() {
 }
 
 void Engine::start() {
-  AbortState::get().addWaker(this, [this] {
+  comm_.abort->addWaker(this, [this] {
     wakeLocal();
     cv_.notify_all();
   });
@@ -126,7 +127,7 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
     }
     es.push_back(std::move(e));
   }
-  if (AbortState::get().aborted()) return AbortState::get().status();
+  if (comm_.abort->aborted()) return comm_.abort->status();
   bool caller_drives = true;
   for (auto& e : es) caller_drives = caller_drives && e->req.caller_drives;
   if (comm_.size == 1) {
@@ -224,7 +225,7 @@ bool Engine::pumpGuarded(bool block) {
   try {
     return pump(block);
   } catch (const Error& e) {
-    if (e.status().code() == Code::kPeerFailure && !AbortState::get().aborted()) {
+    if (e.status().code() == Code::kPeerFailure && !comm_.abort->aborted()) {
       // A neighbour that closed its link may itself be failing because of
       // another rank, or may have shut down: a leaving rank says goodbye to
       // the coordinator before it closes its links, but this rank can see
@@ -233,16 +234,17 @@ bool Engine::pumpGuarded(bool block) {
       // failed first, or that word) a moment to arrive before reporting.
       const int suspect = e.status().suspect();
       Deadline grace = Deadline::in(1.0);
-      while (!AbortState::get().aborted() && !hasLeft(suspect) && !grace.expired())
+      while (!comm_.abort->aborted() && !hasLeft(suspect) && !grace.expired())
         usleep(1000);
-      if (!AbortState::get().aborted() && hasLeft(suspect)) {
+      if (!comm_.abort->aborted() && hasLeft(suspect)) {
         // A departure, not a failure: nothing to report; what needed the
         // rank fails naming it, as round() fails it once kMsgLeft is in.
         const int who = suspect >= 0 ? suspect : left_rank_.load();
-        TFRING_LOG(kDebug, "rank ", who, " shut down: ", e.status().message());
-        failAll(Status(), [who](const Entry& en) {
+        const int who_label = links_->labels()(who);
+        TFRING_LOG(kDebug, "rank ", who_label, " shut down: ", e.status().message());
+        failAll(Status(), [who_label](const Entry& en) {
           return Status(Code::kAborted, strCat("tensor '", en.meta.name,
-                                               "' can never complete: rank ", who,
+                                               "' can never complete: rank ", who_label,
                                                " has already shut down (tfring.shutdown())"));
         });
         return false;
@@ -252,7 +254,7 @@ bool Engine::pumpGuarded(bool block) {
     // On rank 0 the coordinator relays the error as an abort: let it reach
     // every rank before this rank's script can learn of it and exit.
     if (local_coord_) local_coord_->waitAbortSent(2.0);
-    failAll(AbortState::get().aborted() ? AbortState::get().status() : e.status());
+    failAll(comm_.abort->aborted() ? comm_.abort->status() : e.status());
     return false;
   }
 }
@@ -264,7 +266,7 @@ bool Engine::hasLeft(int rank) {
 }
 
 bool Engine::pump(bool block) {
-  AbortState::get().check();
+  comm_.abort->check();
   if (hasNews() || peerStartedRound()) {
     round();
     return true;
@@ -321,8 +323,8 @@ void Engine::drive(const std::function<bool()>& done, const std::function<void()
         continue;
       }
       while (!done()) {
-        if (AbortState::get().aborted()) {
-          failAll(AbortState::get().status());
+        if (comm_.abort->aborted()) {
+          failAll(comm_.abort->status());
           break;
         }
         // shutdown() from another thread: the engine thread fails what is
@@ -341,7 +343,7 @@ void Engine::tryDrive() {
   if (!d.owns_lock()) return;
   // Run what can run now (this rank's news, a round a peer started), never
   // an idle wait: the submitting thread goes back to its framework after.
-  for (int i = 0; i < 64 && !AbortState::get().aborted() && !stop_requested_.load(); ++i)
+  for (int i = 0; i < 64 && !comm_.abort->aborted() && !stop_requested_.load(); ++i)
     if (!pumpGuarded(false)) break;
 }
 
@@ -359,7 +361,7 @@ void Engine::loop() {
       // microseconds: take the seat only after it has stayed free a while.
       bool parked = false;
       for (;;) {
-        if (stopping_ || AbortState::get().aborted()) break;
+        if (stopping_ || comm_.abort->aborted()) break;
         if (sync_drivers_.load() > 0) {
           if (!parked) {
             parked = true;
@@ -383,9 +385,9 @@ void Engine::loop() {
         cv_.wait_for(lk, std::chrono::duration<double>(kSeatQuiet - quiet));
       }
     }
-    if (AbortState::get().aborted()) {
+    if (comm_.abort->aborted()) {
       std::unique_lock<std::mutex> d(drive_mu_);
-      failAll(AbortState::get().status());
+      failAll(comm_.abort->status());
       break;
     }
     // Blocks while another thread drives. The engine thread itself lets go
@@ -413,14 +415,14 @@ void Engine::loop() {
         quit = true;
         break;
       }
-      if (AbortState::get().aborted()) break;
+      if (comm_.abort->aborted()) break;
       pumpGuarded(true);
     }
     engine_lock_ = nullptr;
     if (quit) break;
   }
   std::unique_lock<std::mutex> d(drive_mu_);
-  failAll(AbortState::get().aborted() ? AbortState::get().status()
+  failAll(comm_.abort->aborted() ? comm_.abort->status()
                                       : Status(Code::kAborted, "tfring has been shut down"));
 }
 
@@ -435,7 +437,7 @@ void Engine::sendCtrl(const std::vector<uint8_t>& payload, double timeout_s) {
   std::lock_guard<std::mutex> lk(ctrl_send_mu_);
   if (ctrl_fd_ < 0) return;
   wire::sendFrame(ctrl_fd_, payload, Deadline::in(timeout_s < 0 ? cfg_.timeout_s : timeout_s),
-                  "the coordinator (rank 0)");
+                  strCat("the coordinator (rank ", links_->labels()(0), ")"));
 }
 
 void Engine::onCtrlMessage(const std::vector<uint8_t>& msg) {
@@ -462,7 +464,7 @@ void Engine::onCtrlMessage(const std::vector<uint8_t>& msg) {
     } else if (type == kMsgAbort) {
       int culprit = rd.get<int32_t>();
       std::string text = rd.getStr();
-      AbortState::get().abort(Status(Code::kPeerFailure, strCat("rank ", culprit, ": ", text)));
+      comm_.abort->abort(Status(Code::kPeerFailure, strCat("rank ", culprit, ": ", text)));
     } else if (type == kMsgLeft) {
       // Rounds need every rank: from the next round on, this rank's work
       // fails with a message naming the rank that left.
@@ -478,8 +480,9 @@ void Engine::onCtrlMessage(const std::vector<uint8_t>& msg) {
       {
         std::lock_guard<std::mutex> lk(mu_);
         if (!stopping_)
-          AbortState::get().abortWaitsAfter(
-              Status(Code::kAborted, strCat("a collective can never complete: rank ", who,
+          comm_.abort->abortWaitsAfter(
+              Status(Code::kAborted, strCat("a collective can never complete: rank ",
+                                            links_->labels()(who),
                                             " has already shut down (tfring.shutdown())")),
               kLeftGrace);
       }
@@ -487,7 +490,7 @@ void Engine::onCtrlMessage(const std::vector<uint8_t>& msg) {
       wakeLocal();
     }
   } catch (const Error& e) {
-    AbortState::get().abort(e.status());
+    comm_.abort->abort(e.status());
   }
 }
 
@@ -495,10 +498,11 @@ void Engine::onCtrlLost() {
   std::lock_guard<std::mutex> lk(mu_);
   // After rank 0 said it shut down, its connection closing is expected.
   if (!stopping_ && left_rank_.load() != 0)
-    AbortState::get().abort(
+    comm_.abort->abort(
         Status(Code::kPeerFailure,
-               "lost the connection to the coordinator (rank 0): rank 0 died, was killed, "
-               "or its host failed"));
+               strCat("lost the connection to the coordinator (rank ", links_->labels()(0),
+                      "): rank ", links_->labels()(0),
+                      " died, was killed, or its host failed")));
   cv_.notify_all();
 }
 
@@ -509,16 +513,18 @@ void Engine::readerLoop() {
   for (;;) {
     std::vector<uint8_t> msg;
     try {
-      msg = wire::recvFrame(ctrl_fd_, Deadline::in(limit), "the coordinator (rank 0)");
+      msg = wire::recvFrame(ctrl_fd_, Deadline::in(limit),
+                            strCat("the coordinator (rank ", links_->labels()(0), ")"));
     } catch (const Error& e) {
       if (e.status().code() == Code::kTimeout) {
         std::lock_guard<std::mutex> lk(mu_);
         if (!stopping_)
-          AbortState::get().abort(Status(
+          comm_.abort->abort(Status(
               Code::kPeerFailure,
-              strCat("the coordinator (rank 0) has sent nothing for ", int(limit),
-                     " s, not even its pings: rank 0 is stopped or hung (SIGSTOP, swapped "
-                     "out, a debugger) although its connection is up")));
+              strCat("the coordinator (rank ", links_->labels()(0), ") has sent nothing for ",
+                     int(limit), " s, not even its pings: rank ", links_->labels()(0),
+                     " is stopped or hung (SIGSTOP, swapped out, a debugger) although its "
+                     "connection is up")));
         cv_.notify_all();
         return;
       }
@@ -530,7 +536,7 @@ void Engine::readerLoop() {
 }
 
 void Engine::reportFatal(const Status& s) {
-  bool first = AbortState::get().abort(s);
+  bool first = comm_.abort->abort(s);
   if (!first) return;  // we are failing because someone told us to
   TFRING_LOG(kError, s.message());
   try {
@@ -544,11 +550,12 @@ void Engine::reportFatal(const Status& s) {
     w.put<uint8_t>(kMsgError);
     if (suspect >= 0) {
       const std::string& where = s.suspectWhere();
-      w.putStr(strCat("rank ", suspect, where.empty() ? "" : strCat(" (", where, ")"),
-                      " failed or became unreachable (seen by rank ", me, ": ", s.message(),
+      const RankLabels& L = links_->labels();
+      w.putStr(strCat("rank ", L(suspect), where.empty() ? "" : strCat(" (", where, ")"),
+                      " failed or became unreachable (seen by rank ", L(me), ": ", s.message(),
                       ")"));
     } else {
-      w.putStr(strCat("rank ", me, " failed: ", s.message()));
+      w.putStr(strCat("rank ", links_->labels()(me), " failed: ", s.message()));
     }
     w.put<int32_t>(suspect);
     sendCtrl(w.bytes(), 2.0);
@@ -597,7 +604,7 @@ void Engine::stop() {
     net::closeFd(ctrl_fd_);
     ctrl_fd_ = -1;
   }
-  AbortState::get().removeWaker(this);
+  comm_.abort->removeWaker(this);
 }
 
 void Engine::expectStop() {

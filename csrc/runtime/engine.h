@@ -83,7 +83,8 @@ double finalScale(const Meta& m, int size);
 ReduceOp kernelOp(ReduceOp op);
 // The last collective's stats (collectives::lastCollectiveStats) as a
 // timeline `event` (ALLREDUCE_STATS, ...) on e's row.
-void traceCollective(Timeline& t, const Entry& e, const char* event);
+void traceCollective(Timeline& t, const collectives::CommStats& s, const Entry& e,
+                     const char* event);
 
 // alltoall_join.cc. Resolves one rank's alltoall splits over `size` ranks
 // (empty: an even split) into *rows; returns why they are invalid, or "".
@@ -103,6 +104,11 @@ class Engine {
   // Queues the requests as one batch: all are accepted or none is (then
   // the error is returned and no callback runs).
   Status enqueue(std::vector<Request> reqs, std::vector<DoneCallback> dones);
+  // Fails this communicator from this rank, as a collective's fatal error
+  // does (runtime.h's failCommunicator, for tests).
+  void injectFailure(const Status& s) { reportFatal(s); }
+  // This communicator's statistics (collectives/collective_stats.h).
+  std::shared_ptr<collectives::CommStats> stats() const { return comm_.stats; }
   // Drives the engine on the calling thread until done() is true (or, when
   // another thread drives, waits for it). `wait` is called to sleep a little
   // while another thread drives; it returns early once done.

@@ -162,8 +162,8 @@ void Engine::runRider(const int32_t* merged) {
   st.bytes = payloadBytes(m);
   st.hops = last_vote_.hops;
   st.bytes_sent = last_vote_.bytes_sent;
-  collectives::recordCollective(st);
-  traceCollective(timeline_, *e, "ALLREDUCE_STATS");
+  collectives::recordCollective(comm_.stats.get(), st);
+  traceCollective(timeline_, *comm_.stats, *e, "ALLREDUCE_STATS");
   finish({e}, Status());
 }
 

@@ -163,7 +163,7 @@ void Engine::idleWait() {
   if (comm_.size == 1) {  // only GPU work reaches the engine thread
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait_for(lk, std::chrono::duration<double>(kMaxBlock), [&] {
-      return news_.load() != seen_news_ || stopping_ || AbortState::get().aborted();
+      return news_.load() != seen_news_ || stopping_ || comm_.abort->aborted();
     });
     return;
   }
@@ -198,7 +198,7 @@ void Engine::idleWait() {
     if (hasNews() || peerStartedRound()) return;
     if (sync_drivers_.load(std::memory_order_relaxed) > 0 && on_engine_thread)
       return;  // hand over to the caller that wants to drive
-    if ((i & 255) == 0 && AbortState::get().aborted()) return;
+    if ((i & 255) == 0 && comm_.abort->aborted()) return;
   }
   // Block until woken, or until an aging tensor or kMaxBlock is due.
   double timeout = kMaxBlock;

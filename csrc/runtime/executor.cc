@@ -21,9 +21,10 @@ size_t bytesOf(const Meta& m) {
 
 // The algorithm, critical-path hops and bytes this rank sent
 // (collectives::AllreduceStats), on every tensor of the group.
-void traceAllreduce(Timeline& t, const std::vector<std::shared_ptr<Entry>>& es) {
+void traceAllreduce(Timeline& t, const collectives::CommStats& s,
+                    const std::vector<std::shared_ptr<Entry>>& es) {
   if (!t.enabled()) return;
-  const collectives::AllreduceStats st = collectives::lastAllreduceStats();
+  const collectives::AllreduceStats st = collectives::lastAllreduceStats(s);
   const std::string args =
       strCat("{\"algo\":\"", collectives::allreduceAlgoName(st.algo), "\",\"ranks\":", st.size,
              ",\"bytes\":", st.bytes, ",\"hops\":", st.hops, ",\"bytes_sent\":", st.bytes_sent,
@@ -35,9 +36,10 @@ void traceAllreduce(Timeline& t, const std::vector<std::shared_ptr<Entry>>& es) 
 
 // The same for an allgather, a broadcast or an allreduce carried by the
 // vote (collectives::CollectiveStats).
-void traceCollective(Timeline& t, const Entry& e, const char* event) {
+void traceCollective(Timeline& t, const collectives::CommStats& s, const Entry& e,
+                     const char* event) {
   if (!t.enabled()) return;
-  const collectives::CollectiveStats st = collectives::lastCollectiveStats();
+  const collectives::CollectiveStats st = collectives::lastCollectiveStats(s);
   t.instant(e.meta.name, event,
             strCat("{\"algo\":\"", st.algo, "\",\"ranks\":", st.size, ",\"bytes\":", st.bytes,
                    ",\"hops\":", st.hops, ",\"bytes_sent\":", st.bytes_sent, "}"));
@@ -117,7 +119,7 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
       in = e.req.output;
     }
     collectives::allreduce(comm_, in, e.req.output, n, dt, kernelOp(m0.op), post);
-    traceAllreduce(timeline_, es);
+    traceAllreduce(timeline_, *comm_.stats, es);
     return;
   }
   // Fused (several tensors, or one grouped request's parts): the ring reads
@@ -140,7 +142,7 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
   }
   collectives::allreduceSpans(comm_, spans, dt, kernelOp(m0.op), post, &fusion_,
                               static_cast<size_t>(cfg_.fusion_threshold));
-  traceAllreduce(timeline_, es);
+  traceAllreduce(timeline_, *comm_.stats, es);
 }
 
 std::vector<size_t> allgatherBytes(const Meta& m, const std::vector<int64_t>& dim0s,
@@ -178,7 +180,7 @@ void Engine::execAllgather(Entry& e, const std::vector<int64_t>& dim0s) {
   if (rank_bytes[me])
     std::memmove(static_cast<char*>(e.req.output) + my_off, e.req.input, rank_bytes[me]);
   collectives::allgather(comm_, e.req.output, rank_bytes);
-  traceCollective(timeline_, e, "ALLGATHER_STATS");
+  traceCollective(timeline_, *comm_.stats, e, "ALLGATHER_STATS");
 }
 
 void Engine::execBroadcast(Entry& e) {
@@ -187,7 +189,7 @@ void Engine::execBroadcast(Entry& e) {
   if (links_->topology().rank == m.root && e.req.output != e.req.input && b)
     std::memcpy(e.req.output, e.req.input, b);
   collectives::broadcast(comm_, e.req.output, b, m.root);
-  traceCollective(timeline_, e, "BROADCAST_STATS");
+  traceCollective(timeline_, *comm_.stats, e, "BROADCAST_STATS");
 }
 
 void Engine::execReducescatter(Entry& e) {

@@ -48,7 +48,6 @@ Status Registry::init(const InitOptions& opts) {
     Config cfg = Config::fromEnv();
     log::setLevel(cfg.log_level);
     log::setRank(opts.rank);
-    AbortState::get().reset();
     // A new world (an elastic reset): a gated collective's failure in the
     // old one must not fail every collective of this one.
     resetStreamCompletion();

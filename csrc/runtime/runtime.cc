@@ -147,6 +147,15 @@ std::vector<int> processSetRanks(int id) {
 std::vector<int> processSetIds() { return Registry::get().setIds(); }
 int nextProcessSetId() { return Registry::get().nextSetId(); }
 
+Status failCommunicator(int id, const std::string& message) {
+  std::shared_ptr<Comm> c = Registry::get().find(id);
+  if (!c || !c->engine)
+    return Status(Code::kInvalidArgument,
+                  strCat("no communicator ", id, " this rank is a member of"));
+  c->engine->injectFailure(Status(Code::kInternal, message));
+  return Status::OK();
+}
+
 Status startTimeline(const std::string& path) {
   Comm* w = world();
   if (!w || !w->engine) return Status(Code::kAborted, kNotInitialized);

@@ -172,6 +172,10 @@ std::vector<int> processSetIds();
 // has used, removed sets included, so every rank that makes the same adds
 // gets the same ids. 0 before init.
 int nextProcessSetId();
+// Fault injection, for tests: this rank fails communicator `id` (0: the
+// world) with `message` as a collective's fatal error would. Its
+// coordinator aborts it on every member; the other communicators go on.
+Status failCommunicator(int id, const std::string& message);
 
 // Output shape rules, shared with the TF shape functions and the binding.
 // reducescatter splits the first dimension as evenly as possible, the first

@@ -19,19 +19,20 @@ namespace {
 // Opens every recursive-doubling round on the fold link ("vote").
 constexpr int32_t kWakeToken = 0x766f7465;
 
-std::atomic<uint64_t> g_rounds[kNumVoteAlgos];
-std::atomic<uint64_t> g_hops[kNumVoteAlgos];
-std::atomic<uint64_t> g_sent[kNumVoteAlgos];
-std::mutex g_last_mu;
-VoteStats g_last;
+static_assert(kNumVoteAlgos <= collectives::kMaxAlgos, "CommStats has no room for every algorithm");
 
-void record(const VoteStats& st) {
+void record(collectives::RingComm& c, const VoteStats& st) {
+  if (!c.stats) return;
   const int i = static_cast<int>(st.algo);
-  g_rounds[i].fetch_add(1, std::memory_order_relaxed);
-  g_hops[i].fetch_add(st.hops, std::memory_order_relaxed);
-  g_sent[i].fetch_add(st.bytes_sent, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lk(g_last_mu);
-  g_last = st;
+  c.stats->vote.add(i, st.hops, st.bytes_sent);
+  collectives::CollectiveStats cs;
+  cs.collective = "vote";
+  cs.algo = voteAlgoName(st.algo);
+  cs.size = st.size;
+  cs.bytes = st.bytes;
+  cs.hops = st.hops;
+  cs.bytes_sent = st.bytes_sent;
+  c.stats->setLast(collectives::CommStats::kVote, cs, i);
 }
 
 int clampCount(int32_t v) { return std::max(0, std::min<int>(v, kFreshSlots)); }
@@ -42,15 +43,28 @@ const char* voteAlgoName(VoteAlgo a) {
   return a == VoteAlgo::kRecDbl ? "recdbl" : a == VoteAlgo::kHost ? "host" : "ring";
 }
 
-void recordVote(const VoteStats& st) { record(st); }
+void recordVote(collectives::RingComm& c, const VoteStats& st) { record(c, st); }
 
-VoteStats lastVoteStats() {
-  std::lock_guard<std::mutex> lk(g_last_mu);
-  return g_last;
+VoteStats lastVoteStats(const collectives::CommStats& s) {
+  int algo = 0;
+  const collectives::CollectiveStats cs = s.last(collectives::CommStats::kVote, &algo);
+  VoteStats st;
+  st.algo = static_cast<VoteAlgo>(algo);
+  st.size = static_cast<int>(cs.size);
+  st.bytes = cs.bytes;
+  st.hops = cs.hops;
+  st.bytes_sent = cs.bytes_sent;
+  return st;
 }
-uint64_t voteRounds(VoteAlgo a) { return g_rounds[static_cast<int>(a)].load(); }
-uint64_t voteHops(VoteAlgo a) { return g_hops[static_cast<int>(a)].load(); }
-uint64_t voteBytesSent(VoteAlgo a) { return g_sent[static_cast<int>(a)].load(); }
+uint64_t voteRounds(const collectives::CommStats& s, VoteAlgo a) {
+  return s.vote.calls(static_cast<int>(a));
+}
+uint64_t voteHops(const collectives::CommStats& s, VoteAlgo a) {
+  return s.vote.hops(static_cast<int>(a));
+}
+uint64_t voteBytesSent(const collectives::CommStats& s, VoteAlgo a) {
+  return s.vote.bytesSent(static_cast<int>(a));
+}
 
 void freshListToTally(int32_t* f) {
   const int n = clampCount(f[0]);
@@ -125,7 +139,7 @@ VoteStats ringVote(collectives::RingComm& c, int32_t* tally, size_t head,
   st.bytes = len * sizeof(int32_t);
   st.hops = static_cast<uint64_t>(N - 1);
   st.bytes_sent = static_cast<uint64_t>(N - 1) * st.bytes;
-  record(st);
+  record(c, st);
   return st;
 }
 
@@ -185,7 +199,7 @@ VoteStats recdblVote(collectives::RingComm& c, int32_t* tally, size_t head,
   st.bytes = (head + kFreshTallyWords + (x ? x->words : 0)) * sizeof(int32_t);
   recdblAmong(c, N, nullptr, c.ring[c.pos], tally, head, tmp, x,
               "the agreement round's vote (recursive doubling)", &st);
-  record(st);
+  record(c, st);
   return st;
 }
 

@@ -63,11 +63,12 @@ struct VoteStats {
   uint64_t hops = 0;        // sequential message steps on the critical path
   uint64_t bytes_sent = 0;  // what this rank sent
 };
-// The last round's stats in this process, and running totals per algorithm.
-VoteStats lastVoteStats();
-uint64_t voteRounds(VoteAlgo a);
-uint64_t voteHops(VoteAlgo a);
-uint64_t voteBytesSent(VoteAlgo a);
+// A communicator's last round's stats, and its running totals per
+// algorithm (kept in its CommStats).
+VoteStats lastVoteStats(const collectives::CommStats& s);
+uint64_t voteRounds(const collectives::CommStats& s, VoteAlgo a);
+uint64_t voteHops(const collectives::CommStats& s, VoteAlgo a);
+uint64_t voteBytesSent(const collectives::CommStats& s, VoteAlgo a);
 
 // Words carried after the fresh tally, merged by the caller's function:
 // the engine rides one small allreduce's data on the vote this way
@@ -115,8 +116,9 @@ bool hostVoteFits(const transport::HostLinks& H, size_t words);
 void recdblAmong(collectives::RingComm& c, int N, const int* members, int index,
                  int32_t* tally, size_t head, std::vector<int32_t>* tmp, const VoteExtra* x,
                  const char* what, VoteStats* st);
-// Records a round's stats (lastVoteStats, the per-algorithm totals).
-void recordVote(const VoteStats& st);
+// Records a round's stats into c's CommStats (lastVoteStats, the
+// per-algorithm totals).
+void recordVote(collectives::RingComm& c, const VoteStats& st);
 
 }  // namespace runtime
 }  // namespace tfring

@@ -72,7 +72,7 @@ VoteStats hostVote(collectives::RingComm& c, uint64_t round, int32_t* tally, siz
     seg->waitAll(&transport::HostRankWords::vote_ready, round, deadline, what, H.local_ranks);
     std::memcpy(tally, seg->voteSlot(seg->localSize()), bytes);
     st.bytes_sent = bytes;
-    recordVote(st);
+    recordVote(c, st);
     return st;
   }
   if (seg) {
@@ -89,7 +89,7 @@ VoteStats hostVote(collectives::RingComm& c, uint64_t round, int32_t* tally, siz
     seg->publish(seg->words(0).vote_ready, round);
     st.bytes_sent += bytes;
   }
-  recordVote(st);
+  recordVote(c, st);
   return st;
 }
 

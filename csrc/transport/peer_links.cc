@@ -46,14 +46,16 @@ std::vector<int> recursivePeers(int rank, int size) {
 
 PeerLinks::PeerLinks(int rank, std::vector<int> peers, std::vector<std::string> addrs,
                      std::vector<int> ports, int listen_fd, std::string secret,
-                     double timeout_s)
+                     double timeout_s, AbortState* abort, RankLabels labels)
     : rank_(rank),
       peers_(std::move(peers)),
       addrs_(std::move(addrs)),
       ports_(std::move(ports)),
       listen_fd_(listen_fd),
       secret_(std::move(secret)),
-      timeout_s_(timeout_s) {
+      timeout_s_(timeout_s),
+      abort_(abort),
+      label_(std::move(labels)) {
   std::sort(peers_.begin(), peers_.end());
   peers_.erase(std::unique(peers_.begin(), peers_.end()), peers_.end());
 }
@@ -78,11 +80,12 @@ PeerLink& PeerLinks::add(int peer, int fd) {
     net::closeFd(fd);
     fail(Code::kInternal, "dup failed for the link to rank ", peer);
   }
-  L->send.reset(new TcpSendChannel(fd, peer, addr));
-  L->recv.reset(new TcpRecvChannel(rfd, peer, addr, 1 << 16));
-  L->waiter.reset(new Waiter(nullptr, L->send.get(), L->recv.get()));
+  L->send.reset(new TcpSendChannel(fd, peer, addr, label_(peer)));
+  L->recv.reset(new TcpRecvChannel(rfd, peer, addr, 1 << 16, label_(peer)));
+  L->waiter.reset(new Waiter(nullptr, L->send.get(), L->recv.get(), abort_));
   links_.push_back(std::move(L));
-  TFRING_LOG(kDebug, "rank ", rank_, ": point-to-point link to rank ", peer, " open");
+  TFRING_LOG(kDebug, "rank ", label_(rank_), ": point-to-point link to rank ", label_(peer),
+             " open");
   return *links_.back();
 }
 
@@ -117,13 +120,13 @@ void PeerLinks::acceptPending() {
 PeerLink& PeerLinks::to(int peer) {
   if (PeerLink* l = find(peer)) return *l;
   if (!std::binary_search(peers_.begin(), peers_.end(), peer))
-    fail(Code::kInternal, "no point-to-point link to rank ", peer);
+    fail(Code::kInternal, "no point-to-point link to rank ", label_(peer));
   const Deadline deadline = Deadline::in(timeout_s_);
   if (peer > rank_) {
     // The lower rank of a pair connects; the peer is at the same step.
-    const std::string name = strCat("rank ", peer, " at ", addrs_[peer], ":", ports_[peer]);
+    const std::string name = strCat("rank ", label_(peer), " at ", addrs_[peer], ":", ports_[peer]);
     const int fd = net::connectInSlices(addrs_[peer], ports_[peer], deadline,
-                                        [] { AbortState::get().check(); });
+                                        [this] { abort_->check(); });
     try {
       wire::clientHandshake(fd, wire::kPurposePeer, rank_, secret_, deadline, name);
     } catch (...) {
@@ -133,9 +136,9 @@ PeerLink& PeerLinks::to(int peer) {
     return add(peer, fd);
   }
   while (!find(peer)) {
-    AbortState::get().check();
+    abort_->check();
     if (deadline.expired())
-      fail(Code::kTimeout, "timed out waiting for rank ", peer,
+      fail(Code::kTimeout, "timed out waiting for rank ", label_(peer),
            " to open its point-to-point link",
            rejected_.empty() ? "" : strCat("; last connection refused: ", rejected_));
     acceptOne(Deadline::in(std::min(0.2, std::max(0.0, deadline.remaining()))));

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/rank_labels.h"
 #include "rendezvous/store.h"
 #include "transport/channel.h"
 #include "transport/waiter.h"
@@ -67,9 +68,12 @@ class PeerLinks {
   // listen_fd is this rank's (owned from now on). `peers`: the ranks this
   // one may link with (recursivePeers and the relations every rank states
   // symmetrically: q lists this rank when this rank lists q). Connecting
-  // waits at most timeout_s, and ends once the job has failed.
+  // waits at most timeout_s, and ends once `abort` (the communicator's
+  // failure state, outliving this object) is set. Messages name ranks by
+  // `labels`.
   PeerLinks(int rank, std::vector<int> peers, std::vector<std::string> addrs,
-            std::vector<int> ports, int listen_fd, std::string secret, double timeout_s);
+            std::vector<int> ports, int listen_fd, std::string secret, double timeout_s,
+            AbortState* abort, RankLabels labels = RankLabels());
   ~PeerLinks();
   PeerLinks(const PeerLinks&) = delete;
   PeerLinks& operator=(const PeerLinks&) = delete;
@@ -101,6 +105,8 @@ class PeerLinks {
   int listen_fd_;
   std::string secret_;
   double timeout_s_;
+  AbortState* abort_;
+  RankLabels label_;
   std::string rejected_;  // the last connection refused, for timeouts
   std::vector<std::unique_ptr<PeerLink>> links_;
 };

@@ -70,8 +70,12 @@ void storeBarrier(rendezvous::Store& store, const std::string& name, int rank,
 
 std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int rank,
                                               int size, const std::string& secret,
-                                              const Config& cfg) {
+                                              const Config& cfg, AbortState* abort,
+                                              RankLabels labels) {
   std::unique_ptr<RingLinks> L(new RingLinks());
+  L->abort_ = abort;
+  L->labels_ = std::move(labels);
+  const RankLabels& label = L->labels_;
   Topology& T = L->topo_;
   T.rank = rank;
   T.size = size;
@@ -137,21 +141,25 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     H.policy = job;
     host_shm = job.transport != "tcp";
     if (job.allgather_algo != own.allgather_algo || job.broadcast_algo != own.broadcast_algo)
-      TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_ALLGATHER_ALGO=",
+      TFRING_LOG(kWarning, "rank ", label(rank), ": using rank ", label(0),
+                 "'s TFRING_ALLGATHER_ALGO=",
                  job.allgather_algo, " and TFRING_BROADCAST_ALGO=", job.broadcast_algo,
                  " instead of this rank's ", own.allgather_algo, " and ", own.broadcast_algo);
     if (job.vote_algo != own.vote_algo)
-      TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_VOTE_ALGO=", job.vote_algo,
+      TFRING_LOG(kWarning, "rank ", label(rank), ": using rank ", label(0),
+                 "'s TFRING_VOTE_ALGO=", job.vote_algo,
                  " instead of this rank's ", own.vote_algo);
     if (job.fusion_threshold != own.fusion_threshold ||
         job.cycle_time_ms != own.cycle_time_ms)
-      TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_FUSION_THRESHOLD=",
+      TFRING_LOG(kWarning, "rank ", label(rank), ": using rank ", label(0),
+                 "'s TFRING_FUSION_THRESHOLD=",
                  job.fusion_threshold, " and TFRING_CYCLE_TIME=", job.cycle_time_ms,
                  " instead of this rank's ", own.fusion_threshold, " and ",
                  own.cycle_time_ms);
     if (job.allreduce_algo != own.allreduce_algo ||
         job.small_threshold != own.small_threshold)
-      TFRING_LOG(kWarning, "rank ", rank, ": using rank 0's TFRING_ALLREDUCE_ALGO=",
+      TFRING_LOG(kWarning, "rank ", label(rank), ": using rank ", label(0),
+                 "'s TFRING_ALLREDUCE_ALGO=",
                  job.allreduce_algo, " and TFRING_SMALL_THRESHOLD=", job.small_threshold,
                  " instead of this rank's ", own.allreduce_algo, " and ",
                  own.small_threshold);
@@ -256,11 +264,15 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     if (T.local_rank == 0) {
       H.segment = HostSegment::create(host_seg_name, T.local_size, hostSlotBytes(H, cfg),
                                       H.vote_host ? kHostVoteSlotBytes : 0);
+      H.segment->setAbort(abort);
+      H.segment->setLabels(label);
       if (H.vote_host) H.wake = HostWake::open(wake_name, true);
       store.setString(strCat("hostseg/", rank), "1");
     } else {
       store.wait({strCat("hostseg/", mine[0])}, deadline.remaining());
       H.segment = HostSegment::open(host_seg_name, T.local_size);
+      H.segment->setAbort(abort);
+      H.segment->setLabels(label);
       H.segment->words(T.local_rank).pid = static_cast<int32_t>(::getpid());
       if (H.vote_host) H.wake = HostWake::open(wake_name, false);
     }
@@ -294,7 +306,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   // handshake (common/wire.h) runs on its own thread while we accept, so no
   // ring of ranks can wait on each other in a cycle.
   int right_fd = -1, left_fd = -1;
-  std::string right_name = strCat("rank ", T.right, " at ", T.peers[T.right].addr, ":", T.peers[T.right].port);
+  std::string right_name = strCat("rank ", label(T.right), " at ", T.peers[T.right].addr, ":",
+                                  T.peers[T.right].port);
   std::unique_ptr<wire::HelloClient> right_hello;
   if (!L->right_shm_) {
     right_fd = net::connectTo(T.peers[T.right].addr, T.peers[T.right].port, deadline);
@@ -315,7 +328,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
       if (fd < 0 && right_hello && right_hello->failed()) break;
       if (fd < 0 && !deadline.expired()) continue;
       if (fd < 0)
-        fail(Code::kTimeout, "timed out waiting for rank ", T.left,
+        fail(Code::kTimeout, "timed out waiting for rank ", label(T.left),
              " (left ring neighbour) to connect",
              rejected.empty() ? "" : strCat("; last connection refused: ", rejected));
       int who = -1;
@@ -323,7 +336,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
       if (!wire::acceptHello(fd, wire::kPurposeRing, secret, deadline, &who, &why) ||
           who != T.left) {
         if (why.empty())
-          why = strCat("a ring connection claimed rank ", who, ", expected ", T.left);
+          why = strCat("a ring connection claimed rank ", label(who), ", expected ", label(T.left));
         TFRING_LOG(kWarning, "ring link: ", why);
         rejected = why;
         net::closeFd(fd);
@@ -370,9 +383,9 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     H.open_cross = [=]() {
       HostLinks& H = *hp;
       const Deadline deadline = Deadline::in(timeout_s);
-      std::string xr_name = strCat("rank ", xr, " at ", xaddr, ":", xport);
+      std::string xr_name = strCat("rank ", label(xr), " at ", xaddr, ":", xport);
       const int xr_fd = net::connectInSlices(xaddr, xport, deadline,
-                                             [] { AbortState::get().check(); });
+                                             [abort] { abort->check(); });
       net::setNoDelay(xr_fd);
       net::setBufferSizes(xr_fd, 4 << 20);
       auto xr_hello = std::make_unique<wire::HelloClient>(xr_fd, wire::kPurposeCross, rank,
@@ -385,9 +398,9 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
       int xl_fd = -1;
       std::string rejected;
       while (xl_fd < 0) {
-        if (AbortState::get().aborted()) {
+        if (abort->aborted()) {
           abandon();
-          AbortState::get().check();
+          abort->check();
         }
         int fd = net::acceptWithDeadline(
             listener->fd, Deadline::in(std::min(0.2, std::max(0.0, deadline.remaining()))));
@@ -395,7 +408,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
         if (fd < 0 && !deadline.expired()) continue;
         if (fd < 0) {
           abandon();
-          fail(Code::kTimeout, "timed out waiting for rank ", xl,
+          fail(Code::kTimeout, "timed out waiting for rank ", label(xl),
                " (left cross-host neighbour) to connect",
                rejected.empty() ? "" : strCat("; last connection refused: ", rejected));
         }
@@ -404,7 +417,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
         if (!wire::acceptHello(fd, wire::kPurposeCross, secret, deadline, &who, &why) ||
             who != xl) {
           if (why.empty())
-            why = strCat("a cross-host connection claimed rank ", who, ", expected ", xl);
+            why = strCat("a cross-host connection claimed rank ", label(who), ", expected ",
+                         label(xl));
           TFRING_LOG(kWarning, "cross-host link: ", why);
           rejected = why;
           net::closeFd(fd);
@@ -421,10 +435,10 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
       }
       net::setNoDelay(xl_fd);
       net::setBufferSizes(xl_fd, 4 << 20);
-      H.cross_send.reset(new TcpSendChannel(xr_fd, xr, strCat(xaddr, ":", xport)));
-      H.cross_recv.reset(new TcpRecvChannel(xl_fd, xl, xl_addr, 1 << 20));
-      H.cross_waiter.reset(new Waiter(nullptr, H.cross_send.get(), H.cross_recv.get()));
-      TFRING_LOG(kDebug, "rank ", rank, ": cross-host ring open");
+      H.cross_send.reset(new TcpSendChannel(xr_fd, xr, strCat(xaddr, ":", xport), label(xr)));
+      H.cross_recv.reset(new TcpRecvChannel(xl_fd, xl, xl_addr, 1 << 20, label(xl)));
+      H.cross_waiter.reset(new Waiter(nullptr, H.cross_send.get(), H.cross_recv.get(), abort));
+      TFRING_LOG(kDebug, "rank ", label(rank), ": cross-host ring open");
     };
   }
   mark("cross ring");
@@ -466,7 +480,8 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     // listener stays open for them (owned by the links from now on).
     H.want_peers = true;
     H.peer_links.reset(new PeerLinks(rank, std::move(peers), std::move(addrs), std::move(ports),
-                                     p2p_listen.fd, secret, cfg.timeout_s));
+                                     p2p_listen.fd, secret, cfg.timeout_s, abort,
+                                     label));
     p2p_listen.fd = -1;
   }
 
@@ -489,15 +504,16 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
 
   std::string left_addr = strCat(T.peers[T.left].addr, ":", T.peers[T.left].port);
   if (L->right_shm_)
-    L->send_.reset(new ShmSendChannel(L->right_seg_.get(), T.right));
+    L->send_.reset(new ShmSendChannel(L->right_seg_.get(), T.right, label(T.right)));
   else
-    L->send_.reset(new TcpSendChannel(
-        right_fd, T.right, strCat(T.peers[T.right].addr, ":", T.peers[T.right].port)));
+    L->send_.reset(new TcpSendChannel(right_fd, T.right,
+                                      strCat(T.peers[T.right].addr, ":", T.peers[T.right].port),
+                                      label(T.right)));
   if (L->left_shm_) {
     ShmSegment* left_seg = L->left_seg_ ? L->left_seg_.get() : L->right_seg_.get();
-    L->recv_.reset(new ShmRecvChannel(L->self_seg_.get(), left_seg, T.left));
+    L->recv_.reset(new ShmRecvChannel(L->self_seg_.get(), left_seg, T.left, label(T.left)));
   } else {
-    L->recv_.reset(new TcpRecvChannel(left_fd, T.left, left_addr, 1 << 20));
+    L->recv_.reset(new TcpRecvChannel(left_fd, T.left, left_addr, 1 << 20, label(T.left)));
   }
   return L;
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/env.h"
+#include "common/rank_labels.h"
 #include "rendezvous/store.h"
 #include "transport/channel.h"
 #include "transport/host_links.h"
@@ -47,7 +48,8 @@ class RingLinks {
  public:
   static std::unique_ptr<RingLinks> connect(rendezvous::Store* store, int rank,
                                             int size, const std::string& secret,
-                                            const Config& cfg);
+                                            const Config& cfg, AbortState* abort,
+                                            RankLabels labels = RankLabels());
   ~RingLinks();
 
   const Topology& topology() const { return topo_; }
@@ -60,6 +62,11 @@ class RingLinks {
   void wake() const;
   // The host segment, the cross ring and the job-wide algorithm settings.
   HostLinks* host() const { return host_.get(); }
+  // The failure state of the communicator these links serve: every wait on
+  // them (Waiter, host segment, peer links) ends once it is set.
+  AbortState* abortState() const { return abort_; }
+  // How messages name the ranks of these links (a process set's: global).
+  const RankLabels& labels() const { return labels_; }
   // When each rendezvous phase of connect() ended, for TFRING_LOG_LEVEL=debug:
   // wall-clock seconds (system clock, comparable across processes), and this
   // process's CPU seconds and minor page faults so far (what a phase cost,
@@ -74,6 +81,8 @@ class RingLinks {
  private:
   RingLinks() = default;
   Topology topo_;
+  AbortState* abort_ = nullptr;
+  RankLabels labels_;
   std::unique_ptr<ShmSegment> self_seg_, right_seg_, left_seg_;
   std::unique_ptr<SendChannel> send_;
   std::unique_ptr<RecvChannel> recv_;

@@ -67,7 +67,7 @@ void Waiter::begin(const Deadline& deadline, const std::string& what) {
 }
 
 void Waiter::checkHealth() {
-  AbortState::get().checkWaiting();
+  abort_->checkWaiting();
   double now = nowSeconds();
   if (now < next_health_check_) return;
   next_health_check_ = now + kHealthInterval;

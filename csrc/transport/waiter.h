@@ -10,7 +10,7 @@
 // rank has a core and keeps oversubscribed runs (more ranks than cores) from
 // collapsing. TCP channels are waited on with poll().
 //
-// Every idle() also enforces the collective's deadline, the process-wide
+// Every idle() also enforces the collective's deadline, its communicator's
 // abort state, and periodically asks the channels whether their peers are
 // still alive.
 #pragma once
@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/abort.h"
 #include "common/clock.h"
 #include "transport/channel.h"
 
@@ -53,8 +54,10 @@ struct Doorbell {
 
 class Waiter {
  public:
-  Waiter(Doorbell* bell, SendChannel* send, RecvChannel* recv)
-      : bell_(bell), send_(send), recv_(recv) {}
+  // `abort`: the failure state of the communicator these channels belong
+  // to (outlives the Waiter).
+  Waiter(Doorbell* bell, SendChannel* send, RecvChannel* recv, AbortState* abort)
+      : bell_(bell), send_(send), recv_(recv), abort_(abort) {}
 
   // Starts a wait episode for one operation (resets the backoff).
   void begin(const Deadline& deadline, const std::string& what);
@@ -71,6 +74,7 @@ class Waiter {
   Doorbell* bell_;
   SendChannel* send_;
   RecvChannel* recv_;
+  AbortState* abort_;
   Deadline deadline_{};
   std::string what_;
   uint64_t idle_rounds_ = 0;

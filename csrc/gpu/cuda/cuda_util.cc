@@ -144,7 +144,7 @@ bool waitEvent(cudaStream_t stream, cudaEvent_t ev, const std::string& what,
 }  // namespace
 
 void waitStream(cudaStream_t stream, const Deadline& deadline, const std::string& what,
-                const std::function<void()>& poll) {
+                AbortState* abort, const std::function<void()>& poll) {
   // Nothing queued, or all of it done already (a collective of one rank in
   // place, say): no event, no GPU round trip.
   cudaError_t q = cudaStreamQuery(stream);
@@ -156,7 +156,7 @@ void waitStream(cudaStream_t stream, const Deadline& deadline, const std::string
     TFRING_CUDA_CHECK(cudaEventRecord(ev, stream), what);
     waitEvent(stream, ev, what, [&] {
       if (poll) poll();
-      AbortState::get().check();
+      if (abort) abort->check();
       if (deadline.expired())
         fail(Code::kTimeout, "timed out waiting for the GPU to finish ", what,
              " (TFRING_TIMEOUT; a peer may be stuck)");

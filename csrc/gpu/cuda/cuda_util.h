@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/abort.h"
 #include "common/clock.h"
 #include "common/status.h"
 
@@ -87,7 +88,7 @@ class PinnedBuffer {
 // instead of a hang; `poll` (may be null) runs then, e.g. to surface NCCL's
 // asynchronous errors or a dead peer of the peer allreduce.
 void waitStream(cudaStream_t stream, const Deadline& deadline, const std::string& what,
-                const std::function<void()>& poll = nullptr);
+                AbortState* abort, const std::function<void()>& poll = nullptr);
 
 // Waits (the same way) up to `seconds` for the work queued on `stream` to
 // finish, whatever the job's state (for teardown); false if it did not.

@@ -225,7 +225,8 @@ class CudaExecutor : public Executor {
   }
   void finish(const char* what) {
     try {
-      waitStream(stream_, Deadline::in(host_.timeout_s), what, [this] { comm_->poll(); });
+      waitStream(stream_, Deadline::in(host_.timeout_s), what, host_.comm->abort,
+                 [this] { comm_->poll(); });
     } catch (...) {
       comm_->abort();  // kernels waiting on peers give up, the stream drains
       throw;
@@ -243,11 +244,11 @@ class CudaExecutor : public Executor {
 
 // For calibration: `reps` allreduces of `count` floats, waited for.
 double timeAllreduce(GpuComm* comm, cudaStream_t stream, float* data, size_t count, int reps,
-                     double timeout_s) {
+                     double timeout_s, AbortState* abort) {
   double t0 = nowSeconds();
   for (int i = 0; i < reps; ++i)
     comm->allreduce(data, count, DataType::kFloat32, ReduceOp::kSum, 1.0);
-  waitStream(stream, Deadline::in(timeout_s), "calibration", [&] { comm->poll(); });
+  waitStream(stream, Deadline::in(timeout_s), "calibration", abort, [&] { comm->poll(); });
   return nowSeconds() - t0;
 }
 
@@ -414,10 +415,11 @@ Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor
       float* data = reinterpret_cast<float*>(ex->scratch(kCount * sizeof(float)));
       TFRING_CUDA_CHECK(cudaMemsetAsync(data, 0, kCount * sizeof(float), stream));
       const double to = host.timeout_s;
-      timeAllreduce(ex->comm(), stream, data, kCount, 1, to);
-      timeAllreduce(alt.get(), stream, data, kCount, 1, to);
-      double t_main = timeAllreduce(ex->comm(), stream, data, kCount, 3, to);
-      double t_alt = timeAllreduce(alt.get(), stream, data, kCount, 3, to);
+      AbortState* ab = host.comm->abort;
+      timeAllreduce(ex->comm(), stream, data, kCount, 1, to, ab);
+      timeAllreduce(alt.get(), stream, data, kCount, 1, to, ab);
+      double t_main = timeAllreduce(ex->comm(), stream, data, kCount, 3, to, ab);
+      double t_alt = timeAllreduce(alt.get(), stream, data, kCount, 3, to, ab);
       uint8_t pick_alt = t_alt < t_main ? 1 : 0;
       hostBroadcast(host, &pick_alt, 1);
       reason += strCat(" (rank 0 timed ", ex->comm()->name(), " ", t_main * 1e3 / 3, " ms, ",

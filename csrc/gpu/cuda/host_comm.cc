@@ -105,7 +105,8 @@ class HostRingComm : public GpuComm {
   void copyOut(void* h, const void* d, size_t bytes) {
     if (bytes)
       TFRING_CUDA_CHECK(cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, c_.stream));
-    waitStream(c_.stream, Deadline::in(c_.host.timeout_s), "staging to host memory");
+    waitStream(c_.stream, Deadline::in(c_.host.timeout_s), "staging to host memory",
+               c_.host.comm->abort);
   }
   // Host -> device, queued: the next use of the staging buffer comes after
   // a later copyOut, which waits for the stream.

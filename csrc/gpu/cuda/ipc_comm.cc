@@ -249,7 +249,8 @@ class IpcRingComm : public GpuComm {
   const char* leftBuffer(const Deadline& deadline) {
     const uint64_t want = state_.epoch + 1;
     waitForPeer([&] { return left_->counters.desc_epoch.load(std::memory_order_acquire) >= want; },
-                deadline, left_rank_, left_->counters.pid, "GPU ring setup");
+                deadline, left_rank_, left_->counters.pid, "GPU ring setup",
+                c_.host.comm->abort);
     char* base = static_cast<char*>(import(left_->mem, left_->remote_base, left_->remote_size));
     return base + left_->offset;
   }
@@ -328,6 +329,7 @@ class IpcRingComm : public GpuComm {
     r.right = &right_->counters;
     r.timeout_s = c_.host.timeout_s;
     r.what = what;
+    r.abort = c_.host.comm->abort;
     IpcDevice dev(c_.stream, events_, left_events_, done_, right_done_, buf, left, dt, op);
     runPull(r, dev, state_);
   }

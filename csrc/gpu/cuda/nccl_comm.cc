@@ -37,7 +37,7 @@ class NcclComm : public GpuComm {
 
   ~NcclComm() override {
     if (!comm_) return;
-    if (AbortState::get().aborted()) api_->commAbort(comm_);
+    if (c_.host.comm->abort && c_.host.comm->abort->aborted()) api_->commAbort(comm_);
     else api_->commDestroy(comm_);
   }
 

@@ -164,7 +164,7 @@ void HostSegment::waitAll(std::atomic<uint64_t> HostRankWords::*field, uint64_t 
     uint32_t ticket = bell.seq.load(std::memory_order_seq_cst);
     int q = lagging();
     if (q < 0) return;
-    AbortState::get().checkWaiting();
+    if (abort_) abort_->checkWaiting();
     double now = nowSeconds();
     if (now >= next_health) {
       next_health = now + kHealthInterval;
@@ -174,11 +174,11 @@ void HostSegment::waitAll(std::atomic<uint64_t> HostRankWords::*field, uint64_t 
         if ((words_[r].*field).load(std::memory_order_acquire) >= step) continue;
         int pid = words_[r].pid;
         if (!pidAlive(pid))
-          failPeer(ranks[r], strCat("pid ", pid, " on this host"), "rank ", ranks[r], " (pid ",
-                   pid, " on this host) died during ", what);
+          failPeer(ranks[r], strCat("pid ", pid, " on this host"), "rank ", label_(ranks[r]),
+                   " (pid ", pid, " on this host) died during ", what);
       }
       if (deadline.expired())
-        fail(Code::kTimeout, "timed out in ", what, " waiting for rank ", ranks[q],
+        fail(Code::kTimeout, "timed out in ", what, " waiting for rank ", label_(ranks[q]),
              " (shared memory; TFRING_TIMEOUT; a peer may be stuck or much slower)");
     }
     if (now - start < kYieldSeconds) {

@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/rank_labels.h"
 #include "transport/waiter.h"
 
 namespace tfring {
@@ -101,11 +102,16 @@ class HostSegment {
   // Publishes a progress word and wakes sleepers.
   void publish(std::atomic<uint64_t>& word, uint64_t step);
   void wake() { header_->bell.ring(); }
+  // The failure state of the communicator this segment serves (set once,
+  // before the first wait; it outlives the segment).
+  void setAbort(AbortState* abort) { abort_ = abort; }
+  // How its messages name ranks (a process set's: global).
+  void setLabels(RankLabels labels) { label_ = std::move(labels); }
 
   // Waits until words(q).*field >= step for every local rank q. `what` names
   // the collective; `ranks` maps local ranks to global ranks for errors.
   // Throws kPeerFailure if a rank still awaited died, kTimeout past the
-  // deadline, and the recorded error if the job aborted.
+  // deadline, and the recorded error if the communicator aborted.
   void waitAll(std::atomic<uint64_t> HostRankWords::*field, uint64_t step,
                const Deadline& deadline, const char* what, const std::vector<int>& ranks);
 
@@ -119,6 +125,8 @@ class HostSegment {
   int local_size_ = 0;
   size_t mapped_ = 0;
   bool owner_ = false;
+  AbortState* abort_ = nullptr;
+  RankLabels label_;
 };
 
 }  // namespace transport

@@ -132,8 +132,11 @@ ShmSegment::~ShmSegment() {
 
 // ----------------------------------------------------------------- send ----
 
-ShmSendChannel::ShmSendChannel(ShmSegment* peer, int peer_rank)
-    : peer_(peer), h_(peer->header()), peer_rank_(peer_rank) {
+ShmSendChannel::ShmSendChannel(ShmSegment* peer, int peer_rank, int peer_label)
+    : peer_(peer),
+      h_(peer->header()),
+      peer_rank_(peer_rank),
+      peer_label_(peer_label >= 0 ? peer_label : peer_rank) {
   head_ = published_ = h_->head.load(std::memory_order_relaxed);
   tail_seen_ = h_->tail.load(std::memory_order_acquire);
 }
@@ -209,16 +212,21 @@ void ShmSendChannel::align() {
 
 void ShmSendChannel::checkPeer() {
   if (!pidAlive(h_->pid))
-    failPeer(peer_rank_, strCat("pid ", h_->pid, " on this host"), "rank ", peer_rank_,
+    failPeer(peer_rank_, strCat("pid ", h_->pid, " on this host"), "rank ", peer_label_,
              " (pid ", h_->pid, " on this host) died");
 }
 
-std::string ShmSendChannel::describe() const { return strCat("rank ", peer_rank_, " (shm)"); }
+std::string ShmSendChannel::describe() const { return strCat("rank ", peer_label_, " (shm)"); }
 
 // ----------------------------------------------------------------- recv ----
 
-ShmRecvChannel::ShmRecvChannel(ShmSegment* self, ShmSegment* left, int left_rank)
-    : self_(self), left_(left), h_(self->header()), left_rank_(left_rank) {
+ShmRecvChannel::ShmRecvChannel(ShmSegment* self, ShmSegment* left, int left_rank,
+                               int left_label)
+    : self_(self),
+      left_(left),
+      h_(self->header()),
+      left_rank_(left_rank),
+      left_label_(left_label >= 0 ? left_label : left_rank) {
   tail_ = published_ = h_->tail.load(std::memory_order_relaxed);
   head_seen_ = h_->head.load(std::memory_order_acquire);
 }
@@ -291,11 +299,11 @@ void ShmRecvChannel::align() {
 void ShmRecvChannel::checkPeer() {
   int pid = left_->header()->pid;
   if (!pidAlive(pid))
-    failPeer(left_rank_, strCat("pid ", pid, " on this host"), "rank ", left_rank_, " (pid ",
+    failPeer(left_rank_, strCat("pid ", pid, " on this host"), "rank ", left_label_, " (pid ",
              pid, " on this host) died");
 }
 
-std::string ShmRecvChannel::describe() const { return strCat("rank ", left_rank_, " (shm)"); }
+std::string ShmRecvChannel::describe() const { return strCat("rank ", left_label_, " (shm)"); }
 
 }  // namespace transport
 }  // namespace tfring

@@ -81,7 +81,8 @@ class ShmSegment {
 class ShmSendChannel : public SendChannel {
  public:
   // `peer` is the right neighbour's segment; `self` is ours (unused here).
-  ShmSendChannel(ShmSegment* peer, int peer_rank);
+  // peer_label: how messages name the peer (its global rank; -1: peer_rank).
+  ShmSendChannel(ShmSegment* peer, int peer_rank, int peer_label = -1);
   size_t trySend(const void* data, size_t n) override;
   size_t trySendDeferred(const void* data, size_t n) override;
   size_t trySendStreamingDeferred(const void* data, size_t n) override;
@@ -101,6 +102,7 @@ class ShmSendChannel : public SendChannel {
   ShmSegment* peer_;
   ShmHeader* h_;
   int peer_rank_;
+  int peer_label_;
   uint64_t head_;       // our copy of head; we are the only writer
   uint64_t published_;  // the head the consumer has been shown
   uint64_t tail_seen_;  // a tail the consumer has published (never ahead of it)
@@ -109,7 +111,7 @@ class ShmSendChannel : public SendChannel {
 class ShmRecvChannel : public RecvChannel {
  public:
   // `self` holds the inbox; `left` is the producer's segment (its bell).
-  ShmRecvChannel(ShmSegment* self, ShmSegment* left, int left_rank);
+  ShmRecvChannel(ShmSegment* self, ShmSegment* left, int left_rank, int left_label = -1);
   size_t tryRecv(void* data, size_t n) override;
   size_t peek(const void** data, size_t max) override;
   void consume(size_t n) override;
@@ -129,6 +131,7 @@ class ShmRecvChannel : public RecvChannel {
   ShmSegment* left_;
   ShmHeader* h_;
   int left_rank_;
+  int left_label_;
   uint64_t tail_;       // our copy of tail; we are the only writer
   uint64_t published_;  // the tail the producer has been shown
   uint64_t head_seen_;  // a head the producer has published (never ahead of it)

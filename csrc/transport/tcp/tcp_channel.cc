@@ -17,19 +17,24 @@ namespace {
 
 // A socket error on a data link: the peer rank exited (reset), or its host
 // stopped answering for TFRING_HEARTBEAT_TIMEOUT (keepalive/user timeout).
-[[noreturn]] void lostLink(int err, const char* when, int peer_rank, const std::string& addr) {
+// peer_rank: the suspect (a place in the ring); label: its name in messages.
+[[noreturn]] void lostLink(int err, const char* when, int peer_rank, int label,
+                           const std::string& addr) {
   if (net::isSilentPeerError(err))
-    failPeer(peer_rank, addr, "lost the connection to rank ", peer_rank, " at ", addr, " ",
+    failPeer(peer_rank, addr, "lost the connection to rank ", label, " at ", addr, " ",
              when, ": ", strerror(err),
          " (its host stopped answering for TFRING_HEARTBEAT_TIMEOUT: down, or the network is cut)");
-  failPeer(peer_rank, addr, "lost the connection to rank ", peer_rank, " at ", addr, " ", when,
+  failPeer(peer_rank, addr, "lost the connection to rank ", label, " at ", addr, " ", when,
            ": ", strerror(err), " (the rank exited or its host failed)");
 }
 
 }  // namespace
 
-TcpSendChannel::TcpSendChannel(int fd, int peer_rank, std::string peer_addr)
-    : fd_(fd), peer_rank_(peer_rank), peer_addr_(std::move(peer_addr)) {
+TcpSendChannel::TcpSendChannel(int fd, int peer_rank, std::string peer_addr, int peer_label)
+    : fd_(fd),
+      peer_rank_(peer_rank),
+      peer_label_(peer_label >= 0 ? peer_label : peer_rank),
+      peer_addr_(std::move(peer_addr)) {
   net::setNonBlocking(fd_, true);
   net::setDefaultLiveness(fd_);  // also when the fd did not come from connectTo
 }
@@ -43,17 +48,20 @@ size_t TcpSendChannel::trySend(const void* data, size_t n) {
     if (r >= 0) return static_cast<size_t>(r);
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-    lostLink(errno, "while sending", peer_rank_, peer_addr_);
+    lostLink(errno, "while sending", peer_rank_, peer_label_, peer_addr_);
   }
 }
 
 std::string TcpSendChannel::describe() const {
-  return strCat("rank ", peer_rank_, " (tcp ", peer_addr_, ")");
+  return strCat("rank ", peer_label_, " (tcp ", peer_addr_, ")");
 }
 
 TcpRecvChannel::TcpRecvChannel(int fd, int peer_rank, std::string peer_addr,
-                               size_t staging_bytes)
-    : fd_(fd), peer_rank_(peer_rank), peer_addr_(std::move(peer_addr)),
+                               size_t staging_bytes, int peer_label)
+    : fd_(fd),
+      peer_rank_(peer_rank),
+      peer_label_(peer_label >= 0 ? peer_label : peer_rank),
+      peer_addr_(std::move(peer_addr)),
       buf_(new char[std::max<size_t>(staging_bytes, 4096)]),
       cap_(std::max<size_t>(staging_bytes, 4096)) {
   net::setNonBlocking(fd_, true);
@@ -68,11 +76,11 @@ size_t TcpRecvChannel::readSome(void* dst, size_t n) {
     ssize_t r = ::recv(fd_, dst, n, MSG_DONTWAIT);
     if (r > 0) return static_cast<size_t>(r);
     if (r == 0)
-      failPeer(peer_rank_, peer_addr_, "rank ", peer_rank_, " at ", peer_addr_,
+      failPeer(peer_rank_, peer_addr_, "rank ", peer_label_, " at ", peer_addr_,
                " closed its connection (it exited or failed)");
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-    lostLink(errno, "while receiving", peer_rank_, peer_addr_);
+    lostLink(errno, "while receiving", peer_rank_, peer_label_, peer_addr_);
   }
 }
 
@@ -110,7 +118,7 @@ void TcpRecvChannel::consume(size_t n) {
 }
 
 std::string TcpRecvChannel::describe() const {
-  return strCat("rank ", peer_rank_, " (tcp ", peer_addr_, ")");
+  return strCat("rank ", peer_label_, " (tcp ", peer_addr_, ")");
 }
 
 }  // namespace transport

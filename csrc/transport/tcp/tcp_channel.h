@@ -16,7 +16,8 @@ namespace transport {
 
 class TcpSendChannel : public SendChannel {
  public:
-  TcpSendChannel(int fd, int peer_rank, std::string peer_addr);
+  // peer_label: how messages name the peer (its global rank; -1: peer_rank).
+  TcpSendChannel(int fd, int peer_rank, std::string peer_addr, int peer_label = -1);
   ~TcpSendChannel() override;
   size_t trySend(const void* data, size_t n) override;
   void align() override {}
@@ -26,12 +27,14 @@ class TcpSendChannel : public SendChannel {
  private:
   int fd_;
   int peer_rank_;
+  int peer_label_;
   std::string peer_addr_;
 };
 
 class TcpRecvChannel : public RecvChannel {
  public:
-  TcpRecvChannel(int fd, int peer_rank, std::string peer_addr, size_t staging_bytes);
+  TcpRecvChannel(int fd, int peer_rank, std::string peer_addr, size_t staging_bytes,
+                 int peer_label = -1);
   ~TcpRecvChannel() override;
   size_t tryRecv(void* data, size_t n) override;
   size_t peek(const void** data, size_t max) override;
@@ -45,6 +48,7 @@ class TcpRecvChannel : public RecvChannel {
   size_t readSome(void* dst, size_t n);
   int fd_;
   int peer_rank_;
+  int peer_label_;
   std::string peer_addr_;
   // Left uninitialised: a large staging buffer's pages are faulted in as
   // data first reaches them, not zeroed for every link at start-up.
