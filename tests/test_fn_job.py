@@ -160,3 +160,14 @@ def test_pieces_other_rank_starters_reuse(tmp_path):
         fn_job.collect(store, 3, deaths={2: "exited with code 3"})
     with pytest.raises(TypeError, match="cannot pickle"):
         fn_job.serialize(lambda: 1, (threading.Lock(),))
+
+
+def test_a_job_driven_from_another_thread():
+    # Signal handlers belong to the main thread: the job runs without them.
+    out = {}
+    t = threading.Thread(target=lambda: out.update(
+        r=hvd_runner.run(_results, args=(2,), num_proc=2, timeout=JOB_S)))
+    t.start()
+    t.join(JOB_S + 10)
+    assert not t.is_alive()
+    assert [(r["rank"], r["value"]) for r in out["r"]] == [(0, 1.0), (1, 3.0)]
