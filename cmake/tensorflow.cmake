@@ -34,6 +34,17 @@ set(TFRING_TF_GPU AUTO CACHE STRING
     "Register the ops' GPU kernels: AUTO (when TF and tfring_core have CUDA of one major version), ON, OFF")
 set(TFRING_TF_PYTHONPATH "" CACHE STRING
     "Where TensorFlow is importable from when Python_EXECUTABLE cannot see it")
+# TFRING_TF_RPATH: where the op library looks for libtensorflow_framework.so.2
+# and libtensorflow_cc.so.2 when they are not loaded yet. ABSOLUTE (for builds
+# used in place: the source tree, an editable install) adds the build's
+# TensorFlow lib dir; RELATIVE (wheels, `pip install .`) only
+# $ORIGIN/../tensorflow, the installed tensorflow package beside tfring, so
+# no path of the build machine is baked in. Either way TensorFlow has
+# already loaded both libraries when tf.load_op_library runs, and the loader
+# matches them by soname, so a TensorFlow installed elsewhere (another
+# site-packages on sys.path) is found too.
+set(TFRING_TF_RPATH ABSOLUTE CACHE STRING
+    "Run path to TensorFlow's libraries: ABSOLUTE (build's lib dir too) or RELATIVE ($ORIGIN/../tensorflow only)")
 
 string(TOUPPER "${TFRING_WITH_TF}" _tf_mode)
 if(_tf_mode STREQUAL "OFF")
@@ -153,13 +164,20 @@ add_dependencies(_tfring_ops tfring_layers)
 # Exports nothing (cmake/exports/tf_ops.map): TF finds the ops through the
 # registrations the library's static initializers make.
 tfring_export_only(_tfring_ops tf_ops)
+set(_tf_rpath "$ORIGIN;$ORIGIN/../tensorflow")
+string(TOUPPER "${TFRING_TF_RPATH}" _tf_rpath_mode)
+if(_tf_rpath_mode STREQUAL "ABSOLUTE")
+  list(APPEND _tf_rpath "${_tf_libdir}")
+elseif(NOT _tf_rpath_mode STREQUAL "RELATIVE")
+  message(FATAL_ERROR "TFRING_TF_RPATH must be ABSOLUTE or RELATIVE, got '${TFRING_TF_RPATH}'")
+endif()
 set_target_properties(_tfring_ops PROPERTIES
   CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON
   PREFIX ""
   SUFFIX ".so"
   LIBRARY_OUTPUT_DIRECTORY ${TFRING_OUTPUT_DIR}
-  BUILD_RPATH "$ORIGIN;${_tf_libdir}"
-  INSTALL_RPATH "$ORIGIN;${_tf_libdir}")
+  BUILD_RPATH "${_tf_rpath}"
+  INSTALL_RPATH "${_tf_rpath}")
 
 set(_tf_stamp ${CMAKE_CURRENT_BINARY_DIR}/_tfring_ops.so.tfversion)
 file(WRITE ${_tf_stamp} "${TFRING_TF_VERSION}\n")

@@ -98,6 +98,8 @@ _LAZY = {
     # Horovod's horovod.tensorflow re-exports this helper of its util module,
     # and code written for it calls hvd._executing_eagerly().
     "_executing_eagerly": "tfring.util",
+    # Horovod's horovod.run (horovod.runner.run): a function run as a job.
+    "run_fn": "tfring.runner",
 }
 
 # Subpackages reachable as attributes (tfring.keras.callbacks...) without an

@@ -47,6 +47,7 @@ import shlex
 import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -338,9 +339,14 @@ def _run_attempts(parser, args):
     return code
 
 
-def _run_once(parser, args, attempt):
+def _run_once(parser, args, attempt, driver=None):
     """Runs the job once. Returns (exit code, whether restarting is ruled
-    out: the launcher was signalled or timed out)."""
+    out: the launcher was signalled or timed out).
+
+    ``driver`` (a function job, tfring/runner.py) is told when the store is
+    up (``store_ready(host, port, secret)``, before any rank starts; it may
+    return a start watch) and when the ranks have ended
+    (``job_ended(job, code)``, while the store still serves)."""
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -405,8 +411,16 @@ def _run_once(parser, args, attempt):
         if tuned:
             relay.message("tunables: " + " ".join(f"{k}={v}" for k, v in sorted(tuned.items())
                                                   if k not in RANK_VARS))
-    previous = {s: signal.signal(s, job.on_signal) for s in FORWARDED_SIGNALS}
+    # Signals reach only the main thread's handlers (a function job may be
+    # driven from another thread; its caller then stops it).
+    previous = ({s: signal.signal(s, job.on_signal) for s in FORWARDED_SIGNALS}
+                if threading.current_thread() is threading.main_thread() else {})
     try:
+        driver_watch = None
+        if driver is not None:
+            if server is None:
+                raise RuntimeError(f"cannot run a function job: {why}")
+            driver_watch = driver.store_ready(bind_host, server.port, secret)
         for spec in specs:
             renv = rank_env(spec, store_addr, secret)
             renv.update(horovod_rank_env(spec))
@@ -449,7 +463,9 @@ def _run_once(parser, args, attempt):
             except Exception as e:  # noqa: BLE001 - the job runs on without it
                 relay.message(f"warning: --start-timeout is not watched: cannot reach "
                               f"the store: {e}")
-        code = job.wait(args.timeout, watch)
+        code = job.wait(args.timeout, watch or driver_watch)
+        if driver is not None:
+            driver.job_ended(job, code)
         return code, bool(job.signals_received) or code == EXIT_TIMEOUT
     finally:
         for s, h in previous.items():
