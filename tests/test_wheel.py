@@ -1,7 +1,7 @@
 """The binary wheel tools/build_wheel.sh builds: what it holds, and that it
 trains 2 ranks once installed into a fresh venv with no compiler on PATH.
 
-The default case installs it into a venv that sees this environment's
+With TFRING_TEST_SLOW=1 (the build costs a full compile), the first case installs it into a venv that sees this environment's
 TensorFlow through a .pth file (TensorFlow lives in another site-packages,
 so the op library finds TensorFlow's libraries by soname); the slow case
 (TFRING_TEST_SLOW=1) installs it into a bare venv where pip fetches its
@@ -30,6 +30,10 @@ TRAIN_S = 180
 COMPILERS = ("cc", "gcc", "g++", "c++", "clang", "clang++")
 
 pytest.importorskip("tensorflow")
+# Building the wheel compiles the whole tree once more (minutes of CPU on 2
+# cores): the suite runs it with TFRING_TEST_SLOW=1, as tools/build_wheel.sh
+# users and the release job do.
+pytestmark = pytest.mark.slow
 
 # Trains y = x.w + b with Keras' fit and RingAllreduceCallback, one batch
 # per rank per epoch, and saves each rank's weights.
