@@ -127,8 +127,7 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     if not callable(func):
         raise TypeError(f"func must be callable, got {func!r}")
     if start_timeout is None:
-        env = os.environ.get("HOROVOD_START_TIMEOUT") or os.environ.get(
-            "TFRING_START_TIMEOUT")
+        env = os.environ.get("HOROVOD_START_TIMEOUT")  # as horovodrun reads it
         try:
             start_timeout = float(env) if env else DEFAULT_START_TIMEOUT_S
         except ValueError:
