@@ -64,14 +64,15 @@ bool FreshNames::eligible(Entry& e) const {
 int FreshNames::write(int32_t* out) {
   std::fill(out, out + kFreshWords, 0);
   const int n = static_cast<int>(std::min<size_t>(list_.size(), kFreshSlots));
-  out[0] = n;
-  for (int i = 0; i < n; ++i) FreshSection::setSlot(out, i, list_[i]->fresh_name, list_[i]->fresh_full);
+  FreshSection::count(out) = n;
+  for (int i = 0; i < n; ++i)
+    FreshSection::setSlot(out, i, list_[i]->fresh_name, list_[i]->fresh_full);
   return n;
 }
 
 void FreshNames::settle(const int32_t* tally, int mine, Entries* run, Entries* conflict) {
   // Full hashes on every list, in rank 0's order; names on every list.
-  const int n = std::max(0, std::min<int>(tally[0], kFreshSlots));
+  const int n = std::max(0, std::min<int>(FreshSection::count(tally), kFreshSlots));
   const int m = std::max(0, std::min<int>(FreshSection::nameCount(tally), kFreshSlots));
   const int32_t* names = FreshSection::names(tally);
   auto everywhereName = [&](uint32_t h) {

@@ -50,8 +50,11 @@ enum VoteHeaderWord : int { kHeldResponse = 0, kNoCoordinator = 1, kRiderRoom = 
 // list (in the order of rank 0's list), then
 //   [kFreshWords]      m, and m name hashes found on every rank's list.
 struct FreshSection {
-  static int32_t* slot(int32_t* f, int i) { return f + 1 + 3 * i; }
-  static const int32_t* slot(const int32_t* f, int i) { return f + 1 + 3 * i; }
+  static constexpr int kSlotWords = 3;
+  static int32_t& count(int32_t* f) { return f[0]; }
+  static int32_t count(const int32_t* f) { return f[0]; }
+  static int32_t* slot(int32_t* f, int i) { return f + 1 + kSlotWords * i; }
+  static const int32_t* slot(const int32_t* f, int i) { return f + 1 + kSlotWords * i; }
   static void setSlot(int32_t* f, int i, uint32_t name, uint64_t full) {
     int32_t* s = slot(f, i);
     s[0] = static_cast<int32_t>(name);
@@ -64,7 +67,9 @@ struct FreshSection {
            (static_cast<uint64_t>(static_cast<uint32_t>(s[2])) << 32);
   }
   // Tally form: the name hashes on every rank's list.
+  static int32_t& nameCount(int32_t* f) { return f[kFreshWords]; }
   static int32_t nameCount(const int32_t* f) { return f[kFreshWords]; }
+  static int32_t* names(int32_t* f) { return f + kFreshWords + 1; }
   static const int32_t* names(const int32_t* f) { return f + kFreshWords + 1; }
 };
 
