@@ -112,7 +112,7 @@ ReduceOp resolveOp(const std::string& s) {
 
 // Unnamed collectives are matched across ranks by call order: the n-th
 // unnamed call is named after n modulo kAutoNames. A name without a cache id
-// is agreed in the engine's round like a cached one (engine_fresh.cc), so
+// is agreed in the engine's round like a cached one (runtime/fresh_names.h), so
 // such calls never wait for the coordinator; the names cycle through a
 // fixed set, so whatever does reach the coordinator keeps its cache
 // bounded. Only a caller with kAutoNames unnamed collectives in flight at

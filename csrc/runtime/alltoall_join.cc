@@ -16,7 +16,7 @@
 #include <cstring>
 
 #include "collectives/ring.h"
-#include "runtime/engine.h"
+#include "runtime/executor.h"
 
 namespace tfring {
 namespace runtime {
@@ -70,10 +70,10 @@ std::shared_ptr<Entry> joinFillEntry(const Meta& m) {
   return e;
 }
 
-void Engine::execAlltoall(Entry& e, const std::vector<int64_t>& splits) {
+void HostExecutor::alltoall(Entry& e, const std::vector<int64_t>& splits) {
   const Meta& m = e.meta;
   const int N = comm_.size;
-  const int me = links_->topology().rank;
+  const int me = rank_;
   int64_t row = 1;
   for (size_t i = 1; i < m.shape.size(); ++i) row *= m.shape[i];
   const size_t row_bytes = static_cast<size_t>(row) * dtypeSize(m.dtype);

@@ -2,7 +2,7 @@
 // rank executes next.
 //
 // The coordinator is the slow path: tensors every rank has negotiated
-// before run without it (engine_round.cc). Each other rank's engine keeps
+// before run without it (agreement.cc). Each other rank's engine keeps
 // one TCP connection to it; rank 0's engine talks to it in process
 // (postLocal, and a sink called on the coordinator's thread). When an engine
 // sends it a tensor, it sends the tensor's Meta — or, once the coordinator
@@ -105,6 +105,7 @@ class Coordinator {
   void loop();
   void onMessage(int rank, const std::vector<uint8_t>& msg);
   void onMeta(int rank, Meta meta);
+  // coordinator_validate.cc: the ranks' Metas of a complete name agree?
   void validate(const std::string& name, Pending& p);
   // Join (coordinator_join.cc).
   bool complete(const Pending& p) const;  // every rank submitted or joined

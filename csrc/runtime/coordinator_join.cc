@@ -2,7 +2,7 @@
 #include <algorithm>
 
 #include "runtime/coordinator.h"
-#include "runtime/engine.h"
+#include "runtime/entry.h"
 
 namespace tfring {
 namespace runtime {

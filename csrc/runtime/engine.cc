@@ -1,10 +1,8 @@
-// Engine threads, submission, driving and shutdown (see engine.h); the
-// agreement protocol itself is in engine_round.cc.
+// Engine (engine.h): its threads, submission, driving and shutdown; the
+// agreement protocol itself is in agreement.cc.
 #include "runtime/engine.h"
 
 #include <sched.h>
-#include <sys/eventfd.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,7 +10,6 @@
 #include "common/abort.h"
 #include "common/clock.h"
 #include "common/logging.h"
-#include "common/net.h"
 #include "runtime/coordinator.h"
 
 namespace tfring {
@@ -27,67 +24,34 @@ constexpr double kSeatYield = 100e-6;
 // The longest the engine thread sleeps while a caller drives (stop and
 // abort checks; a leaving caller wakes it at once).
 constexpr double kParkMax = 0.1;
-// How long a wait may still block after a rank it needs has shut down.
-constexpr double kLeftGrace = 2.0;
 }  // namespace
 
 Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordinator* local,
                const Config& cfg)
-    : links_(std::move(links)), ctrl_fd_(ctrl_fd), local_coord_(local), cfg_(cfg) {
+    : links_(std::move(links)), cfg_(cfg) {
   const auto& T = links_->topology();
   waiter_.reset(new transport::Waiter(links_->bell(), links_->right(), links_->left(),
                                       links_->abortState()));
   comm_ = collectives::makeRingComm(*links_, waiter_.get(), cfg);
   if (!cfg.timeline.empty()) timeline_.open(cfg.timeline, T.rank);
-  const int ncpu = transport::usableCores();
-  const int procs = cfg.host_procs > 0 ? cfg.host_procs : T.local_size;
-  // TFRING_SPIN=auto busy-waits only where every local rank can have a
-  // core; 0 never (a framework's own threads want every core), 1 always.
-  const bool spin_auto = cfg.spin != "0" && cfg.spin != "1";
-  transport::setSpinning(spin_auto ? procs <= ncpu : cfg.spin == "1");
-  engine_spins_ = spin_auto ? 2 * procs <= ncpu : cfg.spin == "1";
-  const transport::HostLinks* H = links_->host();
-  vote_recdbl_ = T.size > 1 && H && H->vote_recdbl && H->want_peers;
-  vote_host_ = vote_recdbl_ && H->vote_host;
-  setVoteWatch();
-  // Without a doorbell to ring (the left link is TCP, or there is no link,
-  // or idle ranks watch the point-to-point links), local wake-ups go
-  // through an eventfd the idle wait polls.
-  if (T.size > 1 && (vote_recdbl_ || links_->left()->pollFd() >= 0 || !links_->bell()))
-    wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ctrl_.reset(new CtrlLink(ctrl_fd, local, cfg_, T.rank, in_, [this] { idle_->wake(); },
+                           comm_.abort, links_->labels()));
+  host_exec_.reset(new HostExecutor(comm_, T.rank, timeline_, cfg_.fusion_threshold));
+  gpu_exec_.reset(new GpuExecutor(comm_, T, cfg_.timeout_s));
+  agreement_.reset(new Agreement(cfg_, comm_, *links_, timeline_, in_, *ctrl_,
+                                 Executors{host_exec_.get(), gpu_exec_.get()}));
+  idle_.reset(new IdleWait(*links_, cfg_, in_, *agreement_));
 }
 
-Engine::~Engine() {
-  stop();
-  if (wake_fd_ >= 0) ::close(wake_fd_);
-}
+Engine::~Engine() { stop(); }
 
 void Engine::start() {
   comm_.abort->addWaker(this, [this] {
-    wakeLocal();
-    cv_.notify_all();
+    idle_->wake();
+    in_.cv.notify_all();
   });
   thread_ = std::thread([this] { loop(); });
-  if (ctrl_fd_ >= 0) reader_ = std::thread([this] { readerLoop(); });
-}
-
-void Engine::wakeLocal() {
-  if (links_->bell()) links_->bell()->ring();
-  if (vote_host_) {
-    // An idle rank under the host vote sleeps on its doorbell in the
-    // segment (engine_round.cc); news_ is stored before this is read.
-    const transport::HostLinks* H = links_->host();
-    if (H->segment) {
-      transport::Doorbell& b = H->segment->words(H->local_rank).idle;
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      if (b.sleeping.load(std::memory_order_seq_cst)) b.ring();
-    }
-  }
-  if (wake_fd_ >= 0 && idle_blocked_.load(std::memory_order_seq_cst)) {
-    uint64_t one = 1;
-    ssize_t rc = ::write(wake_fd_, &one, sizeof(one));
-    (void)rc;
-  }
+  ctrl_->start();
 }
 
 Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> dones) {
@@ -121,7 +85,7 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
     e->done = std::move(dones[i]);
     e->submitted = now;
     if (e->req.device >= 0) {  // without CUDA: "... has no CUDA support ..."
-      Status s = acceptGpu(*e);
+      Status s = GpuExecutor::accept(*e);
       if (!s.ok()) return s;
       gpu_seen_ = true;
     }
@@ -149,19 +113,19 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
     }
   }
   {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (left_rank_.load() >= 0)
+    std::lock_guard<std::mutex> lk(in_.mu);
+    if (in_.left_rank.load() >= 0)
       return Status(Code::kAborted,
                     strCat("tensor '", es[0]->meta.name, "' can never complete: rank ",
-                           left_rank_.load(), " has already shut down (tfring.shutdown())"));
-    if (stopping_) return Status(Code::kAborted, "tfring has been shut down");
+                           in_.left_rank.load(), " has already shut down (tfring.shutdown())"));
+    if (in_.stopping) return Status(Code::kAborted, "tfring has been shut down");
     // All or none: a name already in flight, or twice in the batch, takes
     // back what this batch inserted (one hash lookup a tensor, not a scan
     // of the batch).
     for (size_t i = 0; i < es.size(); ++i) {
-      if (inflight_.emplace(es[i]->meta.name, es[i]).second) continue;
+      if (in_.inflight.emplace(es[i]->meta.name, es[i]).second) continue;
       const std::string& name = es[i]->meta.name;
-      for (size_t j = 0; j < i; ++j) inflight_.erase(es[j]->meta.name);
+      for (size_t j = 0; j < i; ++j) in_.inflight.erase(es[j]->meta.name);
       return Status(Code::kInvalidArgument,
                     strCat("a collective named '", name,
                            "' is already in flight on this rank; names must be unique "
@@ -169,18 +133,18 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
     }
     for (auto& e : es) {
       if (timeline_.enabled()) timeline_.begin(e->meta.name, "NEGOTIATE");
-      incoming_.push_back(std::move(e));
+      in_.incoming.push_back(std::move(e));
     }
-    news_.fetch_add(1, std::memory_order_release);
+    in_.news.fetch_add(1, std::memory_order_release);
     // A parked engine thread serves what no caller will drive (drive()).
     if (!caller_drives && sync_drivers_.load() == 0 && parked_long_.exchange(false))
-      cv_.notify_all();
+      in_.cv.notify_all();
   }
   if (comm_.size == 1) {
-    cv_.notify_all();
+    in_.cv.notify_all();
     return Status::OK();
   }
-  wakeLocal();
+  idle_->wake();
   return Status::OK();
 }
 
@@ -189,31 +153,22 @@ Status Engine::runInline(Entry& e) {
   // What the coordinator would refuse for a job of one, host or GPU alike.
   if (!m.error.empty()) return Status(Code::kInvalidArgument, m.error);
   try {
-    std::vector<std::shared_ptr<Entry>> one{std::shared_ptr<Entry>(&e, [](Entry*) {})};
-    if (e.req.device >= 0) {
-      Group g;
-      g.type = m.type;
-      g.names = {m.name};
-      if (g.type == CollectiveType::kAllgather) g.dim0s = {{m.shape[0]}};
-      return execGpu(g, one);
+    // The group the coordinator would schedule: one name; an allgather's
+    // rows, an alltoall's 1 x 1 splits, or a join's result (the only rank
+    // is the last to join).
+    Group g;
+    g.type = m.type;
+    g.names = {m.name};
+    if (g.type == CollectiveType::kAllgather) g.dim0s = {{m.shape[0]}};
+    if (g.type == CollectiveType::kJoin) g.dim0s = {{0}};
+    if (g.type == CollectiveType::kAlltoall && e.req.device < 0) {
+      std::vector<int64_t> rows;
+      alltoallSplits(m, 1, &rows);  // valid: checkRequest passed
+      g.dim0s = {rows};
     }
-    switch (m.type) {
-      case CollectiveType::kAllreduce: execAllreduce(one); break;
-      case CollectiveType::kAllgather: execAllgather(e, {m.shape[0]}); break;
-      case CollectiveType::kBroadcast: execBroadcast(e); break;
-      case CollectiveType::kReducescatter: execReducescatter(e); break;
-      case CollectiveType::kBarrier: break;
-      case CollectiveType::kAlltoall: {
-        std::vector<int64_t> rows;
-        alltoallSplits(m, 1, &rows);  // valid: checkRequest passed
-        execAlltoall(e, rows);
-        break;
-      }
-      case CollectiveType::kJoin:
-        *static_cast<int32_t*>(e.req.output) = 0;  // the only rank is the last to join
-        break;
-    }
-    return Status::OK();
+    Entries one{std::shared_ptr<Entry>(&e, [](Entry*) {})};
+    if (e.req.device >= 0) return gpu_exec_->run(g, one);
+    return host_exec_->run(g, one);
   } catch (const Error& err) {
     return err.status();
   }
@@ -234,44 +189,40 @@ bool Engine::pumpGuarded(bool block) {
       // failed first, or that word) a moment to arrive before reporting.
       const int suspect = e.status().suspect();
       Deadline grace = Deadline::in(1.0);
-      while (!comm_.abort->aborted() && !hasLeft(suspect) && !grace.expired())
+      while (!comm_.abort->aborted() && !in_.hasLeft(suspect) && !grace.expired())
         usleep(1000);
-      if (!comm_.abort->aborted() && hasLeft(suspect)) {
+      if (!comm_.abort->aborted() && in_.hasLeft(suspect)) {
         // A departure, not a failure: nothing to report; what needed the
-        // rank fails naming it, as round() fails it once kMsgLeft is in.
-        const int who = suspect >= 0 ? suspect : left_rank_.load();
-        const int who_label = links_->labels()(who);
-        TFRING_LOG(kDebug, "rank ", who_label, " shut down: ", e.status().message());
-        failAll(Status(), [who_label](const Entry& en) {
+        // rank fails naming it, as Agreement::round() fails it once
+        // kMsgLeft is in.
+        const int who = links_->labels()(suspect >= 0 ? suspect : in_.left_rank.load());
+        TFRING_LOG(kDebug, "rank ", who, " shut down: ", e.status().message());
+        failAll(Status(), [who](const Entry& en) {
           return Status(Code::kAborted, strCat("tensor '", en.meta.name,
-                                               "' can never complete: rank ", who_label,
+                                               "' can never complete: rank ", who,
                                                " has already shut down (tfring.shutdown())"));
         });
         return false;
       }
     }
-    reportFatal(e.status());
+    ctrl_->reportFatal(e.status());
     // On rank 0 the coordinator relays the error as an abort: let it reach
     // every rank before this rank's script can learn of it and exit.
-    if (local_coord_) local_coord_->waitAbortSent(2.0);
+    ctrl_->waitAbortRelayed(2.0);
     failAll(comm_.abort->aborted() ? comm_.abort->status() : e.status());
     return false;
   }
 }
 
-bool Engine::hasLeft(int rank) {
-  if (rank < 0) return left_rank_.load() >= 0;
-  std::lock_guard<std::mutex> lk(mu_);
-  return std::find(left_ranks_.begin(), left_ranks_.end(), rank) != left_ranks_.end();
-}
-
 bool Engine::pump(bool block) {
   comm_.abort->check();
-  if (hasNews() || peerStartedRound()) {
-    round();
+  if (agreement_->hasNews() || agreement_->peerStartedRound()) {
+    agreement_->round();
     return true;
   }
-  if (block) idleWait();
+  if (!block) return false;
+  const bool engine_thread = std::this_thread::get_id() == thread_.get_id();
+  idle_->wait(engine_thread, engine_thread ? engine_lock_ : nullptr, sync_drivers_);
   return false;
 }
 
@@ -298,14 +249,14 @@ void Engine::drive(const std::function<bool()>& done, const std::function<void()
       // hand it back, cost 12 of the 15 context switches of a 4 KiB call
       // per rank at 128 ranks on 2 cores, and half the call's time.
       if (e->sync_drivers_.fetch_sub(1) == 1) {
-        std::lock_guard<std::mutex> lk(e->mu_);
-        if (!e->inflight_.empty() && e->parked_long_.exchange(false)) e->cv_.notify_all();
+        std::lock_guard<std::mutex> lk(e->in_.mu);
+        if (!e->in_.inflight.empty() && e->parked_long_.exchange(false)) e->in_.cv.notify_all();
       }
     }
   };
   {
     Leave leave{this};
-    wakeLocal();  // an idle engine thread hands over the driver's seat
+    idle_->wake();  // an idle engine thread hands over the driver's seat
     while (!done() && !stop_requested_.load()) {
       std::unique_lock<std::mutex> d(drive_mu_, std::try_to_lock);
       // The engine thread hands the seat over within microseconds (it
@@ -350,7 +301,7 @@ void Engine::tryDrive() {
 void Engine::loop() {
   for (;;) {
     {
-      std::unique_lock<std::mutex> lk(mu_);
+      std::unique_lock<std::mutex> lk(in_.mu);
       // A caller drives: stay out of its way. Look again after a
       // millisecond; if a caller still drives then, sleep until the last
       // caller leaves (drive() wakes this thread) so that rounds started
@@ -361,18 +312,18 @@ void Engine::loop() {
       // microseconds: take the seat only after it has stayed free a while.
       bool parked = false;
       for (;;) {
-        if (stopping_ || comm_.abort->aborted()) break;
+        if (in_.stopping || comm_.abort->aborted()) break;
         if (sync_drivers_.load() > 0) {
           if (!parked) {
             parked = true;
-            cv_.wait_for(lk, std::chrono::milliseconds(1));
+            in_.cv.wait_for(lk, std::chrono::milliseconds(1));
             continue;
           }
           parked_long_.store(true);
-          // Re-checked under mu_ after announcing: a caller leaving in
+          // Re-checked under in_.mu after announcing: a caller leaving in
           // between either sees parked_long_ or is seen here.
           if (sync_drivers_.load() > 0)
-            cv_.wait_for(lk, std::chrono::duration<double>(kParkMax));
+            in_.cv.wait_for(lk, std::chrono::duration<double>(kParkMax));
           parked_long_.store(false);
           // The short park again: back-to-back calls then wake this
           // thread at most once a millisecond, as a timer would.
@@ -382,7 +333,7 @@ void Engine::loop() {
         parked = false;
         double quiet = nowSeconds() - last_drive_end_.load();
         if (quiet >= kSeatQuiet) break;
-        cv_.wait_for(lk, std::chrono::duration<double>(kSeatQuiet - quiet));
+        in_.cv.wait_for(lk, std::chrono::duration<double>(kSeatQuiet - quiet));
       }
     }
     if (comm_.abort->aborted()) {
@@ -399,19 +350,19 @@ void Engine::loop() {
     if (stop_requested_.load() && sync_drivers_.load() > 0) {
       engine_lock_ = nullptr;
       d.unlock();
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait_for(lk, std::chrono::milliseconds(1));
+      std::unique_lock<std::mutex> lk(in_.mu);
+      in_.cv.wait_for(lk, std::chrono::milliseconds(1));
       continue;
     }
     while (sync_drivers_.load() == 0) {
       bool idle_stop;
       {
-        std::lock_guard<std::mutex> lk(mu_);
-        idle_stop = stopping_ && incoming_.empty();
+        std::lock_guard<std::mutex> lk(in_.mu);
+        idle_stop = in_.stopping && in_.incoming.empty();
       }
       // Once a rank has left no round can complete: a round a peer started
       // (its bytes unread on a link) must not keep this thread spinning.
-      if (idle_stop && (left_rank_.load() >= 0 || !peerStartedRound())) {
+      if (idle_stop && (in_.left_rank.load() >= 0 || !agreement_->peerStartedRound())) {
         quit = true;
         break;
       }
@@ -426,190 +377,24 @@ void Engine::loop() {
                                       : Status(Code::kAborted, "tfring has been shut down"));
 }
 
-// ------------------------------------------------------ control messages ----
-
-void Engine::sendCtrl(const std::vector<uint8_t>& payload, double timeout_s) {
-  if (local_coord_) {
-    local_coord_->postLocal(payload);
-    return;
-  }
-  // The driver, the reader (pongs) and the fatal-error path all write here.
-  std::lock_guard<std::mutex> lk(ctrl_send_mu_);
-  if (ctrl_fd_ < 0) return;
-  wire::sendFrame(ctrl_fd_, payload, Deadline::in(timeout_s < 0 ? cfg_.timeout_s : timeout_s),
-                  strCat("the coordinator (rank ", links_->labels()(0), ")"));
-}
-
-void Engine::onCtrlMessage(const std::vector<uint8_t>& msg) {
-  try {
-    wire::Reader rd(msg);
-    auto type = rd.get<uint8_t>();
-    if (type == kMsgResponse) {
-      Response resp = Response::read(rd);
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        recv_seq_.store(resp.seq);
-        responses_.push_back(std::move(resp));
-        news_.fetch_add(1, std::memory_order_release);
-      }
-      wakeLocal();
-    } else if (type == kMsgPing) {
-      if (!local_coord_) {
-        wire::Writer w;
-        w.put<uint8_t>(kMsgPong);
-        sendCtrl(w.bytes(), 2.0);
-      }
-    } else if (type == kMsgStall) {
-      TFRING_LOG(kWarning, rd.getStr());
-    } else if (type == kMsgAbort) {
-      int culprit = rd.get<int32_t>();
-      std::string text = rd.getStr();
-      comm_.abort->abort(Status(Code::kPeerFailure, strCat("rank ", culprit, ": ", text)));
-    } else if (type == kMsgLeft) {
-      // Rounds need every rank: from the next round on, this rank's work
-      // fails with a message naming the rank that left.
-      const int who = rd.get<int32_t>();
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        left_ranks_.push_back(who);
-      }
-      left_rank_.store(who);
-      // A round or collective already waiting for it would wait until
-      // TFRING_TIMEOUT: give what it sent before leaving time to arrive,
-      // then fail such a wait naming it.
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (!stopping_)
-          comm_.abort->abortWaitsAfter(
-              Status(Code::kAborted, strCat("a collective can never complete: rank ",
-                                            links_->labels()(who),
-                                            " has already shut down (tfring.shutdown())")),
-              kLeftGrace);
-      }
-      news_.fetch_add(1, std::memory_order_release);
-      wakeLocal();
-    }
-  } catch (const Error& e) {
-    comm_.abort->abort(e.status());
-  }
-}
-
-void Engine::onCtrlLost() {
-  std::lock_guard<std::mutex> lk(mu_);
-  // After rank 0 said it shut down, its connection closing is expected.
-  if (!stopping_ && left_rank_.load() != 0)
-    comm_.abort->abort(
-        Status(Code::kPeerFailure,
-               strCat("lost the connection to the coordinator (rank ", links_->labels()(0),
-                      "): rank ", links_->labels()(0),
-                      " died, was killed, or its host failed")));
-  cv_.notify_all();
-}
-
-void Engine::readerLoop() {
-  // The coordinator pings at least every Coordinator::pingInterval(), so a
-  // longer silence means rank 0 is stopped or hung.
-  const double limit = Coordinator::silenceLimit(cfg_.timeout_s);
-  for (;;) {
-    std::vector<uint8_t> msg;
-    try {
-      msg = wire::recvFrame(ctrl_fd_, Deadline::in(limit),
-                            strCat("the coordinator (rank ", links_->labels()(0), ")"));
-    } catch (const Error& e) {
-      if (e.status().code() == Code::kTimeout) {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (!stopping_)
-          comm_.abort->abort(Status(
-              Code::kPeerFailure,
-              strCat("the coordinator (rank ", links_->labels()(0), ") has sent nothing for ",
-                     int(limit), " s, not even its pings: rank ", links_->labels()(0),
-                     " is stopped or hung (SIGSTOP, swapped out, a debugger) although its "
-                     "connection is up")));
-        cv_.notify_all();
-        return;
-      }
-      onCtrlLost();
-      return;
-    }
-    onCtrlMessage(msg);
-  }
-}
-
-void Engine::reportFatal(const Status& s) {
-  bool first = comm_.abort->abort(s);
-  if (!first) return;  // we are failing because someone told us to
-  TFRING_LOG(kError, s.message());
-  try {
-    // Every rank hears this through the coordinator. A broken link or a
-    // vanished process is most likely the peer's failure, not ours: name the
-    // suspect first and this rank as the witness, so that a job of hundreds
-    // of ranks is not blamed on the healthy rank that noticed.
-    const int me = links_->topology().rank;
-    const int suspect = s.code() == Code::kPeerFailure ? s.suspect() : -1;
-    wire::Writer w;
-    w.put<uint8_t>(kMsgError);
-    if (suspect >= 0) {
-      const std::string& where = s.suspectWhere();
-      const RankLabels& L = links_->labels();
-      w.putStr(strCat("rank ", L(suspect), where.empty() ? "" : strCat(" (", where, ")"),
-                      " failed or became unreachable (seen by rank ", L(me), ": ", s.message(),
-                      ")"));
-    } else {
-      w.putStr(strCat("rank ", links_->labels()(me), " failed: ", s.message()));
-    }
-    w.put<int32_t>(suspect);
-    sendCtrl(w.bytes(), 2.0);
-  } catch (const Error&) {
-  }
-}
-
-void Engine::failAll(const Status& s, const std::function<Status(const Entry&)>& per_entry) {
-  std::vector<std::shared_ptr<Entry>> es;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (auto& kv : inflight_) es.push_back(kv.second);
-    inflight_.clear();
-    incoming_.clear();
-    stopping_ = true;
-  }
-  for (auto& f : fast_) f.reset();
-  fast_count_ = 0;
-  fresh_.clear();
-  for (auto& e : es) e->done(per_entry ? per_entry(*e) : s);
-}
-
 void Engine::stop() {
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    std::lock_guard<std::mutex> lk(in_.mu);
     if (stopped_) return;
     stopped_ = true;
-    stopping_ = true;
+    in_.stopping = true;
     stop_requested_ = true;
   }
-  cv_.notify_all();
-  wakeLocal();
+  in_.cv.notify_all();
+  idle_->wake();
   if (thread_.joinable()) thread_.join();
-  try {
-    wire::Writer w;
-    w.put<uint8_t>(kMsgBye);
-    sendCtrl(w.bytes(), 2.0);
-  } catch (const Error&) {
-  }
-  if (ctrl_fd_ >= 0) {
-    // Our goodbye is queued ahead of the FIN; closing both directions also
-    // wakes the reader thread out of its recv.
-    ::shutdown(ctrl_fd_, SHUT_RDWR);
-    if (reader_.joinable()) reader_.join();
-    std::lock_guard<std::mutex> lk(ctrl_send_mu_);
-    net::closeFd(ctrl_fd_);
-    ctrl_fd_ = -1;
-  }
+  ctrl_->close();
   comm_.abort->removeWaker(this);
 }
 
 void Engine::expectStop() {
-  std::lock_guard<std::mutex> lk(mu_);
-  stopping_ = true;
+  std::lock_guard<std::mutex> lk(in_.mu);
+  in_.stopping = true;
 }
 
 }  // namespace runtime

@@ -1,6 +1,7 @@
-// How the engine runs each kind of scheduled group on host buffers: fusion
-// buffer packing for allreduce, output allocation for allgather and
-// reducescatter, and the calls into the ring collectives.
+// HostExecutor (executor.h): how each kind of scheduled group runs on host
+// buffers: fusion buffer packing for allreduce, output allocation for
+// allgather and reducescatter, and the calls into the ring collectives;
+// and the buffer helpers of an Entry (entry.h) both executors use.
 #include <cstring>
 
 #include "collectives/allgather.h"
@@ -8,7 +9,8 @@
 #include "collectives/broadcast.h"
 #include "common/logging.h"
 #include "kernels/cpu/reduce.h"
-#include "runtime/engine.h"
+#include "runtime/executor.h"
+#include "runtime/timeline.h"
 
 namespace tfring {
 namespace runtime {
@@ -104,7 +106,22 @@ void scatterOutput(Entry& e, const void* src) {
   }
 }
 
-void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
+Status HostExecutor::run(const Group& g, const Entries& es) {
+  switch (g.type) {
+    case CollectiveType::kAllreduce: allreduce(es); break;
+    case CollectiveType::kAllgather: allgather(*es[0], g.dim0s[0]); break;
+    case CollectiveType::kBroadcast: broadcast(*es[0]); break;
+    case CollectiveType::kReducescatter: reducescatter(*es[0]); break;
+    case CollectiveType::kBarrier: break;
+    case CollectiveType::kAlltoall: alltoall(*es[0], g.dim0s[0]); break;
+    case CollectiveType::kJoin:
+      *static_cast<int32_t*>(es[0]->req.output) = static_cast<int32_t>(g.dim0s[0][0]);
+      break;
+  }
+  return Status::OK();
+}
+
+void HostExecutor::allreduce(const Entries& es) {
   const Meta& m0 = es[0]->meta;
   const int N = comm_.size;
   const DataType dt = m0.dtype;
@@ -141,7 +158,7 @@ void Engine::execAllreduce(const std::vector<std::shared_ptr<Entry>>& es) {
     for (auto& e : es) timeline_.end(e->meta.name);
   }
   collectives::allreduceSpans(comm_, spans, dt, kernelOp(m0.op), post, &fusion_,
-                              static_cast<size_t>(cfg_.fusion_threshold));
+                              static_cast<size_t>(fusion_threshold_));
   traceAllreduce(timeline_, *comm_.stats, es);
 }
 
@@ -170,8 +187,8 @@ std::vector<size_t> reducescatterCounts(const Meta& m, int n) {
   return counts;
 }
 
-void Engine::execAllgather(Entry& e, const std::vector<int64_t>& dim0s) {
-  const int me = links_->topology().rank;
+void HostExecutor::allgather(Entry& e, const std::vector<int64_t>& dim0s) {
+  const int me = rank_;
   std::vector<int64_t> out_shape;
   const std::vector<size_t> rank_bytes = allgatherBytes(e.meta, dim0s, &out_shape);
   allocateOutput(e, out_shape);
@@ -183,19 +200,19 @@ void Engine::execAllgather(Entry& e, const std::vector<int64_t>& dim0s) {
   traceCollective(timeline_, *comm_.stats, e, "ALLGATHER_STATS");
 }
 
-void Engine::execBroadcast(Entry& e) {
+void HostExecutor::broadcast(Entry& e) {
   const Meta& m = e.meta;
   size_t b = bytesOf(m);
-  if (links_->topology().rank == m.root && e.req.output != e.req.input && b)
+  if (rank_ == m.root && e.req.output != e.req.input && b)
     std::memcpy(e.req.output, e.req.input, b);
   collectives::broadcast(comm_, e.req.output, b, m.root);
   traceCollective(timeline_, *comm_.stats, e, "BROADCAST_STATS");
 }
 
-void Engine::execReducescatter(Entry& e) {
+void HostExecutor::reducescatter(Entry& e) {
   const Meta& m = e.meta;
   const int N = comm_.size;
-  const int me = links_->topology().rank;
+  const int me = rank_;
   const std::vector<size_t> counts = reducescatterCounts(m, N);
   size_t total = bytesOf(m);
   // The input must survive (frameworks may reuse it), so reduce in scratch.

@@ -1,10 +1,7 @@
-// How the engine runs groups of GPU tensors (Request.device >= 0): the same
-// shapes and allocation rules as executor.cc, with the data path delegated
-// to the gpu::Executor (csrc/gpu), which this process creates at its first
-// GPU group, together with every other rank (the backend choice is a
-// collective decision). In a build without CUDA, acceptGpu() refuses GPU
-// tensors at enqueue, so execGpu() is never reached.
-#include "runtime/engine.h"
+// GpuExecutor (executor.h): groups of GPU tensors (Request.device >= 0), with
+// the same shapes and allocation rules as executor.cc and the data path
+// delegated to the gpu::Executor (csrc/gpu).
+#include "runtime/executor.h"
 
 namespace tfring {
 namespace runtime {
@@ -22,25 +19,23 @@ gpu::Buffer bufferOf(const Entry& e) {
 
 }  // namespace
 
-Status Engine::acceptGpu(Entry& e) {
+Status GpuExecutor::accept(Entry& e) {
   return gpu::acceptTensor(e.meta.name, e.req.device, e.req.stream, &e.gpu_ready);
 }
 
-Status Engine::execGpu(const Group& g, const std::vector<std::shared_ptr<Entry>>& es) {
-  // A job of one runs GPU tensors without a producer stream inline on the
-  // caller's thread and the rest on the engine thread: one at a time.
-  std::lock_guard<std::mutex> lk(gpu_mu_);
+Status GpuExecutor::run(const Group& g, const Entries& es) {
+  std::lock_guard<std::mutex> lk(mu_);
   if (!gpu_) {
     gpu::HostLink h;
     h.comm = &comm_;
-    h.topo = &links_->topology();
-    h.timeout_s = cfg_.timeout_s;
+    h.topo = &topo_;
+    h.timeout_s = timeout_s_;
     Status s = gpu::createExecutor(es[0]->req.device, h, &gpu_);
     if (!s.ok()) return s;
   }
   const Meta& m = es[0]->meta;
   const int N = comm_.size;
-  const int me = links_->topology().rank;
+  const int me = topo_.rank;
   switch (g.type) {
     case CollectiveType::kAllreduce: {
       // Each entry's parts (a grouped request), else its one buffer, all

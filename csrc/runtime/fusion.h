@@ -1,7 +1,7 @@
 // Tensor fusion: which ready tensors run together as one collective.
 //
 // Both the coordinator (for responses it negotiates) and every engine (for
-// the steady-state fast path, engine_round.cc) group ready tensors with this
+// the steady-state fast path, agreement.cc) group ready tensors with this
 // one function, so a given ordered list of tensors always fuses the same way
 // on every rank. Allreduces that agree on dtype, op, scale factors and device
 // are packed, in order of readiness, into one buffer of at most `threshold`

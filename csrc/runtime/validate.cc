@@ -15,7 +15,7 @@
 // error itself.
 #include <vector>
 
-#include "runtime/engine.h"
+#include "runtime/entry.h"
 #include "runtime/messages.h"
 
 namespace tfring {

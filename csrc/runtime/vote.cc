@@ -67,10 +67,12 @@ uint64_t voteBytesSent(const collectives::CommStats& s, VoteAlgo a) {
 }
 
 void freshListToTally(int32_t* f) {
-  const int n = clampCount(f[0]);
-  f[0] = n;
-  f[kFreshWords] = n;
-  for (int i = 0; i < kFreshSlots; ++i) f[kFreshWords + 1 + i] = i < n ? f[1 + 3 * i] : 0;
+  using F = FreshSection;
+  const int n = clampCount(F::count(f));
+  F::count(f) = n;
+  F::nameCount(f) = n;
+  // Every slot's name hash (its first word), into the name list.
+  for (int i = 0; i < kFreshSlots; ++i) F::names(f)[i] = i < n ? F::slot(f, i)[0] : 0;
 }
 
 void mergeTally(const int32_t* lo, const int32_t* hi, int32_t* out, size_t head,
@@ -81,32 +83,33 @@ void mergeTally(const int32_t* lo, const int32_t* hi, int32_t* out, size_t head,
     const size_t at = head + kFreshTallyWords;
     x->merge(x->ctx, lo + at, hi + at, out + at);
   }
+  using F = FreshSection;
   const int32_t* a = lo + head;
   const int32_t* b = hi + head;
   int32_t f[kFreshTallyWords] = {0};
   // Full hashes on both sides, in the lower side's order.
-  const int na = clampCount(a[0]), nb = clampCount(b[0]);
+  const int na = clampCount(F::count(a)), nb = clampCount(F::count(b));
   int n = 0;
   for (int i = 0; i < na; ++i)
     for (int j = 0; j < nb; ++j)
-      if (a[2 + 3 * i] == b[2 + 3 * j] && a[3 + 3 * i] == b[3 + 3 * j]) {
-        std::memcpy(f + 1 + 3 * n, a + 1 + 3 * i, 3 * sizeof(int32_t));
+      if (F::fullHash(a, i) == F::fullHash(b, j)) {
+        std::memcpy(F::slot(f, n), F::slot(a, i), F::kSlotWords * sizeof(int32_t));
         ++n;
         break;
       }
-  f[0] = n;
+  F::count(f) = n;
   // Name hashes on both sides.
-  const int ma = clampCount(a[kFreshWords]), mb = clampCount(b[kFreshWords]);
+  const int ma = clampCount(F::nameCount(a)), mb = clampCount(F::nameCount(b));
   int m = 0;
   for (int i = 0; i < ma; ++i) {
-    const int32_t h = a[kFreshWords + 1 + i];
+    const int32_t h = F::names(a)[i];
     for (int j = 0; j < mb; ++j)
-      if (b[kFreshWords + 1 + j] == h) {
-        f[kFreshWords + 1 + m++] = h;
+      if (F::names(b)[j] == h) {
+        F::names(f)[m++] = h;
         break;
       }
   }
-  f[kFreshWords] = m;
+  F::nameCount(f) = m;
   for (size_t i = 0; i < head; ++i) out[i] = std::min(lo[i], hi[i]);
   std::memcpy(out + head, f, sizeof(f));
 }

@@ -1,5 +1,5 @@
 // The agreement round's vote as a collective (what a vote holds: see
-// engine_round.cc; its fresh-name part: engine_fresh.cc).
+// vote_words.h; its fresh-name part: fresh_names.h).
 //
 // Every rank contributes a vote and every rank ends with the same tally:
 //   [0, head)            the element-wise minimum of every rank's header and
@@ -42,15 +42,13 @@
 #include <vector>
 
 #include "collectives/ring.h"
+#include "runtime/vote_words.h"
 #include "transport/host_links.h"
 
 namespace tfring {
 namespace runtime {
 
-constexpr int kVoteHeader = 3;
-constexpr int kFreshSlots = 8;
-constexpr int kFreshWords = 1 + 3 * kFreshSlots;                   // one rank's list
-constexpr int kFreshTallyWords = kFreshWords + 1 + kFreshSlots;    // the merged form
+// kVoteHeader, kFreshSlots, kFreshWords, kFreshTallyWords: vote_words.h.
 
 enum class VoteAlgo { kRing = 0, kRecDbl = 1, kHost = 2 };
 constexpr int kNumVoteAlgos = 3;
@@ -72,7 +70,7 @@ uint64_t voteBytesSent(const collectives::CommStats& s, VoteAlgo a);
 
 // Words carried after the fresh tally, merged by the caller's function:
 // the engine rides one small allreduce's data on the vote this way
-// (engine_round.cc). merge(lo, hi, out) must be elementwise (out may be lo
+// (rider.h). merge(lo, hi, out) must be elementwise (out may be lo
 // or hi) and give the same bits on every rank for the same operands.
 struct VoteExtra {
   size_t words = 0;

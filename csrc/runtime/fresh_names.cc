@@ -7,8 +7,8 @@
 // Instead, the round's vote carries the first kFreshSlots such tensors of
 // each rank as hashes: a 32-bit hash of the name and a 64-bit hash of the
 // name with everything ranks must agree on (type, dtype, shape, op, root,
-// scales, host or GPU). The vote's tally (runtime/vote.h) holds, alike on
-// every rank, the full hashes on every rank's list in the order of rank 0's
+// scales, host or GPU). The vote's tally (vote_words.h: FreshSection) holds,
+// alike on every rank, the full hashes on every rank's list in the order of rank 0's
 // list and the name hashes on every rank's list, so every rank computes the
 // same answer:
 //   - a full hash on every rank's list: that tensor runs in this round, in
@@ -18,19 +18,18 @@
 //     order): each rank sends it to the coordinator now, which reports the
 //     mismatch by name on every rank;
 //   - anything else waits like a cached tensor: a later round, or, once it
-//     has waited past agingLimit() or some rank needs the coordinator, the
-//     coordinator (stall reports stay by name).
+//     has waited past Agreement::agingLimit() or some rank needs the
+//     coordinator, the coordinator (stall reports stay by name).
 // Such tensors get no cache id: a name used once costs the vote no space
 // afterwards. More than kFreshSlots new tensors at once (a training step's
-// first pass) go to the coordinator as before, which grants them ids for
-// the bitmap fast path. Allgather (rows differ per rank) always goes to the
+// first pass) go to the coordinator, which grants them ids for the bitmap
+// fast path. Allgather (rows differ per rank) always goes to the
 // coordinator on first appearance.
 #include <algorithm>
 #include <cstring>
 
-#include "common/clock.h"
-#include "runtime/engine.h"
-#include "runtime/fusion.h"
+#include "common/wire.h"
+#include "runtime/fresh_names.h"
 
 namespace tfring {
 namespace runtime {
@@ -47,8 +46,8 @@ uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h = 1469598103934665603ull) 
 
 }  // namespace
 
-bool Engine::freshEligible(Entry& e) const {
-  if (!cfg_.cache_enabled || ids_.count(e.meta.name)) return false;
+bool FreshNames::eligible(Entry& e) const {
+  if (!cfg_.cache_enabled) return false;
   const CollectiveType t = e.meta.type;
   if (t != CollectiveType::kAllreduce && t != CollectiveType::kBroadcast &&
       t != CollectiveType::kReducescatter)
@@ -62,72 +61,48 @@ bool Engine::freshEligible(Entry& e) const {
   return true;
 }
 
-int Engine::writeFreshVote(int32_t* out) {
+int FreshNames::write(int32_t* out) {
   std::fill(out, out + kFreshWords, 0);
-  const int n = static_cast<int>(std::min<size_t>(fresh_.size(), kFreshSlots));
-  out[0] = n;
-  for (int i = 0; i < n; ++i) {
-    const Entry& e = *fresh_[i];
-    out[1 + 3 * i] = static_cast<int32_t>(e.fresh_name);
-    out[2 + 3 * i] = static_cast<int32_t>(static_cast<uint32_t>(e.fresh_full));
-    out[3 + 3 * i] = static_cast<int32_t>(static_cast<uint32_t>(e.fresh_full >> 32));
-  }
+  const int n = static_cast<int>(std::min<size_t>(list_.size(), kFreshSlots));
+  FreshSection::count(out) = n;
+  for (int i = 0; i < n; ++i)
+    FreshSection::setSlot(out, i, list_[i]->fresh_name, list_[i]->fresh_full);
   return n;
 }
 
-void Engine::runFresh(const int32_t* tally, int mine) {
+void FreshNames::settle(const int32_t* tally, int mine, Entries* run, Entries* conflict) {
   // Full hashes on every list, in rank 0's order; names on every list.
-  const int n = std::max(0, std::min<int>(tally[0], kFreshSlots));
-  const int m = std::max(0, std::min<int>(tally[kFreshWords], kFreshSlots));
-  const int32_t* names = tally + kFreshWords + 1;
+  const int n = std::max(0, std::min<int>(FreshSection::count(tally), kFreshSlots));
+  const int m = std::max(0, std::min<int>(FreshSection::nameCount(tally), kFreshSlots));
+  const int32_t* names = FreshSection::names(tally);
   auto everywhereName = [&](uint32_t h) {
     for (int i = 0; i < m; ++i)
       if (static_cast<uint32_t>(names[i]) == h) return true;
     return false;
   };
-  // This rank's offered entries (the first slots of fresh_, as voted).
-  std::vector<std::shared_ptr<Entry>> run, conflict;
+  // This rank's offered entries (the first slots of the list, as voted).
   std::vector<bool> taken(mine, false);
   // Execution order: rank 0's list, so every rank runs the same sequence.
   for (int i = 0; i < n; ++i) {
-    const uint64_t h = static_cast<uint64_t>(static_cast<uint32_t>(tally[2 + 3 * i])) |
-                       (static_cast<uint64_t>(static_cast<uint32_t>(tally[3 + 3 * i])) << 32);
+    const uint64_t h = FreshSection::fullHash(tally, i);
     for (int j = 0; j < mine; ++j)
-      if (!taken[j] && fresh_[j]->fresh_full == h) {
+      if (!taken[j] && list_[j]->fresh_full == h) {
         taken[j] = true;
-        // Finished by the vote itself on every rank (engine_rider.cc).
-        if (!fresh_[j]->rode) run.push_back(fresh_[j]);
+        // Finished by the vote itself on every rank (rider.h).
+        if (!list_[j]->rode) run->push_back(list_[j]);
         break;
       }
   }
   for (int j = 0; j < mine; ++j)
-    if (!taken[j] && everywhereName(fresh_[j]->fresh_name)) {
+    if (!taken[j] && everywhereName(list_[j]->fresh_name)) {
       taken[j] = true;
-      conflict.push_back(fresh_[j]);
+      conflict->push_back(list_[j]);
     }
   if (std::find(taken.begin(), taken.end(), true) == taken.end()) return;
-  std::vector<std::shared_ptr<Entry>> keep;
-  for (int j = 0; j < static_cast<int>(fresh_.size()); ++j)
-    if (j >= mine || !taken[j]) keep.push_back(std::move(fresh_[j]));
-  fresh_.swap(keep);
-  if (!run.empty()) {
-    std::vector<const Meta*> metas;
-    metas.reserve(run.size());
-    for (auto& e : run) metas.push_back(&e->meta);
-    for (auto& idx : fuseReady(metas, cfg_.fusion_threshold)) {
-      Group g;
-      g.type = run[idx[0]]->meta.type;
-      std::vector<std::shared_ptr<Entry>> es;
-      es.reserve(idx.size());
-      for (size_t k : idx) {
-        es.push_back(run[k]);
-        g.names.push_back(run[k]->meta.name);
-      }
-      runGroup(g, es);
-    }
-  }
-  // Disagreement: the coordinator compares the Metas and names the ranks.
-  if (!conflict.empty()) sendSlow(conflict);
+  Entries keep;
+  for (int j = 0; j < static_cast<int>(list_.size()); ++j)
+    if (j >= mine || !taken[j]) keep.push_back(std::move(list_[j]));
+  list_.swap(keep);
 }
 
 }  // namespace runtime
