@@ -1,10 +1,10 @@
-"""The TF kernels drive the engine on their own thread for a bounded time
-(csrc/tf/adapter.cc, driveOwn): results against numpy float64 on 2 ranks,
-eager and in tf.function, named and unnamed, grouped; a peer far behind
-(the drive gives up and the engine thread finishes the collective); a
-tf.function whose collectives every rank launches in its own order on one
-inter-op thread; and a mismatch, which must fail on every rank naming the
-tensor rather than hang a driving thread.
+"""Who completes a TF op's collective: the kernel's own thread when every
+rank is ready at once (tryDrive after enqueue, csrc/tf/adapter.cc), else
+the engine thread; no kernel may hold TF's thread until its collective
+finishes. Results against numpy float64 on 2 ranks, eager and in
+tf.function, named and unnamed, grouped; a peer far behind; a tf.function
+whose collectives every rank launches in its own order on one inter-op
+thread; and a mismatch, which must fail on every rank naming the tensor.
 
 This file is also the worker script (run with --worker).
 """
@@ -91,7 +91,7 @@ def check_eager_unnamed(tf, tfring, rank, size):
     for i, n in enumerate(SIZES):
         for dtype in ("float32", "float64"):
             x = tf.constant(_data(rank, n, i, dtype))
-            for call in range(20):  # back to back: the drive's steady state
+            for call in range(20):  # back to back: the steady state
                 _close(f"eager {dtype} n={n} call {call}",
                        tfring.allreduce(x, op=tfring.Sum).numpy(), _ref(n, i, size, dtype))
 
@@ -136,8 +136,8 @@ check_function_unnamed = _function_check(False)
 
 
 def check_peer_far_behind(tf, tfring, rank, size):
-    """Rank 1 arrives 0.3 s late: rank 0's kernel gives up driving long
-    before (about 1 ms) and the engine thread completes the collective."""
+    """One rank arrives 0.3 s late: the other's kernel has returned to TF
+    long before, and the engine thread completes the collective."""
     n = 4096
     x = tf.constant(_data(rank, n, 40))
     for call in range(3):
@@ -182,8 +182,8 @@ def check_many_pending_out_of_order(tf, tfring, rank, size):
 
 
 def check_mismatch_fails_every_rank(tf, tfring, rank, size):
-    """Shapes that differ across ranks: every rank's driving kernel gets the
-    error naming the tensor (none hangs in its drive)."""
+    """Shapes that differ across ranks: every rank's kernel gets the
+    error naming the tensor (none hangs)."""
     x = tf.zeros([4 + rank], tf.float32)
     try:
         tfring.allreduce(x, op=tfring.Sum, name="drive.mismatch")
