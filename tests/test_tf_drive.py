@@ -19,8 +19,6 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB_TIMEOUT = 240
-# One inter-op thread: a kernel that held TF's only pool thread until its
-# collective finished would deadlock the out-of-order check.
 RANK_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
             "TFRING_TIMEOUT": "60"}
 CHECKS = ["eager_unnamed", "eager_named", "eager_grouped", "function_named",
@@ -170,9 +168,9 @@ def check_many_pending_out_of_order(tf, tfring, rank, size):
     def run():
         return {nm: tfring.allreduce(xs[nm], op=tfring.Sum, name=nm) for nm in order}
 
-    ranks_ops = [op for op in run.get_concrete_function().graph.get_operations()
+    ring_ops = [op for op in run.get_concrete_function().graph.get_operations()
                  if op.type == "RingAllreduce"]
-    assert len(ranks_ops) == 24 and not any(op.control_inputs for op in ranks_ops)
+    assert len(ring_ops) == 24 and not any(op.control_inputs for op in ring_ops)
     t0 = time.perf_counter()
     for call in range(3):
         got = run()
@@ -200,6 +198,8 @@ def _worker():
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
+    # One inter-op thread: a kernel that held TF's only pool thread until its
+    # collective finished would deadlock the out-of-order checks.
     tf.config.threading.set_inter_op_parallelism_threads(1)
     import tfring
 
