@@ -21,7 +21,18 @@ median over repetitions, slowest rank):
   (TensorFlow's ``.numpy()`` copies into a new numpy array);
 - tf.function: ``v.assign(tfring.allreduce(x, ...))`` in a tf.function,
   the result assigned to a variable as an optimizer's update uses it;
-- MPI: ``comm.Allreduce(arr, out, op=MPI.SUM)`` (mpi4py, out of place).
+- MPI: ``comm.Allreduce(arr, out, op=MPI.SUM)`` (mpi4py, out of place);
+- TF alone, eager and tf.function: the same calls with the collective
+  replaced by ``tf.raw_ops.Empty`` of the same shape (an output of the same
+  size from TensorFlow's allocator, no data work), so TensorFlow's own cost
+  per call shows beside the op's; the report sets the op's time above it
+  ("op - TF alone") against the core's.
+
+Then, once, a training step's shape: 100 tensors of 16 KiB read from
+variables inside a tf.function, reduced by one ``tfring.grouped_allreduce``
+and each result assigned to a variable; the same step with
+``tf.identity_n`` in place of the collective (TF alone); and 100
+``MPI_Allreduce`` calls of 16 KiB. Reported as ratios to the MPI calls.
 
 After the timed loops, each path runs a few more calls counted with
 getrusage on every rank: minor page faults and CPU seconds (user + system,
@@ -71,12 +82,19 @@ PATHS = {
     "eager_numpy": "TF eager .numpy()",
     "function": "tf.function assigned",
     "mpi": "MPI",
+    "eager_alone": "TF alone eager",
+    "function_alone": "TF alone tf.function",
 }
+ALONE = {"eager": "eager_alone", "eager_named": "eager_alone", "function": "function_alone"}
 TF_PATHS = ("eager", "eager_named", "function")  # checked against the targets
 TARGET_VS_CORE = 0.9  # TF op busbw >= 0.9x the core's, 1 MiB and up
 TARGET_VS_CORE_FROM = 1 << 20
 TARGET_64M_VS_MPI = 1.5  # TF op busbw at 64 MiB >= 1.5x MPI_Allreduce's
 COUNTED_CALLS = 5  # calls per path counted with getrusage, after the timing
+STEP_COUNT = 100  # the training step's tensors
+STEP_BYTES = 16 << 10
+STEP_PATHS = {"grouped": "grouped_allreduce step", "alone": "TF alone step",
+              "mpi": f"{STEP_COUNT} x MPI_Allreduce"}
 PROBE_BYTES = 64 << 20
 PROBE_PIECE = 4 << 20
 
@@ -157,6 +175,14 @@ def _ops(job, size):
         ops["eager_named"] = lambda: tfring.allreduce(t, op=tfring.Sum, name=named)
         ops["eager_numpy"] = lambda: tfring.allreduce(t, op=tfring.Sum, name=named).numpy()
         ops["function"] = (check_assigned, lambda: assigned(t))
+
+        @tf.function
+        def alone(x):
+            v.assign(tf.raw_ops.Empty(shape=tf.shape(x), dtype=x.dtype))
+            return tf.constant(0)
+
+        ops["eager_alone"] = lambda: tf.raw_ops.Empty(shape=[n], dtype=tf.float32)
+        ops["function_alone"] = lambda: alone(t)
     mpi_out = np.empty_like(arr)
 
     def mpi_op():
@@ -167,8 +193,49 @@ def _ops(job, size):
     return ops
 
 
+def _step_ops(job):
+    """{path: callable} of the training step (STEP_COUNT x STEP_BYTES)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    n = STEP_BYTES // 4
+    ins = [np.full(n, job.rank + 1, np.float32) for _ in range(STEP_COUNT)]
+    outs = [np.empty_like(a) for a in ins]
+
+    def mpi_step():
+        for a, o in zip(ins, outs):
+            job.comm.Allreduce(a, o, op=MPI.SUM)
+        return outs
+
+    ops = {"mpi": mpi_step}
+    tf, tfring = job.tf, job.tfring
+    if tf is None:
+        return ops
+    # As benchmarks/allreduce_bench.py's fused batch: the gradients live
+    # inside the step (variables read in the function) and every result
+    # is assigned to a variable, as an optimizer's update uses it.
+    with tf.device("/CPU:0"):
+        grads = [tf.Variable(tf.fill([n], tf.constant(job.rank + 1, tf.float32)))
+                 for _ in range(STEP_COUNT)]
+        updated = [tf.Variable(tf.zeros([n], tf.float32)) for _ in range(STEP_COUNT)]
+
+    def step(reduce):
+        @tf.function
+        def run():
+            for v, r in zip(updated, reduce([g.read_value() for g in grads])):
+                v.assign(r)
+            return tf.constant(0)
+        return run
+
+    grouped = step(lambda xs: tfring.grouped_allreduce(xs, op=tfring.Sum, name="step"))
+    ops["grouped"] = (lambda: (grouped(), [v.read_value() for v in updated])[1], grouped)
+    ops["alone"] = step(tf.identity_n)
+    return ops
+
+
 def _counted(job, ops):
-    """{path: {"faults", "cpu_ms"}} per call, the highest rank's."""
+    """{path: {"faults", "cpu_ms", "csw"}} per call, the highest rank's;
+    csw: voluntary and involuntary context switches of every thread."""
     out = {}
     for path, op in ops.items():
         op = op[1] if isinstance(op, tuple) else op
@@ -179,8 +246,10 @@ def _counted(job, ops):
             op()
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         cpu = (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / COUNTED_CALLS
+        csw = r1.ru_nvcsw + r1.ru_nivcsw - r0.ru_nvcsw - r0.ru_nivcsw
         out[path] = {"faults": job.sync.max((r1.ru_minflt - r0.ru_minflt) / COUNTED_CALLS),
-                     "cpu_ms": job.sync.max(cpu) * 1e3}
+                     "cpu_ms": job.sync.max(cpu) * 1e3,
+                     "csw": job.sync.max(csw / COUNTED_CALLS)}
     return out
 
 
@@ -204,13 +273,21 @@ def worker(args):
     for size in args.sizes:
         ops = _ops(job, size)
         row = {"size": size, **measure(sync, ops, nranks * (nranks + 1) / 2,
-                                       args.warmup, args.reps, args.iters)}
+                                       args.warmup, args.reps, args.iters,
+                                       unchecked=("eager_alone", "function_alone"))}
         for path, c in _counted(job, ops).items():
             row[path].update(c)
         results.append(row)
         if rank == 0 and args.progress:
             print(f"  np={nranks} {human_size(size)} done", file=sys.stderr, flush=True)
-    report = {"np": nranks, "probe": probe, "tf_error": tf_error,
+    step = None
+    if not args.no_step:
+        ops = _step_ops(job)
+        step = measure(sync, ops, nranks * (nranks + 1) / 2, args.warmup, args.reps,
+                       args.iters, unchecked=("alone",))
+        for path, c in _counted(job, ops).items():
+            step[path].update(c)
+    report = {"np": nranks, "probe": probe, "step": step, "tf_error": tf_error,
               "tf_version": tf.__version__ if tf is not None else None,
               "mpi_library": MPI.Get_library_version().replace("\0", "").splitlines()[0],
               "results": results}
@@ -241,6 +318,10 @@ def _x(row, a, b):
     return None
 
 
+def _ms(row, p):
+    return row[p]["time_s"] * 1e3 if p in row else None
+
+
 def format_table(report):
     _rates(report)
     n, probe = report["np"], report["probe"]
@@ -250,14 +331,15 @@ def format_table(report):
              f"64 MiB handed rank 0 -> rank 1 in 4 MiB pieces {probe['handoff_ms']:.1f} ms", ""]
     if report.get("tf_error"):
         lines += [f"TF op not measured: {report['tf_error']}", ""]
-    head = ["size"] + [f"{t} ms" for t in PATHS.values()]
+    main = [p for p in PATHS if p not in ALONE.values()]
+    head = ["size"] + [f"{PATHS[p]} ms" for p in main]
     head += ["eager/core", "named/core", "fn/core", "eager/MPI", "fn/MPI"]
     lines += ["busbw ratios (above 1: the first is faster); each cell of a path: "
               "ms per call, then busbw GB/s", "",
               "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for row in report["results"]:
         cells = [human_size(row["size"])]
-        for p in PATHS:
+        for p in main:
             m = row.get(p)
             flag = "" if m is None or m.get("correct", True) else " WRONG"
             cells.append("-" if m is None else
@@ -267,15 +349,67 @@ def format_table(report):
             x = _x(row, a, b)
             cells.append("-" if x is None else f"{x:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "minor page faults / CPU ms per call (every thread, the highest rank's):", "",
+    lines += alone_table(report)
+    lines += ["", "minor page faults / CPU ms / context switches per call (every thread, "
+              "the highest rank's):", "",
               "| size | " + " | ".join(PATHS.values()) + " |", "|" + "---:|" * (len(PATHS) + 1)]
     for row in report["results"]:
         cells = [human_size(row["size"])]
         for p in PATHS:
             m = row.get(p)
-            cells.append("-" if m is None else f"{m['faults']:.0f} / {m['cpu_ms']:.2f}")
+            cells.append("-" if m is None else
+                         f"{m['faults']:.0f} / {m['cpu_ms']:.2f} / {m['csw']:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
+    lines += step_table(report)
     return "\n".join(lines + [""] + summary(report))
+
+
+def alone_table(report):
+    """TF's own cost per call (TF alone) and the op's time above it, against
+    the core's time: (op - TF alone) / core near 1 means the op adds what
+    the core costs and nothing more."""
+    if not any("eager_alone" in r for r in report["results"]):
+        return []
+    lines = ["", "TF's own cost per call (TF alone: the same call, tf.raw_ops.Empty in place "
+             "of the collective) and the op above it, ms; x core: (op - TF alone) / core's "
+             "time (1: the op adds exactly the core's cost)", "",
+             "| size | core | TF alone eager | eager - alone | x core | named - alone | x core "
+             "| TF alone fn | fn - alone | x core |", "|" + "---:|" * 10]
+    for row in report["results"]:
+        core = _ms(row, "core")
+        cells = [human_size(row["size"]), f"{core:.3f}"]
+        for p in ("eager", "eager_named", "function"):
+            alone, op = _ms(row, ALONE[p]), _ms(row, p)
+            if p != "eager_named":
+                cells.append("-" if alone is None else f"{alone:.3f}")
+            if alone is None or op is None:
+                cells += ["-", "-"]
+            else:
+                cells += [f"{op - alone:.3f}", f"{(op - alone) / core:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def step_table(report):
+    step = report.get("step")
+    if not step:
+        return []
+    mpi = step["mpi"]["time_s"]
+    lines = ["", f"training step, {STEP_COUNT} x {human_size(STEP_BYTES)} in a tf.function "
+             f"(us per step; x MPI: time / {STEP_COUNT} MPI_Allreduce calls' time; "
+             "faults / CPU ms / context switches per step):", "",
+             "| path | us | x MPI | faults / CPU ms / csw |", "|---|---:|---:|---:|"]
+    for p, label in STEP_PATHS.items():
+        m = step.get(p)
+        if m is None:
+            continue
+        flag = "" if m.get("correct", True) else " WRONG"
+        lines.append(f"| {label} | {m['time_s'] * 1e6:.0f}{flag} | {m['time_s'] / mpi:.2f} | "
+                     f"{m['faults']:.0f} / {m['cpu_ms']:.2f} / {m['csw']:.1f} |")
+    if "grouped" in step and "alone" in step:
+        above = step["grouped"]["time_s"] - step["alone"]["time_s"]
+        lines.append(f"| grouped - alone | {above * 1e6:.0f} | {above / mpi:.2f} | |")
+    return lines
 
 
 def summary(report):
@@ -295,8 +429,14 @@ def summary(report):
             if x is not None:
                 out.append(f"- {PATHS[p]} 64 MiB busbw {x:.2f}x MPI's (target >= "
                            f"{TARGET_64M_VS_MPI:g}x: {'met' if x >= TARGET_64M_VS_MPI else 'MISSED'})")
+    step = report.get("step") or {}
+    if "grouped" in step and report["np"] > 1:
+        x = step["grouped"]["time_s"] / step["mpi"]["time_s"]
+        out.append(f"- {STEP_PATHS['grouped']} {x:.2f}x {STEP_PATHS['mpi']}'s time (target <= "
+                   f"1.0x: {'met' if x <= 1.0 else 'MISSED'})")
     wrong = [f"{p} at {human_size(r['size'])}" for r in report["results"]
              for p in PATHS if p in r and not r[p].get("correct", True)]
+    wrong += [f"{STEP_PATHS[p]}" for p, m in step.items() if not m.get("correct", True)]
     out.append("- WRONG results: " + ", ".join(wrong) if wrong else "- every result correct")
     return out
 
@@ -322,6 +462,8 @@ def driver(args):
                 wargs += [f"--{opt}", str(getattr(args, opt))]
             if args.progress:
                 wargs.append("--progress")
+            if args.no_step:
+                wargs.append("--no-step")
             cmd = mpi.mpirun_command(nranks, wargs, mpirun=mpirun)
             code, report = run_ranks(cmd, env, result, args.timeout, f"tf_op_bench: np={nranks}")
         if report is None:
@@ -341,6 +483,8 @@ def main():
     p.add_argument("--timeout", type=float, default=1800,
                    help="seconds allowed for one world size")
     p.add_argument("--progress", action="store_true", help="say when each size is done")
+    p.add_argument("--no-step", action="store_true",
+                   help=f"skip the {STEP_COUNT} x {human_size(STEP_BYTES)} training step")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
