@@ -143,7 +143,7 @@ case "$cmd" in
     emu=0
     [[ $# -eq 0 && "${TFRING_SKIP_GPU_EMU:-0}" != 1 ]] && emu=1
     emu_build=${TFRING_EMU_BUILD:-$ROOT/build-emu-test}
-    # The static-runtime variant tests/test_symbols.py links against the
+    # The static-runtime variant tests/core/test_symbols.py links against the
     # system libstdc++, and the parsers' AddressSanitizer fuzzer
     # (test_security.py), build the same way first (their tests wait on the
     # build's lock, then find nothing left to do).
