@@ -3,9 +3,9 @@ tiny chunk sizes, with every rank a thread of this process (as gloo tests
 its algorithms): ranks 1-9, 13, 16, 24 and 32; counts from 0 to 10^5 (the
 empty buffer, fewer elements than ranks, odd remainders); 64-byte pipeline
 chunks and a 4 KiB shared-memory ring, and TCP links. Each job's ranks run
-_core.DirectAllreduce (the collectives over real links, without the engine
-or the process-wide runtime), so a job of 32 ranks costs a fraction of a
-second instead of 32 process starts.
+_core_testing.DirectAllreduce (the collectives over real links, without the
+engine or the process-wide runtime), so a job of 32 ranks costs a fraction
+of a second instead of 32 process starts.
 
 Allreduce (ring, oneshot, recdbl, rabenseifner, auto) sums small integers in
 float32, exact, so every rank's result must equal the float64 sum bit for
@@ -21,7 +21,7 @@ import threading
 import numpy as np
 import pytest
 
-from tfring import _core
+from tfring import _core, _core_testing
 
 RANKS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 24, 32]
 # Links: tiny pipeline chunks and shared-memory ring (the chunked, wrapping
@@ -115,7 +115,7 @@ def run_job(n, links):
         direct = None
         try:
             store = _core.TcpStore("127.0.0.1", server.port, secret, 60.0)
-            direct = _core.DirectAllreduce(store, r, n, secret)
+            direct = _core_testing.DirectAllreduce(store, r, n, secret)
             out[r] = rank_body(direct, r, n, links)
         except Exception as e:  # noqa: BLE001 - reported with the rank
             errors[r] = f"{type(e).__name__}: {e}"

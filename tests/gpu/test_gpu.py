@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 from multiproc import check_ok, check_peer_failure, run_ranks
-from tfring import _core
+from tfring import _core, _core_testing
 
 HAVE_GPU = _core.cuda_available()
 requires_gpu = pytest.mark.skipif(
@@ -220,7 +220,7 @@ def test_nccl_found_in_a_wheel_directory(tmp_path):
 # The CUDA-IPC ring's schedule, emulated on host threads.
 
 def _emulate(kind, ring, inputs, dtype, **kw):
-    out = _core._emulate_pull_ring(kind, ring, inputs, dtype, **kw)
+    out = _core_testing.emulate_pull_ring(kind, ring, inputs, dtype, **kw)
     return [np.frombuffer(b, dtype=inputs[0].dtype if inputs else np.uint8) for b in out]
 
 
