@@ -13,7 +13,7 @@ bit; allgather (ring, recdbl) gathers ragged blocks, empty ones
 included; broadcast (ring, tree, scatter_allgather) sends from the ends and
 the middle of the ring. The engine, the dtypes and ops, and the host-aware
 schemes stay with the multi-process tests (test_collectives, test_scale,
-test_algorithms, test_gather_scale)."""
+test_algorithms)."""
 
 import secrets
 import threading
