@@ -216,3 +216,25 @@ def test_the_graph_sees_relative_and_function_level_imports(tmp_path, monkeypatc
         graph.setdefault(a, set()).add(b)
         graph.setdefault(b, set())
     assert find_cycles(graph) == [["tfring.a", "tfring.b", "tfring.sub.c", "tfring.a"]]
+
+
+# What only tests and benchmarks may call: tfring._core_testing's hooks.
+TEST_HOOKS = ("DirectAllreduce", "emulate_pull_ring", "fuzz_parse", "sha256", "hmac_sha256",
+              "random_bytes")
+
+
+def test_the_package_never_imports_its_test_hooks():
+    """tfring._core_testing (csrc/python/testing/) is built beside _core for
+    tests and benchmarks: no module of the package imports it, even lazily
+    or by a computed name, and _core itself has none of its hooks."""
+    mods = modules()
+    users = sorted(name for name, path in mods.items()
+                   if path and "_core_testing" in open(path).read())
+    assert users == [], f"these tfring modules name tfring._core_testing: {users}"
+    users = sorted(f"{a}:{line}" for a, b, line, _ in import_edges(mods)
+                   if b == "tfring._core_testing")
+    assert users == [], users
+    if "tfring._core" in mods:
+        from tfring import _core
+        left = [n for n in TEST_HOOKS if hasattr(_core, n) or hasattr(_core, "_" + n)]
+        assert left == [], f"tfring._core still has test hooks: {left}"
