@@ -111,7 +111,7 @@ activate() {
   export PATH="$VENV/bin:$PATH"
 }
 
-# tests/test_spark.py needs Java 17+ for pyspark: Debian's headless runtime
+# tests/run/test_spark.py needs Java 17+ for pyspark: Debian's headless runtime
 # where `java` is missing and apt-get can install it (as root); otherwise
 # the Spark tests skip and say why.
 ensure_java() {
@@ -157,7 +157,7 @@ case "$cmd" in
     emu=0
     [[ $# -eq 0 && "${TFRING_SKIP_GPU_EMU:-0}" != 1 ]] && emu=1
     emu_build=${TFRING_EMU_BUILD:-$ROOT/build-emu-test}
-    # The static-runtime variant tests/test_symbols.py links against the
+    # The static-runtime variant tests/core/test_symbols.py links against the
     # system libstdc++, and the parsers' AddressSanitizer fuzzer
     # (test_security.py), build the same way first (their tests wait on the
     # build's lock, then find nothing left to do).

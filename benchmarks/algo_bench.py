@@ -9,7 +9,7 @@ allreduce_bench.py: median over repetitions of barrier-started loops, max over
 ranks; a second table gives each column's fastest loop), the columns are:
 
 - ``mpi``: ``comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)``;
-- ``ring`` / ``oneshot`` / ``hier``: ``_core.DirectAllreduce.allreduce(buf,
+- ``ring`` / ``oneshot`` / ``hier``: ``_core_testing.DirectAllreduce.allreduce(buf,
   algo)``, the algorithm alone: its own ring links and host segment, no
   engine, no negotiation (one Python call per collective, like mpi4py);
 - ``engine``: ``_core.allreduce(buf, out=buf)``, the full path through the
@@ -47,7 +47,7 @@ def worker(args):
     from mpi4py import MPI
 
     import tfring
-    from tfring import _core
+    from tfring import _core, _core_testing
 
     comm = MPI.COMM_WORLD
     sync = MpiSync(comm)
@@ -56,7 +56,7 @@ def worker(args):
         os.environ["TFRING_HOSTNAME"] = f"host{rank * args.hosts // n}"
     tmp = comm.bcast(tempfile.mkdtemp(prefix="tfring-algo-") if rank == 0 else None)
     secret = comm.bcast(secrets.token_hex(16) if rank == 0 else None)
-    direct = _core.DirectAllreduce(_core.FileStore(tmp), rank, n, secret)
+    direct = _core_testing.DirectAllreduce(_core.FileStore(tmp), rank, n, secret)
     tfring.init()
     algos = [a for a in args.algos.split(",") if a]
     rows = []

@@ -38,7 +38,7 @@ def leaves(doc, prefix=""):
         for i, v in enumerate(doc):
             tag = str(i)
             if isinstance(v, dict):
-                for key in ("np", "size", "name", "label", "role", "count"):
+                for key in ("size", "name", "label", "role", "np", "count"):
                     if key in v and not isinstance(v[key], (dict, list)):
                         tag = f"{key}={v[key]}"
                         break

@@ -6,7 +6,7 @@ model's alpha and beta.
     python benchmarks/scaling_model.py --hops-json hops.json
 
 Runs benchmarks/scale_bench.py's measurement (N core-only ranks, every link
-over TCP, each algorithm by itself through ``_core.DirectAllreduce``) for
+over TCP, each algorithm by itself through ``_core_testing.DirectAllreduce``) for
 every N and size, and reads, for each (algorithm, N, size), the time per
 call, the hops on the critical path and the most bytes one rank sent, both
 from ``DirectAllreduce.last_collective_stats()``. Then it fits, by least squares,

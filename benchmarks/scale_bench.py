@@ -9,7 +9,7 @@
     python benchmarks/scale_bench.py --vote --np 8,16,32 --size 4K
 
 Starts N core-only ranks on this machine (no MPI, no TensorFlow; a file
-store in a temporary directory) and times ``_core.DirectAllreduce`` (the
+store in a temporary directory) and times ``_core_testing.DirectAllreduce`` (the
 algorithm alone, no engine) for each algorithm in turn: allreduce as a
 float32 sum in place; ``--collective allgather`` (algorithms ring, recdbl)
 with ``--size`` the whole output, each rank sending size/N bytes;
@@ -55,10 +55,10 @@ from _common import child_env, human_size, parse_ints, parse_size  # noqa: E402
 def worker(args):
     import numpy as np
 
-    from tfring import _core
+    from tfring import _core, _core_testing
 
     rank, n = args.rank, args.nranks
-    direct = _core.DirectAllreduce(_core.FileStore(args.store), rank, n, args.secret)
+    direct = _core_testing.DirectAllreduce(_core.FileStore(args.store), rank, n, args.secret)
     count = args.size // 4
     what = args.collective
     nbytes = args.size // n if what == "allgather" else args.size

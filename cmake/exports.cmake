@@ -12,7 +12,7 @@
 # process that loaded the system libstdc++.so.6 first (CuPy, PyTorch,
 # TensorFlow do), the dynamic linker then binds some of the library's calls
 # to that runtime and some to its own copy, and mixing the two crashes.
-# tests/test_symbols.py checks every built library and runs a job with a
+# tests/core/test_symbols.py checks every built library and runs a job with a
 # -static-libstdc++ core after the system runtime was loaded.
 function(tfring_export_only target map)
   set(_map ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/exports/${map}.map)

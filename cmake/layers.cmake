@@ -14,7 +14,7 @@
 # runtime/, transport/ including collectives/, ...) therefore fails the
 # build before anything compiles, naming the file, line and layers. All
 # layers share csrc/ as include root, so the compiler alone would not
-# refuse one. tests/test_layers.py runs the same script.
+# refuse one. tests/core/test_layers.py runs the same script.
 #
 # tfring_build_flags carries what every core translation unit is compiled
 # with (the csrc/ root, the CUDA or CUDA-emulation definitions that

@@ -10,7 +10,7 @@ any other layer's header ("upward") is an error.
 The build runs this script (CMakeLists.txt: target tfring_layers, which
 every layer's target depends on, so nothing compiles while an upward
 include exists) and asks it for each layer's dependencies
-(--cmake-deps); tests/test_layers.py runs the same check. The rule lives
+(--cmake-deps); tests/core/test_layers.py runs the same check. The rule lives
 here only.
 
 An include is classified by the file it resolves to: first next to the

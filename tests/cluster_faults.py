@@ -1,6 +1,6 @@
 """Fault trials on the namespace cluster (2 hosts x 2 ranks), and the fault
 table: run as a script for the full table, imported by
-tests/test_cluster_faults.py for a CI-sized subset.
+tests/run/test_cluster_faults.py for a CI-sized subset.
 
     python tests/cluster_faults.py --trials 10 --json faults.json
 

@@ -26,7 +26,7 @@ import numpy as np
 
 # Bitwise equality with a single-host run holds when both reduce in the same
 # order: the ring. (Across hosts, auto picks the hierarchical and small
-# cross-host schemes, whose results tests/test_algorithms.py checks against
+# cross-host schemes, whose results tests/core/test_algorithms.py checks against
 # numpy and across ranks.) The launchers do not pass TFRING_* through, so
 # the worker sets it itself.
 os.environ.setdefault("TFRING_ALLREDUCE_ALGO", os.environ.get("CLUSTER_ALGO", "ring"))

@@ -1,4 +1,17 @@
-"""Every test must leave /dev/shm as it found it.
+"""The test tree, by the layer each test drives (tests/README.md):
+
+  tests/core/  the C++ core through tfring._core (collectives, runtime,
+               vote, kernels, store, security, faults, scale, the build)
+  tests/tf/    the TensorFlow ops, XLA, Keras, graph rewrite, training
+  tests/run/   starting jobs: tfring-run, mpirun, bootstrap, elastic, clusters
+  tests/hvd/   the Horovod-compatible API and Horovod's own examples
+  tests/gpu/   GPU collectives (on a GPU, or the CUDA emulation build)
+
+A new test file goes into the directory of the layer it drives. The
+helpers beside this file (multiproc.py, tf_util.py, workers/, ...) stay
+here and are importable from every test: this file puts tests/ on sys.path.
+
+Every test must leave /dev/shm as it found it.
 
 A job's ranks create shared-memory segments /dev/shm/tfring-<job>-r<rank>
 (<job> starts with rank 0's pid in hex; the segment's header holds its
@@ -18,8 +31,13 @@ unless TFRING_TEST_SLOW=1; the default run keeps a smaller case of each.
 import os
 import secrets
 import struct
+import sys
 
 import pytest
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
 
 SHM = "/dev/shm"
 PREFIX = "tfring-"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the GPU tests (tests/test_gpu.py, and the GPU benchmark's dry run) on
+# Runs the GPU tests (tests/gpu/test_gpu.py, and the GPU benchmark's dry run) on
 # a machine without a GPU, against the CUDA emulation build: the product's
 # CUDA kernels and GPU runtime (CUDA-IPC ring, host-staged ring, executor,
 # stream handling) compiled with the host compiler and linked to a fake CUDA
@@ -57,6 +57,6 @@ print('gpu_emu:', _core.cuda_describe(0))")
 cd /tmp
 # Also the GPU benchmark's dry run on this build (every algorithm and
 # table path): the main suite runs before build-emu exists and skips it.
-exec "$PY" -m pytest -q -rs "$ROOT/tests/test_gpu.py" \
-  "$ROOT/tests/test_benchmarks.py::test_gpu_bench_refuses_to_time_the_emulation" \
-  "$ROOT/tests/test_benchmarks.py::test_gpu_bench_dry_run_on_the_emulation" "$@"
+exec "$PY" -m pytest -q -rs "$ROOT/tests/gpu/test_gpu.py" \
+  "$ROOT/tests/core/test_benchmarks.py::test_gpu_bench_refuses_to_time_the_emulation" \
+  "$ROOT/tests/core/test_benchmarks.py::test_gpu_bench_dry_run_on_the_emulation" "$@"

@@ -1,4 +1,4 @@
-"""Builds the static-runtime variant tests/test_symbols.py checks: the core
+"""Builds the static-runtime variant tests/core/test_symbols.py checks: the core
 alone (-O0, no TF, no CUDA), linked with -static-libstdc++ -static-libgcc,
 under <build>/static-runtime, its package at <build>/static-runtime/pkg
 (the libraries built there, the Python files linked to the sources).

@@ -4,7 +4,7 @@ The core's tunables are declared once, in csrc/common/tunables.cc, and read
 here from ``tfring._core.tunables()``; the ones only Python reads (the
 launcher's, the elastic driver's) are declared in ``PYTHON`` below.
 docs/tunables.md documents every entry with the
-same default (tests/test_tunables.py holds them together).
+same default (tests/core/test_tunables.py holds them together).
 
 ``table()`` merges both (the core's part loads the native core, so the
 launcher, which must run without it, reads Python-only tunables without

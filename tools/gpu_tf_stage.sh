@@ -61,7 +61,7 @@ TF_WHEELS=${TF_WHEELS:-"tensorflow==2.21.0 keras>=3.12 optree namex ml_dtypes h5
 CUDA12_WHEELS=${CUDA12_WHEELS:-"nvidia-cuda-runtime-cu12<13 nvidia-cublas-cu12<13
   nvidia-cufft-cu12<12 nvidia-cusparse-cu12<13 nvidia-cusolver-cu12<12
   nvidia-nvjitlink-cu12<13 nvidia-cudnn-cu12<10"}
-TF_TESTS=${TF_TESTS:-tests/test_tf_gpu.py}
+TF_TESTS=${TF_TESTS:-tests/gpu/test_tf_gpu.py}
 
 # Links named with the CUDA 12 sonames to the machine's other majors, made
 # by `run`'s probe for what neither the machine nor the staged wheels have.
@@ -192,7 +192,7 @@ tf_rc=${PIPESTATUS[0]}
 # CUDA 13 while this TensorFlow is CUDA 12; the build warns about it).
 export TFRING_TF_PYTHONPATH=$TARGET
 export TFRING_TF_GPU=${TFRING_TF_GPU:-ON}
-export GPU_TESTS=${GPU_TESTS:-"tests/test_gpu.py $TF_TESTS"}
+export GPU_TESTS=${GPU_TESTS:-"tests/gpu/test_gpu.py $TF_TESTS"}
 export TFRING_TF_GPU_SIZES=${TFRING_TF_GPU_SIZES:-1,2,4}
 bash "$ROOT/tools/gpu_run.sh" "$@"
 rc=$?

@@ -1,7 +1,7 @@
 // SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), for the connection
 // handshake in common/wire.cc: peers prove they know the job secret without
 // sending it. Small and dependency-free; checked against the FIPS 180-4 and
-// RFC 4231 test vectors in tests/test_security.py.
+// RFC 4231 test vectors in tests/core/test_security.py.
 #pragma once
 
 #include <array>

@@ -25,7 +25,7 @@ constexpr double kKiB = 1024.0, kMiB = kKiB * 1024, kGiB = kMiB * 1024;
 #define T_LAUNCHER(name, doc) {name, Type::kInt, "", 0, kInf, "", true, doc}
 
 // The table. docs/tunables.md has a row per entry with the same default
-// (tests/test_tunables.py); "" is unset (the core then decides, as the doc
+// (tests/core/test_tunables.py); "" is unset (the core then decides, as the doc
 // says).
 const std::vector<Tunable>& table() {
   static const std::vector<Tunable>* t = new std::vector<Tunable>{

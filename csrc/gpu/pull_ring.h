@@ -43,7 +43,7 @@
 // This file has no CUDA: the device side is the PullDevice interface
 // (gpu/cuda/ipc_ring.cc implements it with streams and IPC events), so the
 // schedule and the counter protocol also run on the CPU with threads
-// (emulatePullRing, used by tests/test_gpu.py on machines without a GPU).
+// (emulatePullRing, used by tests/gpu/test_gpu.py on machines without a GPU).
 #pragma once
 
 #include <atomic>

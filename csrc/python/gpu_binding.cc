@@ -1,7 +1,7 @@
 // tfring._core GPU support: collectives on objects exposing
 // __cuda_array_interface__ (CuPy, PyTorch, Numba, CudaArray), the CudaArray
 // result type, CUDA/NCCL/backend queries, the CUDA kernels (tests and
-// benchmarks) and CPU-side test hooks for the GPU dispatch logic.
+// benchmarks) and the GPU backend choice on described ranks.
 //
 // Collectives on GPU arrays (see submitCuda):
 //   allreduce(x) / broadcast(x)      -> out= (any CUDA array of x's size and
@@ -26,7 +26,6 @@
 //   nccl_info() -> dict               where NCCL was found, or why not
 //   choose_gpu_backend(requested, ranks, autotune=True) -> (name, calibrate, reason)
 //   cuda_reduce / cuda_scale / cuda_cast / cuda_batched_copy (kernels)
-//   _emulate_pull_ring(...)           the CUDA-IPC ring's schedule on threads
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
@@ -39,7 +38,6 @@
 #include "gpu/device.h"
 #include "gpu/executor.h"
 #include "gpu/nccl_loader.h"
-#include "gpu/pull_ring.h"
 #include "runtime/stream_completion.h"
 #include "python/bindings.h"
 #include "python/completion.h"
@@ -406,12 +404,6 @@ void sameShape(const KernelArg& a, const KernelArg& b) {
     throw py::value_error("CUDA arrays must have the same size and device");
 }
 
-std::vector<char> bytesOf(const py::array& a) {
-  py::array c = py::array::ensure(a, py::array::c_style);
-  const char* p = static_cast<const char*>(c.data());
-  return std::vector<char>(p, p + c.nbytes());
-}
-
 }  // namespace
 
 void bindGpu(py::module_& m) {
@@ -529,36 +521,6 @@ void bindGpu(py::module_& m) {
       py::arg("requested"), py::arg("ranks"), py::arg("autotune") = true,
       "The GPU backend decision for ranks described as dicts (host, gpu, nccl_ok, ipc_ok): "
       "(backend, calibrate, alternative, reason). Raises like the runtime would.");
-
-  m.def(
-      "_emulate_pull_ring",
-      [](const std::string& kind, const std::vector<int>& ring, const std::vector<py::array>& inputs,
-         const std::string& dtype, const std::string& op, double postscale, int root,
-         const std::vector<size_t>& rank_counts, size_t chunk_bytes, int num_events, int repeats) {
-        DataType dt;
-        if (!parseDataType(dtype, &dt)) throw py::type_error("unknown dtype " + dtype);
-        std::vector<std::vector<char>> in;
-        for (auto& a : inputs) in.push_back(bytesOf(a));
-        std::vector<std::vector<char>> out;
-        {
-          py::gil_scoped_release nogil;
-          try {
-            out = gpu::emulatePullRing(kind, ring, in, dt, opOf(op), postscale, root, rank_counts,
-                                       chunk_bytes, num_events, repeats);
-          } catch (const Error& e) {
-            py::gil_scoped_acquire gil;
-            throwStatus(e.status());
-          }
-        }
-        py::list res;
-        for (auto& b : out) res.append(py::bytes(b.data(), b.size()));
-        return res;
-      },
-      py::arg("kind"), py::arg("ring"), py::arg("inputs"), py::arg("dtype"), py::arg("op") = "sum",
-      py::arg("postscale") = 1.0, py::arg("root") = 0, py::arg("rank_counts") = std::vector<size_t>{},
-      py::arg("chunk_bytes") = 64, py::arg("num_events") = 4, py::arg("repeats") = 2,
-      "Test hook: the CUDA-IPC ring's schedule and counter protocol run on host threads; "
-      "returns each rank's final buffer as bytes.");
 
   m.def(
       "cuda_reduce",

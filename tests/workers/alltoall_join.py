@@ -1,4 +1,4 @@
-"""Rank body for tests/test_alltoall_join.py: alltoall with ragged splits and
+"""Rank body for tests/core/test_alltoall_join.py: alltoall with ragged splits and
 join with uneven data. Every rank computes every rank's inputs from shared
 seeds, so it can build the expected result itself with numpy.
 

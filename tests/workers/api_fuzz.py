@@ -1,4 +1,4 @@
-"""Rank worker for tests/test_api_fuzz.py: random calls of the public API.
+"""Rank worker for tests/core/test_api_fuzz.py: random calls of the public API.
 
 Every rank draws the same plan from one seed (TFRING_FUZZ_SEED): the
 operation, the API (the TF ops or the numpy `_core`), dtype, shape, root,

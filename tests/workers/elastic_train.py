@@ -4,7 +4,7 @@ Step s of a job of n ranks: rank r's example depends on (s, r, n) only, its
 gradient is averaged over the ranks, so the weights depend on the sequence
 of sizes alone. That sequence is part of the committed state ("sizes"), so
 rank 0 of the last membership reports what a numpy replay must reproduce
-(tests/test_elastic.py: reference()).
+(tests/run/test_elastic.py: reference()).
 
 Environment: STEPS (total steps), COMMIT_EVERY, STEP_SLEEP (s per step),
 KILL_HOST/KILL_STEP (the ranks on that host SIGKILL themselves before step

@@ -1,4 +1,4 @@
-"""GPU collectives on one rank of a test job (tests/test_gpu.py).
+"""GPU collectives on one rank of a test job (tests/gpu/test_gpu.py).
 
 Inputs live on the GPU as CuPy arrays when TFRING_TEST_ARRAYS=cupy (and CuPy
 imports), else as tfring._core.CudaArray; results are checked against numpy
@@ -382,7 +382,7 @@ def run_gated(steps=4, tensors=3, count=3001):
 
 def run_gated_mixed(steps=3, count=2049):
     """The shape of an XLA program with several collectives, as the H200's
-    tests/test_xla.py runs them: a sum, an average, a max, a group, then a
+    tests/tf/test_xla.py runs them: a sum, an average, a max, a group, then a
     broadcast, each reading what the previous one produced, all on one
     stream, with kernels between them; per step. The first call of each
     kind in the world completes on the host, later ones are gated. Every

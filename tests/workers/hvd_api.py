@@ -113,7 +113,7 @@ def _():
 def _():
     # A set never added (nor given to init) is refused by every collective
     # with an error that says so; the set's own collectives are tested in
-    # tests/test_process_sets.py.
+    # tests/core/test_process_sets.py.
     unregistered = hvd.ProcessSet([0])
     for fn in (lambda: hvd.allreduce(tf.ones([1]), process_set=unregistered),
                lambda: hvd.allgather(tf.ones([1]), process_set=unregistered),

@@ -1,4 +1,4 @@
-"""Rank worker for tests/test_validation.py: allgather, broadcast and
+"""Rank worker for tests/core/test_validation.py: allgather, broadcast and
 alltoall on every dtype Horovod's ops take (HorovodAllgather,
 HorovodBroadcast, HorovodAlltoall), through the TF ops (eagerly and, where
 the op has an XLA form, under jit_compile) and the numpy `_core`, against

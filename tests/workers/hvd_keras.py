@@ -1,4 +1,4 @@
-"""Rank worker for tests/test_hvd_keras.py: Horovod's Keras API on tfring
+"""Rank worker for tests/hvd/test_hvd_keras.py: Horovod's Keras API on tfring
 (import tfring.keras as hvd), each check against a single-process
 reference computed here on the full (global) batch.
 

@@ -1,4 +1,4 @@
-"""Rank worker for tests/test_keras.py: model.fit with tfring's Keras
+"""Rank worker for tests/tf/test_keras.py: model.fit with tfring's Keras
 callbacks on 2 ranks.
 
 Every rank takes its half of each global batch; rank 0 then trains the same

@@ -1,4 +1,4 @@
-"""Rank worker for tests/test_resilience.py, started by tfring-run: a small
+"""Rank worker for tests/core/test_resilience.py, started by tfring-run: a small
 deterministic model.fit with ResumableCheckpointCallback that resumes from
 the newest checkpoint in argv[1], and writes its final weights to
 argv[2]/rank<R>.npz with what it ran to argv[2]/rank<R>.json.

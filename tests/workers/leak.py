@@ -1,4 +1,4 @@
-"""Rank worker for tests/test_resilience.py: resource use over many
+"""Rank worker for tests/core/test_resilience.py: resource use over many
 collectives and over init/shutdown cycles.
 
 argv: "collectives" ITERATIONS WARMUP, "unnamed" ITERATIONS WARMUP, or

@@ -1,4 +1,4 @@
-"""Rank side of tests/test_security.py.
+"""Rank side of tests/core/test_security.py.
 
   wrong_secret  rank 1 joins the ring with another job's secret (its store
                 connection is fine): every rank must fail naming its peer.

@@ -1,4 +1,4 @@
-"""Rank worker for tests/test_rewrite.py: tfring.rewrite on tf.compat.v1
+"""Rank worker for tests/tf/test_rewrite.py: tfring.rewrite on tf.compat.v1
 graphs and on TF2 tf.function steps.
 
 Each check trains a small model data-parallel (every rank takes its rows of

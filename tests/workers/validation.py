@@ -1,4 +1,4 @@
-"""Rank worker for tests/test_validation.py: every argument check a rank can
+"""Rank worker for tests/core/test_validation.py: every argument check a rank can
 make alone, on every path a call can take, given wrong on one rank (the
 last) or on every rank.
 

@@ -1,4 +1,4 @@
-"""Rank worker for tests/test_xla.py: tfring's collectives inside functions
+"""Rank worker for tests/tf/test_xla.py: tfring's collectives inside functions
 compiled with tf.function(jit_compile=True), against the same functions
 without XLA and numpy float64 references.
 
