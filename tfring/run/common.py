@@ -6,6 +6,7 @@ process handling and output relay, and the job's rendezvous store.
 import collections
 import contextlib
 import os
+import re
 import shlex
 import signal
 import socket
@@ -15,6 +16,11 @@ import threading
 import time
 
 from tfring.run import affinity
+
+# The line that states a Python error: "ValueError: ...", "tfring._core.TfringError: ..."
+# (tfring-run's elastic driver and tfring.spark pick a failed worker's error out of its
+# output with it).
+ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b(:.*)?$")
 
 PROG = "tfring-run"
 

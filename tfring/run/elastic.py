@@ -35,7 +35,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import secrets
 import shlex
 import signal
@@ -45,6 +44,7 @@ from tfring import _tunables
 from tfring.elastic._worker import POISON
 from tfring.run import affinity, horovodrun
 from tfring.run.common import (
+    ERROR_LINE,
     EXIT_TIMEOUT,
     FORWARDED_SIGNALS,
     RANK_VARS,
@@ -474,16 +474,12 @@ class Driver:
         return self.exit_code
 
 
-# The line that states a Python error: "ValueError: ...", "tfring._core.TfringError: ...".
-_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b(:.*)?$")
-
-
 def last_error(lines):
     """The error a failed worker printed last: its exception's line, else its
     last line of output."""
     lines = [ln.strip() for ln in lines if ln.strip()]
     for ln in reversed(lines):
-        if _ERROR_LINE.match(ln):
+        if ERROR_LINE.match(ln):
             return ln
     return lines[-1] if lines else ""
 

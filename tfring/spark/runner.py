@@ -26,6 +26,7 @@ import threading
 import time
 import warnings
 
+from tfring.run.common import ERROR_LINE
 from tfring.spark._monitor import Monitor
 from tfring.spark._task import run_task
 
@@ -140,16 +141,13 @@ def _spark_task_of(text):
     return (int(m.group(1)), None) if m else (None, None)
 
 
-_PY_ERROR = re.compile(r"^\s*[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b(:.*)?$")
-
-
 def _first_lines(text, n=6):
     """The head of Spark's error, and the Python exception a worker raised
     (the traceback's last line, far below the head in Spark's text)."""
     lines = [ln for ln in str(text).splitlines() if ln.strip()]
     head = lines[:n]
-    python = [ln.strip() for ln in lines if _PY_ERROR.match(ln) and "Py4J" not in ln
-              and not ln.strip().startswith(("org.", "java.", "scala."))]
+    python = [s for s in (ln.strip() for ln in lines) if ERROR_LINE.match(s)
+              and "Py4J" not in s and not s.startswith(("org.", "java.", "scala."))]
     if python and python[0] not in "\n".join(head):
         head.append(f"(the Python worker raised: {python[0]})")
     return "\n".join(head)
