@@ -37,6 +37,7 @@
 #include "collectives/broadcast.h"
 #include "python/bindings.h"
 #include "python/errors.h"
+#include "python/stats_dict.h"
 #include "runtime/registry.h"
 #include "runtime/vote.h"
 
@@ -61,17 +62,6 @@ std::shared_ptr<const collectives::CommStats> statsOf(int process_set) {
          runtime::Registry::get().world()->topo.rank,
          " is not in the set, so it has no statistics of it");
   return c->stats;
-}
-
-py::dict collectiveDict(const collectives::CollectiveStats& st) {
-  py::dict d;
-  d["collective"] = st.collective;
-  d["algo"] = st.algo;
-  d["ranks"] = st.size;
-  d["bytes"] = st.bytes;
-  d["hops"] = st.hops;
-  d["bytes_sent"] = st.bytes_sent;
-  return d;
 }
 
 }  // namespace

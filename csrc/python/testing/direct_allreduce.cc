@@ -29,6 +29,7 @@
 #include "collectives/broadcast.h"
 #include "common/abort.h"
 #include "common/env.h"
+#include "python/stats_dict.h"
 #include "python/testing/testing.h"
 #include "rendezvous/store.h"
 #include "transport/ring_links.h"
@@ -216,17 +217,7 @@ void bindDirectAllreduce(py::module_& m) {
       .def("algorithm", &DirectAllreduce::algorithm, py::arg("nbytes"),
            py::arg("algo") = "auto")
       .def("last_collective_stats",
-           [](DirectAllreduce& d) {
-             const collectives::CollectiveStats st = d.lastStats();
-             py::dict out;
-             out["collective"] = st.collective;
-             out["algo"] = st.algo;
-             out["ranks"] = st.size;
-             out["bytes"] = st.bytes;
-             out["hops"] = st.hops;
-             out["bytes_sent"] = st.bytes_sent;
-             return out;
-           })
+           [](DirectAllreduce& d) { return python::collectiveDict(d.lastStats()); })
       .def("close", &DirectAllreduce::close, Release());
 }
 
