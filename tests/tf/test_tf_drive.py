@@ -10,7 +10,6 @@ This file is also the worker script (run with --worker).
 """
 
 import functools
-import importlib.util
 import os
 import sys
 import time
@@ -27,17 +26,11 @@ CHECKS = ["eager_unnamed", "eager_named", "eager_grouped", "function_named",
 SIZES = [1, 1000, 262144]  # elements: tiny, 4 KiB-ish, 1 MiB of float32
 
 
-def _tf_available():
-    if importlib.util.find_spec("tensorflow") is None:
-        return False
-    spec = importlib.util.find_spec("tfring")
-    return spec is not None and os.path.exists(
-        os.path.join(os.path.dirname(spec.origin), "_tfring_ops.so"))
-
-
 if __name__ != "__main__":
+    from tf_util import tf_available
+
     pytestmark = pytest.mark.skipif(
-        not _tf_available(),
+        not tf_available(),
         reason="TensorFlow or tfring's op library (_tfring_ops.so) missing")
 
     _job = []
