@@ -26,6 +26,7 @@
 namespace tfring {
 namespace collectives {
 struct RingComm;
+class CommStats;
 }
 namespace transport {
 struct Topology;
@@ -91,9 +92,10 @@ Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor
 // "ring-host", "local"), or "" before the first GPU collective.
 std::string activeBackend();
 
-// How many allreduces this process ran with each algorithm of the CUDA-IPC
-// backend: "ring", "oneshot", "twoshot" (gpu_config.h); 0 for others.
-uint64_t allreduceAlgorithmCount(const std::string& algo);
+// How many GPU allreduces the communicator whose statistics are `stats` ran
+// with each algorithm of the CUDA-IPC backend: "ring", "oneshot",
+// "twoshot", "staged" (gpu_config.h); 0 for others.
+uint64_t allreduceAlgorithmCount(const collectives::CommStats& stats, const std::string& algo);
 
 }  // namespace gpu
 }  // namespace tfring

@@ -4,7 +4,10 @@
 #include <pybind11/pybind11.h>
 
 #include <map>
+#include <memory>
 #include <string>
+
+#include "collectives/collective_stats.h"
 
 namespace tfring {
 namespace python {
@@ -21,6 +24,12 @@ void bindTunables(pybind11::module_& m);  // tunables_binding.cc
 // init's `config` argument: a mapping of TFRING_* names to values, or None
 // (tunables_binding.cc).
 std::map<std::string, std::string> configArg(const pybind11::object& config);
+
+// The statistics of communicator `process_set` (0: the world; all zero
+// before init) for the readers that take process_set=; throws
+// kInvalidArgument for an unknown set or one this rank is not in
+// (algorithms_binding.cc).
+std::shared_ptr<const collectives::CommStats> commStats(int process_set);
 
 // A collective's cross-rank name: the caller's, else "<kind>.noname.<n>"
 // for the n-th unnamed call of the process (runtime_binding.cc).

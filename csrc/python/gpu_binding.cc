@@ -478,12 +478,15 @@ void bindGpu(py::module_& m) {
     return py::str(b);
   }, "The GPU backend of this process ('nccl', 'ring-ipc', 'ring-host', 'local'), "
      "or None before the first GPU collective.");
-  m.def("gpu_allreduce_algorithms", [] {
+  m.def("gpu_allreduce_algorithms", [](int process_set) {
+    auto s = commStats(process_set);
     py::dict d;
     for (const char* a : {"ring", "oneshot", "twoshot", "staged"})
-      d[a] = gpu::allreduceAlgorithmCount(a);
+      d[a] = gpu::allreduceAlgorithmCount(*s, a);
     return d;
-  }, "How many GPU allreduces this process ran with each CUDA-IPC algorithm.");
+  }, py::arg("process_set") = 0,
+     "How many GPU allreduces communicator `process_set` (0: the world) ran with each "
+     "CUDA-IPC algorithm; raises if this rank is not in the set.");
   m.def("nccl_info", [] {
     const gpu::nccl::Library& lib = gpu::nccl::load();
     py::dict d;
@@ -607,7 +610,7 @@ void bindGpu(py::module_& m) {
       "cuda_allreduce_gated",
       [](const std::vector<py::object>& inputs, const std::vector<py::object>& outputs,
          const std::vector<std::string>& names, py::object stream, const std::string& op,
-         int root) {
+         int root, int process_set) {
         // What an XLA GPU call does with TFRING_GPU_COMPLETION=stream: one
         // batch of allreduces (or, with root >= 0, one broadcast) submitted
         // on `stream`, returning at once with a gate on the stream that the
@@ -635,6 +638,7 @@ void bindGpu(py::module_& m) {
           r.output = o.ptr;
           r.device = device;
           r.stream = st;
+          r.process_set = process_set;
         }
         Status s;
         {
@@ -644,10 +648,11 @@ void bindGpu(py::module_& m) {
         if (!s.ok()) throwStatus(s);
       },
       py::arg("inputs"), py::arg("outputs"), py::arg("names"), py::arg("stream"),
-      py::arg("op") = "sum", py::arg("root") = -1,
+      py::arg("op") = "sum", py::arg("root") = -1, py::arg("process_set") = 0,
       "Allreduces inputs into outputs as one batch completed on `stream` (stream gate), or "
-      "with root >= 0 broadcasts the one input from `root`: returns once submitted; work "
-      "queued on `stream` afterwards sees the results.");
+      "with root >= 0 broadcasts the one input from `root` (a global rank), on "
+      "`process_set` as XLA's calls do: returns once submitted; work queued on `stream` "
+      "afterwards sees the results.");
   m.def(
       "cuda_grouped_allreduce",
       [](const std::vector<py::object>& inputs, const std::vector<py::object>& outputs,
@@ -698,12 +703,14 @@ void bindGpu(py::module_& m) {
       "TensorFlow's grouped GPU op does; returns when the outputs are complete.");
   m.def(
       "cuda_gated_error",
-      []() -> py::object {
-        Status s = runtime::streamCompletionError();
+      [](int process_set) -> py::object {
+        Status s = runtime::streamCompletionError(process_set);
         if (s.ok()) return py::none();
         return py::str(s.message());
       },
-      "The error of a gated collective that failed after its submission returned (None if none).");
+      py::arg("process_set") = 0,
+      "The error of a gated collective on `process_set` that failed after its submission "
+      "returned (None if none).");
   m.def(
       "cuda_stream_gates_supported",
       [](int device) {

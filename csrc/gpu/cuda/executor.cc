@@ -326,9 +326,9 @@ Status acceptTensor(const std::string& name, int device, void* stream,
   return Status::OK();
 }
 
-uint64_t allreduceAlgorithmCount(const std::string& algo) {
+uint64_t allreduceAlgorithmCount(const collectives::CommStats& stats, const std::string& algo) {
   for (PeerAlgo a : {PeerAlgo::kRing, PeerAlgo::kOneShot, PeerAlgo::kTwoShot, PeerAlgo::kStaged})
-    if (algo == peerAlgoName(a)) return peerAlgoCount(a);
+    if (algo == peerAlgoName(a)) return stats.gpuAllreduces(static_cast<int>(a));
   return 0;
 }
 

@@ -122,10 +122,10 @@ class IpcRingComm : public GpuComm {
       if (a != PeerAlgo::kRing) return peer_->allreduce(a, data, data, count, dt, op, 1.0, post);
     }
     if (staged_ && bytes <= staged_max_) {
-      countPeerAlgo(PeerAlgo::kStaged);
+      countPeerAlgo(c_.host.comm->stats.get(), PeerAlgo::kStaged);
       return staged_->allreduce(data, count, dt, op, post);
     }
-    countPeerAlgo(PeerAlgo::kRing);
+    countPeerAlgo(c_.host.comm->stats.get(), PeerAlgo::kRing);
     const int n = n_;
     char* buf = begin(data, bytes, true);
     run([=](int p) { return pullAllreduce(n, p, count, es, post); }, buf, es, dt, op,

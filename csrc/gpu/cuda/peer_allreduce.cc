@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <atomic>
 #include <cstring>
 
+#include "collectives/ring.h"
 #include "common/abort.h"
 #include "common/clock.h"
 #include "common/logging.h"
@@ -25,7 +25,6 @@ namespace gpu {
 namespace {
 
 constexpr size_t kHeader = 256;  // the flag word's line, then the data
-std::atomic<uint64_t> g_counts[4];
 
 size_t roundUp256(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -55,9 +54,9 @@ const char* peerAlgoName(PeerAlgo a) {
   return "?";
 }
 
-uint64_t peerAlgoCount(PeerAlgo a) { return g_counts[static_cast<int>(a)].load(); }
-
-void countPeerAlgo(PeerAlgo a) { g_counts[static_cast<int>(a)].fetch_add(1); }
+void countPeerAlgo(collectives::CommStats* stats, PeerAlgo a) {
+  if (stats) stats->countGpuAllreduce(static_cast<int>(a));
+}
 
 std::unique_ptr<PeerAllreduce> PeerAllreduce::create(const CommContext& ctx, std::string* why,
                                                      size_t* staged_max) {
@@ -214,7 +213,7 @@ void PeerAllreduce::barrier() {
 void PeerAllreduce::allreduce(PeerAlgo algo, const void* in, void* out, size_t count, DataType dt,
                               ReduceOp op, double pre, double post) {
   if (count == 0) return;
-  countPeerAlgo(algo);
+  countPeerAlgo(c_.host.comm->stats.get(), algo);
   const size_t es = dtypeSize(dt);
   const size_t piece = cap_ / es;  // elements per collective
   const char* i = static_cast<const char*>(in);

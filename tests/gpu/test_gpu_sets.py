@@ -1,0 +1,40 @@
+"""GPU state is per communicator (the world, each process set): a
+stream-completed collective's failure, and the GPU allreduce algorithm
+counters. Needs a GPU, or the CUDA emulation build (tests/gpu_emu.sh);
+skipped cleanly without one."""
+
+import pytest
+
+from multiproc import check_ok, run_ranks
+from tfring import _core
+
+requires_gpu = pytest.mark.skipif(
+    not _core.cuda_available(), reason=f"no usable GPU: {_core.cuda_unavailable_reason()}")
+
+
+@requires_gpu
+def test_gpu_gated_failure_and_algorithm_counts_stay_in_their_set():
+    # Sets a = [0, 1] and b = [1, 2]: a gated allreduce fails in a (a shape
+    # mismatch); the world's and b's gated allreduces after it still reduce
+    # (tests/workers/gpu_sets.py checks the values), and each communicator
+    # counts only its own GPU allreduces (the one-shot one, forced).
+    env = {"TFRING_TEST_DEVICE": "0", "TFRING_GPU_BACKEND": "ring",
+           "TFRING_GPU_ALLREDUCE_ALGO": "oneshot", "TFRING_GPU_ONESHOT_MAX": "4K",
+           "TFRING_GPU_TWOSHOT_MAX": "32K", "TFRING_GPU_STAGED_MAX": "0"}
+    res = check_ok(run_ranks(3, "gpu_sets.py", env=env, timeout=60))
+    for r, out in enumerate(res):
+        assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"])
+    only = lambda k: {"ring": 0, "oneshot": k, "twoshot": 0, "staged": 0}  # noqa: E731
+    # world: w.0, w.1, w.2; a: a.warm (a.bad fails before it runs, a.next
+    # is refused); b: b.0, b.1.
+    for r, out in enumerate(res):
+        want = {"world": only(3)}
+        if r in (0, 1):
+            want["a"] = only(1)
+        if r in (1, 2):
+            want["b"] = only(2)
+        assert out["counts"] == want, (r, out["counts"])
+    for r in (0, 1):
+        err = res[r]["error"]
+        assert err and "a.bad" in err and "completed on its GPU stream" in err, (r, err)
+    assert res[2]["error"] is None
