@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/rank_labels.h"
 #include "common/status.h"
 #include "common/types.h"
 
@@ -54,6 +55,9 @@ struct HostLink {
   collectives::RingComm* comm = nullptr;  // the CPU ring: bootstrap and staging
   const transport::Topology* topo = nullptr;
   double timeout_s = 300;
+  // How messages name the ranks of topo's places (common/rank_labels.h): a
+  // process set's by their global ranks.
+  RankLabels labels;
 };
 
 struct Buffer {

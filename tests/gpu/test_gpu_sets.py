@@ -21,7 +21,7 @@ def test_gpu_gated_failure_and_algorithm_counts_stay_in_their_set():
     env = {"TFRING_TEST_DEVICE": "0", "TFRING_GPU_BACKEND": "ring",
            "TFRING_GPU_ALLREDUCE_ALGO": "oneshot", "TFRING_GPU_ONESHOT_MAX": "4K",
            "TFRING_GPU_TWOSHOT_MAX": "32K", "TFRING_GPU_STAGED_MAX": "0"}
-    res = check_ok(run_ranks(3, "gpu_sets.py", env=env, timeout=60))
+    res = check_ok(run_ranks(3, "gpu_sets.py", ["isolation"], env=env, timeout=60))
     for r, out in enumerate(res):
         assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"])
     only = lambda k: {"ring": 0, "oneshot": k, "twoshot": 0, "staged": 0}  # noqa: E731
@@ -38,3 +38,15 @@ def test_gpu_gated_failure_and_algorithm_counts_stay_in_their_set():
         err = res[r]["error"]
         assert err and "a.bad" in err and "completed on its GPU stream" in err, (r, err)
     assert res[2]["error"] is None
+
+
+@requires_gpu
+def test_gpu_backend_errors_in_a_set_name_global_ranks():
+    # TFRING_GPU_BACKEND=nccl where ranks share a GPU: set b = [1, 2]'s
+    # members are its places 0 and 1, and the error names ranks 1 and 2.
+    env = {"TFRING_TEST_DEVICE": "0", "TFRING_GPU_BACKEND": "nccl"}
+    res = check_ok(run_ranks(3, "gpu_sets.py", ["names"], env=env, timeout=60))
+    for r, out in enumerate(res):
+        assert out["failures"] == [], f"rank {r}: " + "\n".join(out["failures"])
+    for r in (1, 2):
+        assert "ranks 1 and 2 share GPU" in res[r]["error"], res[r]["error"]

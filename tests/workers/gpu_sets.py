@@ -1,14 +1,22 @@
 """GPU state per communicator, on 3 ranks sharing one GPU, with process sets
-a = [0, 1] and b = [1, 2] (tests/gpu/test_gpu.py runs it with the one-shot
-allreduce forced, so every GPU allreduce is counted under "oneshot").
+a = [0, 1] and b = [1, 2] (tests/gpu/test_gpu_sets.py). Reports
+{"failures", "counts", "error"}.
 
-A stream-completed (gated, as XLA's calls with TFRING_GPU_COMPLETION=stream)
-allreduce that fails in set a is kept by set a alone: set a's next gated
-call raises it, the world's and set b's still reduce. Each communicator
-counts its own GPU allreduces. Reports {"failures", "counts", "error"}.
+Modes:
+  isolation  (run with the one-shot allreduce forced, so every GPU allreduce
+             is counted under "oneshot") a stream-completed (gated, as XLA's
+             calls with TFRING_GPU_COMPLETION=stream) allreduce that fails in
+             set a is kept by set a alone: set a's next gated call raises it,
+             the world's and set b's still reduce. Each communicator counts
+             its own GPU allreduces.
+  names      (run with TFRING_GPU_BACKEND=nccl, which a shared GPU rules out)
+             the GPU backend's error names the ranks sharing the GPU by
+             their global ranks: set b's "ranks 1 and 2", the world's
+             "ranks 0 and 1"; "error" is set b's on its members.
 """
 
 import os
+import sys
 import time
 
 import numpy as np
@@ -56,8 +64,26 @@ def errors():
     return out
 
 
-error = None
-try:
+def run_names():
+    """Each communicator's first GPU allreduce fails choosing its backend."""
+    out = None
+    for ps, want in ((None, "ranks 0 and 1 share GPU"), (b, "ranks 1 and 2 share GPU")):
+        if ps is not None and rank not in ps.ranks:
+            continue
+        tag = "world" if ps is None else "b"
+        try:
+            gated(ps, f"{tag}.nccl")
+            failures.append(f"{tag}: TFRING_GPU_BACKEND=nccl on a shared GPU should fail")
+        except Exception as e:  # noqa: BLE001 - the message is what is checked
+            if want not in str(e):
+                failures.append(f"{tag}: the error should say {want!r}: {e}")
+            out = str(e)
+    return out
+
+
+def run_isolation():
+    """Returns ({communicator: GPU allreduce counts}, set a's raised error)."""
+    error = None
     reduce_checked(None, "w.0")  # the world's first: completed on the host
     if rank in a.ranks:
         reduce_checked(a, "a.warm")  # a's first: on the host
@@ -93,6 +119,15 @@ try:
     for tag, ps in (("a", a), ("b", b)):
         if rank in ps.ranks:
             counts[tag] = _core.gpu_allreduce_algorithms(process_set=ps.process_set_id)
+    return counts, error
+
+
+error = counts = None
+try:
+    if sys.argv[1] == "isolation":
+        counts, error = run_isolation()
+    else:
+        error = run_names()
 finally:
     _core.cuda_stream_destroy(stream, device)
 

@@ -364,11 +364,11 @@ Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor
   // avoids the context switches (gpu/mps.h).
   const std::string mps_dir = mpsPipeDirectory();
   const std::string mps_warning =
-      sharedGpuMpsWarning(facts, T.rank, mpsControlPresent(mps_dir), mps_dir);
+      sharedGpuMpsWarning(facts, T.rank, mpsControlPresent(mps_dir), mps_dir, host.labels);
   if (!mps_warning.empty()) TFRING_LOG(kWarning, mps_warning);
   Choice choice;
   try {
-    choice = chooseBackend(cfg.backend, facts, cfg.autotune);
+    choice = chooseBackend(cfg.backend, facts, cfg.autotune, host.labels);
   } catch (const Error& e) {
     return e.status();  // identical on every rank
   }
@@ -422,8 +422,9 @@ Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor
       double t_alt = timeAllreduce(alt.get(), stream, data, kCount, 3, to, ab);
       uint8_t pick_alt = t_alt < t_main ? 1 : 0;
       hostBroadcast(host, &pick_alt, 1);
-      reason += strCat(" (rank 0 timed ", ex->comm()->name(), " ", t_main * 1e3 / 3, " ms, ",
-                       alt->name(), " ", t_alt * 1e3 / 3, " ms per 32 MiB allreduce)");
+      reason += strCat(" (rank ", host.labels(0), " timed ", ex->comm()->name(), " ",
+                       t_main * 1e3 / 3, " ms, ", alt->name(), " ", t_alt * 1e3 / 3,
+                       " ms per 32 MiB allreduce)");
       if (pick_alt)
         ex->replaceComm(std::move(alt));
       else
