@@ -15,7 +15,9 @@ namespace python {
 void bindStore(pybind11::module_& m);    // store_binding.cc
 void bindKernels(pybind11::module_& m);  // kernels_binding.cc
 void bindRuntime(pybind11::module_& m);  // runtime_binding.cc
+void bindGpuArrays(pybind11::module_& m);  // gpu_arrays.cc
 void bindGpu(pybind11::module_& m);      // gpu_binding.cc
+void bindGpuStreams(pybind11::module_& m);  // gpu_stream_binding.cc
 void bindAlgorithms(pybind11::module_& m);  // algorithms_binding.cc
 void bindSecurity(pybind11::module_& m); // security_binding.cc
 void bindAlltoallJoin(pybind11::module_& m);  // alltoall_binding.cc
