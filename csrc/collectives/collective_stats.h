@@ -17,6 +17,8 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <string>
+#include <utility>
 
 namespace tfring {
 namespace collectives {
@@ -73,6 +75,16 @@ class CommStats {
   uint64_t gpuAllreduces(int algo) const {
     return gpu_allreduce_[algo].load(std::memory_order_relaxed);
   }
+  // The GPU backend its GPU collectives run on ("nccl", "ring-ipc",
+  // "ring-host", "local"); "" before the first: behind _core.gpu_backend().
+  void setGpuBackend(std::string name) {
+    std::lock_guard<std::mutex> lk(mu_);
+    gpu_backend_ = std::move(name);
+  }
+  std::string gpuBackend() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return gpu_backend_;
+  }
 
   void setLast(Kind k, const CollectiveStats& st, int algo = 0) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -90,6 +102,7 @@ class CommStats {
   CollectiveStats last_[kNumKinds];
   int algo_[kNumKinds] = {};
   std::atomic<uint64_t> gpu_allreduce_[kMaxAlgos] = {};
+  std::string gpu_backend_;
 };
 
 // Records `st` as the communicator's last collective (null: not recorded).

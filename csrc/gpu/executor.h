@@ -92,10 +92,6 @@ class Executor {
 // goes on. A thrown Error is a local failure and fatal to the job.
 Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor>* out);
 
-// The backend of this process's GPU executor ("nccl", "ring-ipc",
-// "ring-host", "local"), or "" before the first GPU collective.
-std::string activeBackend();
-
 // How many GPU allreduces the communicator whose statistics are `stats` ran
 // with each algorithm of the CUDA-IPC backend: "ring", "oneshot",
 // "twoshot", "staged" (gpu_config.h); 0 for others.

@@ -9,7 +9,8 @@
 //   cuda_device_count() -> int
 //   cuda_unavailable_reason() -> str
 //   cuda_describe(device) -> str
-//   gpu_backend() -> str | None       "nccl", "ring-ipc", "ring-host" or
+//   gpu_backend(process_set=0) -> str | None  a communicator's GPU backend:
+//                                     "nccl", "ring-ipc", "ring-host" or
 //                                     "local", once a GPU collective ran
 //   gpu_allreduce_algorithms(process_set=0) -> dict  a communicator's GPU
 //                                     allreduces per CUDA-IPC algorithm
@@ -83,12 +84,13 @@ void bindGpu(py::module_& m) {
       throwStatus(e.status());
     }
   });
-  m.def("gpu_backend", []() -> py::object {
-    std::string b = gpu::activeBackend();
+  m.def("gpu_backend", [](int process_set) -> py::object {
+    std::string b = commStats(process_set)->gpuBackend();
     if (b.empty()) return py::none();
     return py::str(b);
-  }, "The GPU backend of this process ('nccl', 'ring-ipc', 'ring-host', 'local'), "
-     "or None before the first GPU collective.");
+  }, py::arg("process_set") = 0,
+     "The GPU backend of communicator `process_set` (0: the world): 'nccl', 'ring-ipc', "
+     "'ring-host' or 'local', or None before its first GPU collective.");
   m.def("gpu_allreduce_algorithms", [](int process_set) {
     auto s = commStats(process_set);
     py::dict d;

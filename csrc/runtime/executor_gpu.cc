@@ -33,6 +33,7 @@ Status GpuExecutor::run(const Group& g, const Entries& es) {
     h.labels = labels_;
     Status s = gpu::createExecutor(es[0]->req.device, h, &gpu_);
     if (!s.ok()) return s;
+    if (comm_.stats) comm_.stats->setGpuBackend(gpu_->backend());
   }
   const Meta& m = es[0]->meta;
   const int N = comm_.size;

@@ -1,6 +1,6 @@
 """GPU state per communicator, on 3 ranks sharing one GPU, with process sets
-a = [0, 1] and b = [1, 2] (tests/gpu/test_gpu_sets.py). Reports
-{"failures", "counts", "error"}.
+a = [0, 1], b = [1, 2] and c = [2] (tests/gpu/test_gpu_sets.py). Reports
+{"failures", "counts", "backends", "error"}.
 
 Modes:
   isolation  (run with the one-shot allreduce forced, so every GPU allreduce
@@ -8,7 +8,8 @@ Modes:
              calls with TFRING_GPU_COMPLETION=stream) allreduce that fails in
              set a is kept by set a alone: set a's next gated call raises it,
              the world's and set b's still reduce. Each communicator counts
-             its own GPU allreduces.
+             its own GPU allreduces and has its own GPU backend (set c, of
+             one rank, needs no communication: "local").
   names      (run with TFRING_GPU_BACKEND=nccl, which a shared GPU rules out)
              the GPU backend's error names the ranks sharing the GPU by
              their global ranks: set b's "ranks 1 and 2", the world's
@@ -33,6 +34,8 @@ device = int(os.environ.get("TFRING_TEST_DEVICE", "0"))
 failures = []
 a = tfring.add_process_set([0, 1])
 b = tfring.add_process_set([1, 2])
+c = tfring.add_process_set([2])
+SETS = (("a", a), ("b", b), ("c", c))
 stream = _core.cuda_stream_create(device)
 
 
@@ -58,7 +61,7 @@ def reduce_checked(ps, name):
 def errors():
     """Every communicator's recorded error this rank can read."""
     out = {"world": _core.cuda_gated_error()}
-    for tag, ps in (("a", a), ("b", b)):
+    for tag, ps in SETS:
         if rank in ps.ranks:
             out[tag] = _core.cuda_gated_error(process_set=ps.process_set_id)
     return out
@@ -111,25 +114,29 @@ def run_isolation():
     if rank in b.ranks:
         reduce_checked(b, "b.0")
         reduce_checked(b, "b.1")
+    if rank in c.ranks:
+        reduce_checked(c, "c.0")
     reduce_checked(None, "w.2")
     final = errors()
     if any(v is not None for k, v in final.items() if k != "a"):
         failures.append(f"a communicator other than a has an error: {final}")
     counts = {"world": _core.gpu_allreduce_algorithms()}
-    for tag, ps in (("a", a), ("b", b)):
+    backends = {"world": _core.gpu_backend()}
+    for tag, ps in SETS:
         if rank in ps.ranks:
             counts[tag] = _core.gpu_allreduce_algorithms(process_set=ps.process_set_id)
-    return counts, error
+            backends[tag] = _core.gpu_backend(process_set=ps.process_set_id)
+    return counts, backends, error
 
 
-error = counts = None
+error = counts = backends = None
 try:
     if sys.argv[1] == "isolation":
-        counts, error = run_isolation()
+        counts, backends, error = run_isolation()
     else:
         error = run_names()
 finally:
     _core.cuda_stream_destroy(stream, device)
 
-report({"failures": failures, "counts": counts, "error": error})
+report({"failures": failures, "counts": counts, "backends": backends, "error": error})
 basics.shutdown()

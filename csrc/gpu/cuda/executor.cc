@@ -30,9 +30,12 @@ namespace gpu {
 
 namespace {
 
+// The one GPU this process's tensors use, whichever communicator runs them
+// (one GPU per process); free again once no communicator's executor is
+// left (g_live, under g_mu).
 std::mutex g_mu;
-std::string g_backend;
-std::atomic<int> g_device{-1};  // the one GPU this process's tensors use
+int g_live = 0;
+std::atomic<int> g_device{-1};
 
 // Readiness events of submitted tensors (one per tensor with a producer
 // stream), reused instead of created and destroyed per tensor. A returned
@@ -82,7 +85,10 @@ class CudaExecutor : public Executor {
  public:
   CudaExecutor(int device, const HostLink& host, cudaStream_t stream,
                std::unique_ptr<GpuComm> comm)
-      : device_(device), host_(host), stream_(stream), comm_(std::move(comm)) {}
+      : device_(device), host_(host), stream_(stream), comm_(std::move(comm)) {
+    std::lock_guard<std::mutex> lk(g_mu);
+    ++g_live;
+  }
 
   ~CudaExecutor() override {
     int prev = -1;
@@ -109,8 +115,7 @@ class CudaExecutor : public Executor {
     if (stream_) cudaStreamDestroy(stream_);
     if (prev >= 0) cudaSetDevice(prev);
     std::lock_guard<std::mutex> lk(g_mu);
-    g_backend.clear();
-    g_device.store(-1);
+    if (--g_live == 0) g_device.store(-1);
   }
 
   int device() const override { return device_; }
@@ -332,11 +337,6 @@ uint64_t allreduceAlgorithmCount(const collectives::CommStats& stats, const std:
   return 0;
 }
 
-std::string activeBackend() {
-  std::lock_guard<std::mutex> lk(g_mu);
-  return g_backend;
-}
-
 Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor>* out) {
   const transport::Topology& T = *host.topo;
   TFRING_CUDA_CHECK(cudaSetDevice(device), "GPU ", device);
@@ -430,10 +430,6 @@ Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor
       else
         ex->retire(std::move(alt));
     }
-  }
-  {
-    std::lock_guard<std::mutex> lk(g_mu);
-    g_backend = ex->backend();
   }
   if (T.rank == 0) TFRING_LOG(kInfo, "GPU backend: ", ex->backend(), " (", reason, ")");
   *out = std::move(ex);

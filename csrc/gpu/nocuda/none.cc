@@ -31,7 +31,6 @@ Status createExecutor(int, const HostLink&, std::unique_ptr<Executor>*) {
   return Status(Code::kUnavailable, "this tfring build has no CUDA support");
 }
 
-std::string activeBackend() { return ""; }
 uint64_t allreduceAlgorithmCount(const collectives::CommStats&, const std::string&) { return 0; }
 
 int deviceCount() { return 0; }
