@@ -388,12 +388,12 @@ void IpcRingComm::createOwn(const std::string& job) {
 }
 
 void IpcRingComm::openPeers(const std::string& job) {
-  left_seg_ = transport::ShmSegment::open(job, left_rank_);
+  left_seg_ = transport::ShmSegment::open(job, left_rank_, false, label(left_rank_));
   left_ = reinterpret_cast<CtlBlock*>(left_seg_->data());
   if (right_rank_ == left_rank_) {
     right_ = left_;
   } else {
-    right_seg_ = transport::ShmSegment::open(job, right_rank_);
+    right_seg_ = transport::ShmSegment::open(job, right_rank_, false, label(right_rank_));
     right_ = reinterpret_cast<CtlBlock*>(right_seg_->data());
   }
   for (int i = 0; i < kEvents; ++i)
