@@ -81,8 +81,8 @@ void bindGpuStreams(py::module_& m) {
       py::arg("op") = "sum", py::arg("root") = -1, py::arg("process_set") = 0,
       "Allreduces inputs into outputs as one batch completed on `stream` (stream gate), or "
       "with root >= 0 broadcasts the one input from `root` (a global rank), on "
-      "`process_set` as XLA's calls do: returns once submitted; work queued on `stream` "
-      "afterwards sees the results.");
+      "communicator `process_set` (0: the world): returns once submitted; work queued on "
+      "`stream` afterwards sees the results.");
   m.def(
       "cuda_grouped_allreduce",
       [](const std::vector<py::object>& inputs, const std::vector<py::object>& outputs,
