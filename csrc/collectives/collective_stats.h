@@ -17,6 +17,8 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <string>
+#include <utility>
 
 namespace tfring {
 namespace collectives {
@@ -64,6 +66,26 @@ class CommStats {
 
   AlgoTotals<kMaxAlgos> allreduce, allgather, broadcast, vote;
 
+  // GPU allreduces run by each algorithm of the CUDA-IPC backend (indexed
+  // by gpu/cuda/peer_allreduce.h's PeerAlgo): behind
+  // _core.gpu_allreduce_algorithms().
+  void countGpuAllreduce(int algo) {
+    gpu_allreduce_[algo].fetch_add(1, std::memory_order_relaxed);
+  }
+  uint64_t gpuAllreduces(int algo) const {
+    return gpu_allreduce_[algo].load(std::memory_order_relaxed);
+  }
+  // The GPU backend its GPU collectives run on ("nccl", "ring-ipc",
+  // "ring-host", "local"); "" before the first: behind _core.gpu_backend().
+  void setGpuBackend(std::string name) {
+    std::lock_guard<std::mutex> lk(mu_);
+    gpu_backend_ = std::move(name);
+  }
+  std::string gpuBackend() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return gpu_backend_;
+  }
+
   void setLast(Kind k, const CollectiveStats& st, int algo = 0) {
     std::lock_guard<std::mutex> lk(mu_);
     last_[k] = st;
@@ -79,6 +101,8 @@ class CommStats {
   mutable std::mutex mu_;
   CollectiveStats last_[kNumKinds];
   int algo_[kNumKinds] = {};
+  std::atomic<uint64_t> gpu_allreduce_[kMaxAlgos] = {};
+  std::string gpu_backend_;
 };
 
 // Records `st` as the communicator's last collective (null: not recorded).

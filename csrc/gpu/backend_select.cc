@@ -38,7 +38,7 @@ bool findSharedGpu(const std::vector<RankGpu>& ranks, int* a, int* b) {
 }  // namespace
 
 Choice chooseBackend(const std::string& requested, const std::vector<RankGpu>& ranks,
-                     bool autotune) {
+                     bool autotune, const RankLabels& labels) {
   if (requested != "auto" && requested != "nccl" && requested != "ring")
     fail(Code::kInvalidArgument, "TFRING_GPU_BACKEND='", requested,
          "' is not one of auto, nccl, ring");
@@ -57,10 +57,10 @@ Choice chooseBackend(const std::string& requested, const std::vector<RankGpu>& r
   }
   std::string why_not_nccl;
   if (shared)
-    why_not_nccl = strCat("ranks ", sa, " and ", sb, " share GPU ", ranks[sa].gpu, " on host ",
+    why_not_nccl = strCat("ranks ", labels(sa), " and ", labels(sb), " share GPU ", ranks[sa].gpu, " on host ",
                           ranks[sa].host, ", and NCCL needs a GPU of its own for every rank");
   else if (no_nccl >= 0)
-    why_not_nccl = strCat("NCCL could not be loaded on rank ", no_nccl, ": ",
+    why_not_nccl = strCat("NCCL could not be loaded on rank ", labels(no_nccl), ": ",
                           ranks[no_nccl].nccl_error);
 
   const Backend ring = one_host && ipc ? Backend::kIpcRing : Backend::kHostRing;

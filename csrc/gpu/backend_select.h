@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "common/rank_labels.h"
+
 namespace tfring {
 namespace gpu {
 
@@ -47,9 +49,10 @@ struct Choice {
 
 // Throws tfring::Error (kInvalidArgument for an unknown name, kUnavailable
 // when the requested backend cannot work) with a message naming the ranks
-// involved. `ranks` is indexed by rank.
+// involved. `ranks` is indexed by place in the communicator; messages name
+// each as `labels` does (a process set's: by global rank).
 Choice chooseBackend(const std::string& requested, const std::vector<RankGpu>& ranks,
-                     bool autotune);
+                     bool autotune, const RankLabels& labels = RankLabels());
 
 }  // namespace gpu
 }  // namespace tfring

@@ -20,12 +20,14 @@
 #include <string>
 #include <vector>
 
+#include "common/rank_labels.h"
 #include "common/status.h"
 #include "common/types.h"
 
 namespace tfring {
 namespace collectives {
 struct RingComm;
+class CommStats;
 }
 namespace transport {
 struct Topology;
@@ -53,6 +55,9 @@ struct HostLink {
   collectives::RingComm* comm = nullptr;  // the CPU ring: bootstrap and staging
   const transport::Topology* topo = nullptr;
   double timeout_s = 300;
+  // How messages name the ranks of topo's places (common/rank_labels.h): a
+  // process set's by their global ranks.
+  RankLabels labels;
 };
 
 struct Buffer {
@@ -87,13 +92,10 @@ class Executor {
 // goes on. A thrown Error is a local failure and fatal to the job.
 Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor>* out);
 
-// The backend of this process's GPU executor ("nccl", "ring-ipc",
-// "ring-host", "local"), or "" before the first GPU collective.
-std::string activeBackend();
-
-// How many allreduces this process ran with each algorithm of the CUDA-IPC
-// backend: "ring", "oneshot", "twoshot" (gpu_config.h); 0 for others.
-uint64_t allreduceAlgorithmCount(const std::string& algo);
+// How many GPU allreduces the communicator whose statistics are `stats` ran
+// with each algorithm of the CUDA-IPC backend: "ring", "oneshot",
+// "twoshot", "staged" (gpu_config.h); 0 for others.
+uint64_t allreduceAlgorithmCount(const collectives::CommStats& stats, const std::string& algo);
 
 }  // namespace gpu
 }  // namespace tfring

@@ -23,7 +23,7 @@ bool mpsControlPresent(const std::string& pipe_dir) {
 }
 
 std::string sharedGpuMpsWarning(const std::vector<RankGpu>& ranks, int rank, bool mps_present,
-                                const std::string& pipe_dir) {
+                                const std::string& pipe_dir, const RankLabels& labels) {
   if (mps_present || rank < 0 || rank >= static_cast<int>(ranks.size())) return "";
   const std::string& host = ranks[rank].host;
   // Only the lowest rank of this host speaks for it.
@@ -38,7 +38,7 @@ std::string sharedGpuMpsWarning(const std::vector<RankGpu>& ranks, int rank, boo
     if (!most || g.second.size() > most->size()) most = &g.second;
   if (!most || most->size() < 2) return "";
   std::string who;
-  for (size_t i = 0; i < most->size() && i < 8; ++i) who += strCat(i ? ", " : "", (*most)[i]);
+  for (size_t i = 0; i < most->size() && i < 8; ++i) who += strCat(i ? ", " : "", labels((*most)[i]));
   if (most->size() > 8) who += ", ...";
   return strCat(most->size(), " ranks on host ", host, " (", who, ") share GPU ",
                 ranks[(*most)[0]].gpu,

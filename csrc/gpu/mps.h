@@ -29,9 +29,11 @@ bool mpsControlPresent(const std::string& pipe_dir);
 // The warning the lowest rank of a host gives when two or more of that
 // host's ranks share a GPU and MPS is not running; "" when none is due for
 // `rank` (other ranks, GPUs not shared, MPS present). `ranks` is indexed by
-// rank (the facts every rank gathered before choosing the backend).
+// place in the communicator (the facts every rank gathered before choosing
+// the backend); the warning names each as `labels` does.
 std::string sharedGpuMpsWarning(const std::vector<RankGpu>& ranks, int rank, bool mps_present,
-                                const std::string& pipe_dir);
+                                const std::string& pipe_dir,
+                                const RankLabels& labels = RankLabels());
 
 }  // namespace gpu
 }  // namespace tfring

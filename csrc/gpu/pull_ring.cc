@@ -105,7 +105,8 @@ PullProgram pullBroadcast(int n, int pos, int root_pos, size_t bytes) {
 }
 
 void waitForPeer(const std::function<bool()>& ready, const Deadline& deadline, int peer_rank,
-                 int peer_pid, const std::string& what, AbortState* abort) {
+                 int peer_pid, const std::string& what, AbortState* abort,
+                 const RankLabels* labels) {
   if (ready()) return;
   uint64_t rounds = 0;
   double next_check = nowSeconds() + 0.2;
@@ -127,11 +128,12 @@ void waitForPeer(const std::function<bool()>& ready, const Deadline& deadline, i
     double now = nowSeconds();
     if (now >= next_check) {
       next_check = now + 0.2;
+      const int label = labels ? (*labels)(peer_rank) : peer_rank;
       if (!transport::pidAlive(peer_pid))
-        failPeer(peer_rank, strCat("pid ", peer_pid), "rank ", peer_rank, " (pid ", peer_pid,
+        failPeer(peer_rank, strCat("pid ", peer_pid), "rank ", label, " (pid ", peer_pid,
                  ") died during ", what);
       if (deadline.expired())
-        fail(Code::kTimeout, "timed out in ", what, " waiting for rank ", peer_rank,
+        fail(Code::kTimeout, "timed out in ", what, " waiting for rank ", label,
              " (TFRING_TIMEOUT; a peer may be stuck or much slower)");
     }
   }
@@ -191,7 +193,7 @@ void runPull(const PullRun& run, PullDevice& dev, PullState& st) {
     uint64_t& prev = st.slot_unit[g % E];
     if (prev != kNoUnit)  // the right must have waited on the slot's last use
       waitForPeer([&] { return R->waited.load(std::memory_order_acquire) >= prev + 1; },
-                  deadline, run.right_rank, R->pid, what, run.abort);
+                  deadline, run.right_rank, R->pid, what, run.abort, run.labels);
     dev.record(g);
     prev = g;
   };
@@ -210,7 +212,7 @@ void runPull(const PullRun& run, PullDevice& dev, PullState& st) {
       const size_t b = std::min(ch, s.bytes - c * ch);
       const uint64_t dep = base + (s.src_step < 0 ? 0 : left_start[s.src_step] + c);
       waitForPeer([&] { return L->progress.load(std::memory_order_acquire) >= dep + 1; },
-                  deadline, run.left_rank, L->pid, what, run.abort);
+                  deadline, run.left_rank, L->pid, what, run.abort, run.labels);
       dev.waitLeft(dep);
       if (self->waited.load(std::memory_order_relaxed) < dep + 1)
         self->waited.store(dep + 1, std::memory_order_release);
@@ -225,7 +227,7 @@ void runPull(const PullRun& run, PullDevice& dev, PullState& st) {
   dev.recordDone();
   self->done_epoch.store(st.epoch + 1, std::memory_order_release);
   waitForPeer([&] { return R->done_epoch.load(std::memory_order_acquire) >= st.epoch + 1; },
-              deadline, run.right_rank, R->pid, what, run.abort);
+              deadline, run.right_rank, R->pid, what, run.abort, run.labels);
   dev.waitRightDone();
   // Nothing more of this collective will be waited on or published.
   if (self->waited.load(std::memory_order_relaxed) < base + units)

@@ -55,6 +55,7 @@
 
 #include "common/abort.h"
 #include "common/clock.h"
+#include "common/rank_labels.h"
 #include "common/types.h"
 
 namespace tfring {
@@ -118,6 +119,7 @@ struct PullRun {
   double timeout_s = 300;
   const char* what = "collective";
   AbortState* abort = nullptr;  // the communicator's failure state
+  const RankLabels* labels = nullptr;  // how messages name ranks; null: as they are
 };
 
 // Kept across collectives. unit_base and epoch are identical on every rank
@@ -133,9 +135,11 @@ void runPull(const PullRun& run, PullDevice& dev, PullState& st);
 
 // Host wait for a neighbour: spins, then yields, then sleeps briefly,
 // checking the deadline, the communicator's abort state (`abort`, may be
-// null) and that `peer_pid` lives.
+// null) and that `peer_pid` lives. `peer_rank` is the peer's place in the
+// communicator; its errors name it as `labels` does (null: the place).
 void waitForPeer(const std::function<bool()>& ready, const Deadline& deadline, int peer_rank,
-                 int peer_pid, const std::string& what, AbortState* abort);
+                 int peer_pid, const std::string& what, AbortState* abort,
+                 const RankLabels* labels);
 
 // Test hook: runs `repeats` collectives of `kind` ("allreduce", "allgather",
 // "broadcast", "reducescatter") on one thread per rank over host memory,

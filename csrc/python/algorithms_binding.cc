@@ -46,11 +46,8 @@ namespace py = pybind11;
 namespace tfring {
 namespace python {
 
-namespace {
-
-// The statistics of communicator `process_set` (0: the world). Before
-// init, and after shutdown, the world's are all zero.
-std::shared_ptr<const collectives::CommStats> statsOf(int process_set) {
+// Before init, and after shutdown, the world's statistics are all zero.
+std::shared_ptr<const collectives::CommStats> commStats(int process_set) {
   auto c = runtime::Registry::get().find(process_set);
   if (!c) {
     if (process_set == 0) return std::make_shared<collectives::CommStats>();
@@ -64,11 +61,9 @@ std::shared_ptr<const collectives::CommStats> statsOf(int process_set) {
   return c->stats;
 }
 
-}  // namespace
-
 void bindAlgorithms(py::module_& m) {
   m.def("allreduce_algorithm_counts", [](int process_set) {
-    auto s = statsOf(process_set);
+    auto s = commStats(process_set);
     std::map<std::string, uint64_t> out;
     for (int i = 0; i < collectives::kNumAllreduceAlgos; ++i) {
       auto a = static_cast<collectives::AllreduceAlgo>(i);
@@ -77,7 +72,7 @@ void bindAlgorithms(py::module_& m) {
     return out;
   }, py::arg("process_set") = 0);
   m.def("allreduce_algorithm_stats", [](int process_set) {
-    auto s = statsOf(process_set);
+    auto s = commStats(process_set);
     py::dict out;
     for (int i = 0; i < collectives::kNumAllreduceAlgos; ++i) {
       auto a = static_cast<collectives::AllreduceAlgo>(i);
@@ -90,7 +85,7 @@ void bindAlgorithms(py::module_& m) {
     return out;
   }, py::arg("process_set") = 0);
   m.def("collective_algorithm_stats", [](int process_set) {
-    auto s = statsOf(process_set);
+    auto s = commStats(process_set);
     py::dict ag, bc;
     for (int i = 0; i < collectives::kNumAllgatherAlgos; ++i) {
       auto a = static_cast<collectives::AllgatherAlgo>(i);
@@ -114,10 +109,10 @@ void bindAlgorithms(py::module_& m) {
     return out;
   }, py::arg("process_set") = 0);
   m.def("last_collective_stats", [](int process_set) {
-    return collectiveDict(collectives::lastCollectiveStats(*statsOf(process_set)));
+    return collectiveDict(collectives::lastCollectiveStats(*commStats(process_set)));
   }, py::arg("process_set") = 0);
   m.def("last_vote_stats", [](int process_set) {
-    auto s = statsOf(process_set);
+    auto s = commStats(process_set);
     const runtime::VoteStats st = runtime::lastVoteStats(*s);
     py::dict d;
     d["collective"] = "vote";

@@ -1,6 +1,6 @@
 // Completion of one queued collective, shared by the engine thread (which
 // finishes it) and the Python handle (which waits on it). Host and CUDA
-// handles (runtime_binding.cc, gpu_binding.cc) both build on it.
+// handles (runtime_binding.cc, gpu_arrays.cc) both build on it.
 #pragma once
 
 #include <pybind11/pybind11.h>

@@ -1,4 +1,4 @@
-// GPU arrays in the collectives of runtime_binding.cc (gpu_binding.cc).
+// GPU arrays in the collectives of runtime_binding.cc (gpu_arrays.cc).
 #pragma once
 
 #include <pybind11/pybind11.h>

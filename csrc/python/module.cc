@@ -7,7 +7,9 @@ PYBIND11_MODULE(_core, m) {
   tfring::python::bindStore(m);
   tfring::python::bindKernels(m);
   tfring::python::bindRuntime(m);
+  tfring::python::bindGpuArrays(m);
   tfring::python::bindGpu(m);
+  tfring::python::bindGpuStreams(m);
   tfring::python::bindAlgorithms(m);
   tfring::python::bindSecurity(m);
   tfring::python::bindAlltoallJoin(m);

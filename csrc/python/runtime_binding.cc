@@ -255,7 +255,7 @@ CollArgs parseCollArgs(const char* fn, const py::args& args, const py::kwargs& k
   return a;
 }
 
-// The numpy-level CUDA path (gpu_binding.cc) runs on the world only; TF's
+// The numpy-level CUDA path (gpu_arrays.cc) runs on the world only; TF's
 // GPU kernels take process sets.
 void cudaProcessSetCheck(int process_set) {
   if (process_set != 0)
@@ -351,7 +351,7 @@ void bindRuntime(py::module_& m) {
   auto arOpts = [](const char* kind, CollectiveType type, const char* fn) {
     return [kind, type, fn](py::args args, py::kwargs kwargs) -> py::object {
       CollArgs a = parseCollArgs(fn, args, kwargs);
-      if (isCudaArray(a.array)) {  // gpu_binding.cc
+      if (isCudaArray(a.array)) {  // gpu_arrays.cc
         cudaProcessSetCheck(a.process_set);
         return submitCuda(type, a.array, autoName(kind, a.name), resolveOp(a.op), a.root,
                           a.prescale, a.postscale, a.dtype, a.out);

@@ -23,6 +23,7 @@
 #include "runtime/coordinator.h"
 #include "runtime/engine.h"
 #include "runtime/runtime.h"
+#include "runtime/stream_completion.h"
 
 namespace tfring {
 namespace runtime {
@@ -40,6 +41,9 @@ struct Comm {
   std::unique_ptr<AbortState> abort;
   // Its collectives' and votes' statistics (members only).
   std::shared_ptr<collectives::CommStats> stats;
+  // Its stream-completed collectives' first failure and warmed-up kinds
+  // (runtime/stream_completion.h); shared with their pending callbacks.
+  std::shared_ptr<GatedState> gated = std::make_shared<GatedState>();
   std::unique_ptr<Engine> engine;            // members only
   std::unique_ptr<Coordinator> coordinator;  // on the first member only
   std::atomic<bool> removed{false};

@@ -37,7 +37,7 @@ Engine::Engine(std::unique_ptr<transport::RingLinks> links, int ctrl_fd, Coordin
   ctrl_.reset(new CtrlLink(ctrl_fd, local, cfg_, T.rank, in_, [this] { idle_->wake(); },
                            comm_.abort, links_->labels()));
   host_exec_.reset(new HostExecutor(comm_, T.rank, timeline_, cfg_.fusion_threshold));
-  gpu_exec_.reset(new GpuExecutor(comm_, T, cfg_.timeout_s));
+  gpu_exec_.reset(new GpuExecutor(comm_, T, cfg_.timeout_s, links_->labels()));
   agreement_.reset(new Agreement(cfg_, comm_, *links_, timeline_, in_, *ctrl_,
                                  Executors{host_exec_.get(), gpu_exec_.get()}));
   idle_.reset(new IdleWait(*links_, cfg_, in_, *agreement_));

@@ -63,8 +63,9 @@ class HostExecutor : public Executor {
 // never reached.
 class GpuExecutor : public Executor {
  public:
-  GpuExecutor(collectives::RingComm& comm, const transport::Topology& topo, double timeout_s)
-      : comm_(comm), topo_(topo), timeout_s_(timeout_s) {}
+  GpuExecutor(collectives::RingComm& comm, const transport::Topology& topo, double timeout_s,
+              RankLabels labels)
+      : comm_(comm), topo_(topo), timeout_s_(timeout_s), labels_(std::move(labels)) {}
   // On the submitting thread, at enqueue: whether CUDA can serve the
   // tensor; records the event its input is ready at.
   static Status accept(Entry& e);
@@ -74,6 +75,7 @@ class GpuExecutor : public Executor {
   collectives::RingComm& comm_;
   const transport::Topology& topo_;
   const double timeout_s_;
+  const RankLabels labels_;  // the communicator's (its messages name global ranks)
   std::unique_ptr<gpu::Executor> gpu_;  // created at the first GPU group
   // A job of one runs GPU tensors without a producer stream inline on the
   // caller's thread and the rest on the engine thread: one at a time.

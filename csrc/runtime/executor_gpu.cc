@@ -30,8 +30,10 @@ Status GpuExecutor::run(const Group& g, const Entries& es) {
     h.comm = &comm_;
     h.topo = &topo_;
     h.timeout_s = timeout_s_;
+    h.labels = labels_;
     Status s = gpu::createExecutor(es[0]->req.device, h, &gpu_);
     if (!s.ok()) return s;
+    if (comm_.stats) comm_.stats->setGpuBackend(gpu_->backend());
   }
   const Meta& m = es[0]->meta;
   const int N = comm_.size;

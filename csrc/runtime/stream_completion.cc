@@ -4,7 +4,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
-#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -12,23 +11,31 @@
 #include "common/logging.h"
 #include "common/tunables.h"
 #include "gpu/device.h"
+#include "runtime/registry.h"
 
 namespace tfring {
 namespace runtime {
 
 namespace {
 
-std::mutex g_error_mu;
-Status g_error;  // first failure of a stream-completed collective
+// Keeps `s` as the communicator's first stream-completed failure (`gs`
+// null: the communicator is gone, nothing left to fail).
+void recordError(GatedState* gs, const Status& s) {
+  if (!gs) return;
+  std::lock_guard<std::mutex> lk(gs->mu);
+  if (!gs->error.ok()) return;
+  gs->error = Status(s.code(),
+                     strCat(s.message(), " (this collective completed on its GPU stream "
+                                         "[TFRING_GPU_COMPLETION=stream] before it failed: "
+                                         "the outputs of the step that ran it are not valid)"));
+  TFRING_LOG(kError, gs->error.message());
+}
 
-void recordError(const Status& s) {
-  std::lock_guard<std::mutex> lk(g_error_mu);
-  if (!g_error.ok()) return;
-  g_error = Status(s.code(),
-                   strCat(s.message(), " (this collective completed on its GPU stream "
-                                       "[TFRING_GPU_COMPLETION=stream] before it failed: "
-                                       "the outputs of the step that ran it are not valid)"));
-  TFRING_LOG(kError, g_error.message());
+// The stream-completion state of communicator `process_set`; null when
+// there is none.
+std::shared_ptr<GatedState> gatedStateOf(int process_set) {
+  std::shared_ptr<Comm> c = Registry::get().find(process_set);
+  return c ? c->gated : nullptr;
 }
 
 }  // namespace
@@ -61,9 +68,11 @@ bool streamCompletion(int device) {
   return ok;
 }
 
-Status streamCompletionError() {
-  std::lock_guard<std::mutex> lk(g_error_mu);
-  return g_error;
+Status streamCompletionError(int process_set) {
+  std::shared_ptr<GatedState> gs = gatedStateOf(process_set);
+  if (!gs) return Status::OK();
+  std::lock_guard<std::mutex> lk(gs->mu);
+  return gs->error;
 }
 
 struct GatedSubmission::State {
@@ -75,6 +84,10 @@ struct GatedSubmission::State {
   // not one to fail later calls with.
   bool on_host = false;
   std::shared_ptr<gpu::StreamGate> gate;
+  // The communicator the requests run on: its engine is the one driven
+  // while waiting, its state keeps a failure.
+  int process_set = 0;
+  std::shared_ptr<GatedState> comm;
 };
 
 namespace {
@@ -84,28 +97,28 @@ namespace {
 // first, nor fuse them with it: that would wait on the gate it is to open.
 // One gated submission in flight per process rules it out (in an XLA step
 // there is one call, so this rarely waits).
+// Process-wide: one stream carries every set's calls, so a set's gate holds the next's inputs.
 std::mutex g_last_mu;
 std::shared_ptr<GatedSubmission::State> g_last;
 
-// (process set, collective) pairs that have completed once in this world.
-// The first of each completes on the host: it may set up the GPU backend
-// (the executor, NCCL's communicator and its lazily made connections, the
-// calibration), and set-up may synchronize the device, which would wait
-// forever on a stream held by its own gate. Every rank makes the same
-// calls in the same order, so every rank waits on the same ones.
-std::set<std::pair<int, int>> g_warm;
-
-// True once (set, type) has been submitted before in this world; marks it.
-bool warmedUp(int process_set, CollectiveType type) {
-  std::lock_guard<std::mutex> lk(g_last_mu);
-  return !g_warm.insert({process_set, static_cast<int>(type)}).second;
+// True once `type` has been submitted before on the communicator whose
+// state is `gs`; marks it. The first of each completes on the host: it may
+// set up the GPU backend (the executor, NCCL's communicator and its lazily
+// made connections, the calibration), and set-up may synchronize the
+// device, which would wait forever on a stream held by its own gate. Every
+// rank makes the same calls in the same order, so every rank waits on the
+// same ones.
+bool warmedUp(GatedState* gs, CollectiveType type) {
+  if (!gs) return false;
+  std::lock_guard<std::mutex> lk(gs->mu);
+  return !gs->warm.insert(static_cast<int>(type)).second;
 }
 
 // Lends this thread to the engine until every request of `st` is done.
 void driveUntilDone(const std::shared_ptr<GatedSubmission::State>& st) {
   if (st->left.load() == 0) return;
   drive([st] { return st->left.load() == 0; },
-                 [] { std::this_thread::sleep_for(std::chrono::microseconds(20)); });
+        [] { std::this_thread::sleep_for(std::chrono::microseconds(20)); }, st->process_set);
 }
 
 }  // namespace
@@ -120,13 +133,8 @@ void waitForGatedSubmissions() {
 }
 
 void resetStreamCompletion() {
-  {
-    std::lock_guard<std::mutex> lk(g_error_mu);
-    g_error = Status::OK();
-  }
   std::lock_guard<std::mutex> lk(g_last_mu);
   g_last.reset();
-  g_warm.clear();
 }
 
 GatedSubmission::GatedSubmission(int count) : st_(std::make_shared<State>()) {
@@ -149,7 +157,7 @@ std::vector<DoneCallback> GatedSubmission::callbacks() {
           if (st->first.ok()) st->first = s;
           on_host = st->on_host;
         }
-        if (!on_host) recordError(s);
+        if (!on_host) recordError(st->comm.get(), s);
       }
       if (st->left.fetch_sub(1) != 1) return;
       std::shared_ptr<gpu::StreamGate> gate;
@@ -181,8 +189,10 @@ Status GatedSubmission::closeAfterSubmit(int device, void* stream) {
 }
 
 Status GatedSubmission::submit(std::vector<Request> reqs, int device, void* stream) {
+  st_->process_set = reqs.empty() ? 0 : reqs[0].process_set;
+  st_->comm = gatedStateOf(st_->process_set);
   bool gate = true;
-  for (const auto& r : reqs) gate = warmedUp(r.process_set, r.type) && gate;
+  for (const auto& r : reqs) gate = warmedUp(st_->comm.get(), r.type) && gate;
   st_->on_host = !gate;
   Status s;
   try {
@@ -210,7 +220,7 @@ Status GatedSubmission::waitHost() {
 
 Status submitGated(std::vector<Request> reqs, int device, void* stream) {
   if (reqs.empty()) return Status::OK();
-  Status s = streamCompletionError();
+  Status s = streamCompletionError(reqs[0].process_set);
   if (!s.ok()) return s;
   GatedSubmission sub(static_cast<int>(reqs.size()));
   return sub.submit(std::move(reqs), device, stream);

@@ -20,19 +20,21 @@
 // on every rank (the chain, xla_ops.cc), so that wait cannot cross ranks.
 // The TF kernels are not gated: TF's executor may run two of them in
 // different orders on different ranks. The first call of each collective
-// type in a world (per process set) is not gated either and completes on
+// type on a communicator (the world, each process set) is not gated either and completes on
 // the host: it may set up the GPU backend, and set-up may synchronize the
 // device, which would wait on the held stream.
 //
 // Errors: a collective that fails after its call returned cannot fail that
-// call. The error is logged at once and kept: every later collective call
-// of this process fails with it, naming the tensor that failed, so the step
-// after the failure raises it. That step's outputs are not valid; with
-// "host", the failing step itself raises.
+// call. The error is logged at once and kept by its communicator (the world
+// or the process set that ran it): every later stream-completed call on
+// that communicator fails with it, naming the tensor that failed, so the
+// step after the failure raises it. Other communicators go on. That step's
+// outputs are not valid; with "host", the failing step itself raises.
 #pragma once
 
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -46,12 +48,21 @@ namespace runtime {
 // warning once, and host completion).
 bool streamCompletion(int device);
 
-// The first error of a stream-completed collective in this process; OK if
-// none.
-Status streamCompletionError();
+// One communicator's stream-completion state (runtime::Comm owns one, so a
+// rebuilt communicator, or a new world, starts clean).
+struct GatedState {
+  std::mutex mu;
+  Status error;        // the first failure of a stream-completed collective
+  std::set<int> warm;  // collective types that have completed once here
+};
 
-// Forgets the recorded error and the last gated submission: called by
-// runtime::init, so a new world (an elastic reset) starts clean.
+// The first error of a stream-completed collective on communicator
+// `process_set` (0: the world); OK if none, or if there is no such
+// communicator.
+Status streamCompletionError(int process_set = 0);
+
+// Forgets the last gated submission: called by runtime::init, so a new
+// world (an elastic reset) starts clean.
 void resetStreamCompletion();
 
 // Blocks (driving the engine) until the last gated submission of this
@@ -64,9 +75,10 @@ void waitForGatedSubmissions();
 class GatedSubmission {
  public:
   explicit GatedSubmission(int count);
-  // Enqueues `reqs` (count of them, on `stream` of `device`) as one batch,
-  // then gates the stream; the first call of its kind in a world, or one
-  // that gets no gate, waits on the host instead. An error here is the
+  // Enqueues `reqs` (count of them, on `stream` of `device`, all on one
+  // communicator) as one batch, then gates the stream; the first call of
+  // its kind on that communicator, or one that gets no gate, waits on the
+  // host instead. An error here is the
   // submission's own (refused, or failed while waited for on the host).
   Status submit(std::vector<Request> reqs, int device, void* stream);
 
@@ -87,8 +99,8 @@ class GatedSubmission {
 };
 
 // What a caller in stream mode runs: fails at once with the recorded error
-// of an earlier gated collective, else submits `reqs` (all on `stream` of
-// `device`) as one gated submission.
+// of an earlier gated collective on the requests' communicator, else
+// submits `reqs` (all on `stream` of `device`) as one gated submission.
 Status submitGated(std::vector<Request> reqs, int device, void* stream);
 
 }  // namespace runtime

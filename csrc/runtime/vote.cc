@@ -165,7 +165,7 @@ void recdblAmong(collectives::RingComm& c, int N, const int* members, int index,
     transport::PeerLink& l = link(L.fold_peer);
     transport::exchange(l, tally, bytes, in, bytes + sizeof(int32_t), deadline, what);
     if (in[0] != kWakeToken)
-      fail(Code::kInternal, "the vote on the link to rank ", l.rank, " is out of step");
+      fail(Code::kInternal, "the vote on the link to rank ", P.label(l.rank), " is out of step");
     std::memcpy(tally, in + 1, bytes);
     st->bytes_sent += bytes;
     return;

@@ -41,15 +41,17 @@ struct HostLinks {
   // (the host vote, runtime/vote_host.cc); vote_recdbl is then set too,
   // for the votes too large for the segment's slots.
   bool vote_host = false;
-  std::vector<int> leaders;           // global rank of each host's local rank 0, in host order
+  // Ranks below are places in the communicator (a process set's members
+  // 0..n-1); messages print them through the links' rank labels.
+  std::vector<int> leaders;           // rank of each host's local rank 0, in host order
   // Topology: hosts in order of their first rank; uniform when every host
   // has the same number of ranks (the host-aware algorithms need that).
   int num_hosts = 1;
   bool uniform = true;
   int local_rank = 0, local_size = 1;
   int cross_rank = 0;                 // my host's index
-  std::vector<int> local_ranks;       // global rank of each local rank here
-  std::vector<int> cross_ranks;       // global rank of my local rank per host
+  std::vector<int> local_ranks;       // rank of each local rank here
+  std::vector<int> cross_ranks;       // rank of my local rank per host
 
   // Null on a host with one rank.
   std::unique_ptr<HostSegment> segment;

@@ -78,7 +78,7 @@ PeerLink& PeerLinks::add(int peer, int fd) {
   const int rfd = ::dup(fd);
   if (rfd < 0) {
     net::closeFd(fd);
-    fail(Code::kInternal, "dup failed for the link to rank ", peer);
+    fail(Code::kInternal, "dup failed for the link to rank ", label_(peer));
   }
   L->send.reset(new TcpSendChannel(fd, peer, addr, label_(peer)));
   L->recv.reset(new TcpRecvChannel(rfd, peer, addr, 1 << 16, label_(peer)));
@@ -99,7 +99,7 @@ void PeerLinks::acceptOne(const Deadline& until) {
                                     Deadline::in(std::min(1.0, timeout_s_)), &who, &why);
   if (!ok || who >= rank_ || find(who) ||
       !std::binary_search(peers_.begin(), peers_.end(), who)) {
-    if (why.empty()) why = strCat("a point-to-point link claimed rank ", who, ", unexpected");
+    if (why.empty()) why = strCat("a point-to-point link claimed rank ", label_(who), ", unexpected");
     TFRING_LOG(kWarning, "point-to-point link: ", why);
     rejected_ = why;
     net::closeFd(fd);

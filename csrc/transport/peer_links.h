@@ -86,6 +86,8 @@ class PeerLinks {
   // The ranks this one may link with.
   int peerCount() const { return static_cast<int>(peers_.size()); }
   PeerLink& at(int i) { return *links_[i]; }
+  // How messages name rank `r` (its global rank in a process set).
+  int label(int r) const { return label_(r); }
   // Readable when a peer is connecting; acceptPending() takes such
   // connections in without waiting for more. Both for an idle engine, so a
   // partner opening a link is not left waiting for this rank's next call.

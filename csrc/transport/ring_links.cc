@@ -186,7 +186,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   const std::vector<rendezvous::Bytes> records = store.getMany(peer_keys, timeout);
   for (int r = 0; r < size; ++r) {
     auto f = splitBar(std::string(records[r].begin(), records[r].end()));
-    if (f.size() != 6) fail(Code::kInternal, "malformed peer record for rank ", r);
+    if (f.size() != 6) fail(Code::kInternal, "malformed peer record for rank ", label(r));
     T.peers[r] = PeerInfo{f[0], std::stoi(f[1]), f[2], std::stoi(f[3]), std::stoi(f[4]),
                           std::stoi(f[5])};
   }
@@ -289,12 +289,12 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
     if (L->left_shm_ && T.left != T.right) segs.push_back(strCat("shm/", T.left));
     if (!segs.empty()) store.wait(segs, deadline.remaining());
   }
-  if (L->right_shm_) L->right_seg_ = ShmSegment::open(job, T.right);
+  if (L->right_shm_) L->right_seg_ = ShmSegment::open(job, T.right, false, label(T.right));
   if (L->left_shm_) {
     if (T.left == T.right && L->right_seg_)
       L->left_seg_ = nullptr;  // same segment as right_seg_
     else
-      L->left_seg_ = ShmSegment::open(job, T.left, /*header_only=*/true);
+      L->left_seg_ = ShmSegment::open(job, T.left, /*header_only=*/true, label(T.left));
   }
   store.setString(strCat("mapped/", rank), "1");
 

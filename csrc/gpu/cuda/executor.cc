@@ -30,9 +30,12 @@ namespace gpu {
 
 namespace {
 
+// The one GPU this process's tensors use, whichever communicator runs them
+// (one GPU per process); free again once no communicator's executor is
+// left (g_live, under g_mu).
 std::mutex g_mu;
-std::string g_backend;
-std::atomic<int> g_device{-1};  // the one GPU this process's tensors use
+int g_live = 0;
+std::atomic<int> g_device{-1};
 
 // Readiness events of submitted tensors (one per tensor with a producer
 // stream), reused instead of created and destroyed per tensor. A returned
@@ -82,7 +85,10 @@ class CudaExecutor : public Executor {
  public:
   CudaExecutor(int device, const HostLink& host, cudaStream_t stream,
                std::unique_ptr<GpuComm> comm)
-      : device_(device), host_(host), stream_(stream), comm_(std::move(comm)) {}
+      : device_(device), host_(host), stream_(stream), comm_(std::move(comm)) {
+    std::lock_guard<std::mutex> lk(g_mu);
+    ++g_live;
+  }
 
   ~CudaExecutor() override {
     int prev = -1;
@@ -109,8 +115,7 @@ class CudaExecutor : public Executor {
     if (stream_) cudaStreamDestroy(stream_);
     if (prev >= 0) cudaSetDevice(prev);
     std::lock_guard<std::mutex> lk(g_mu);
-    g_backend.clear();
-    g_device.store(-1);
+    if (--g_live == 0) g_device.store(-1);
   }
 
   int device() const override { return device_; }
@@ -326,15 +331,10 @@ Status acceptTensor(const std::string& name, int device, void* stream,
   return Status::OK();
 }
 
-uint64_t allreduceAlgorithmCount(const std::string& algo) {
+uint64_t allreduceAlgorithmCount(const collectives::CommStats& stats, const std::string& algo) {
   for (PeerAlgo a : {PeerAlgo::kRing, PeerAlgo::kOneShot, PeerAlgo::kTwoShot, PeerAlgo::kStaged})
-    if (algo == peerAlgoName(a)) return peerAlgoCount(a);
+    if (algo == peerAlgoName(a)) return stats.gpuAllreduces(static_cast<int>(a));
   return 0;
-}
-
-std::string activeBackend() {
-  std::lock_guard<std::mutex> lk(g_mu);
-  return g_backend;
 }
 
 Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor>* out) {
@@ -364,11 +364,11 @@ Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor
   // avoids the context switches (gpu/mps.h).
   const std::string mps_dir = mpsPipeDirectory();
   const std::string mps_warning =
-      sharedGpuMpsWarning(facts, T.rank, mpsControlPresent(mps_dir), mps_dir);
+      sharedGpuMpsWarning(facts, T.rank, mpsControlPresent(mps_dir), mps_dir, host.labels);
   if (!mps_warning.empty()) TFRING_LOG(kWarning, mps_warning);
   Choice choice;
   try {
-    choice = chooseBackend(cfg.backend, facts, cfg.autotune);
+    choice = chooseBackend(cfg.backend, facts, cfg.autotune, host.labels);
   } catch (const Error& e) {
     return e.status();  // identical on every rank
   }
@@ -422,17 +422,14 @@ Status createExecutor(int device, const HostLink& host, std::unique_ptr<Executor
       double t_alt = timeAllreduce(alt.get(), stream, data, kCount, 3, to, ab);
       uint8_t pick_alt = t_alt < t_main ? 1 : 0;
       hostBroadcast(host, &pick_alt, 1);
-      reason += strCat(" (rank 0 timed ", ex->comm()->name(), " ", t_main * 1e3 / 3, " ms, ",
-                       alt->name(), " ", t_alt * 1e3 / 3, " ms per 32 MiB allreduce)");
+      reason += strCat(" (rank ", host.labels(0), " timed ", ex->comm()->name(), " ",
+                       t_main * 1e3 / 3, " ms, ", alt->name(), " ", t_alt * 1e3 / 3,
+                       " ms per 32 MiB allreduce)");
       if (pick_alt)
         ex->replaceComm(std::move(alt));
       else
         ex->retire(std::move(alt));
     }
-  }
-  {
-    std::lock_guard<std::mutex> lk(g_mu);
-    g_backend = ex->backend();
   }
   if (T.rank == 0) TFRING_LOG(kInfo, "GPU backend: ", ex->backend(), " (", reason, ")");
   *out = std::move(ex);

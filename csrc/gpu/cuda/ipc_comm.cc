@@ -122,10 +122,10 @@ class IpcRingComm : public GpuComm {
       if (a != PeerAlgo::kRing) return peer_->allreduce(a, data, data, count, dt, op, 1.0, post);
     }
     if (staged_ && bytes <= staged_max_) {
-      countPeerAlgo(PeerAlgo::kStaged);
+      countPeerAlgo(c_.host.comm->stats.get(), PeerAlgo::kStaged);
       return staged_->allreduce(data, count, dt, op, post);
     }
-    countPeerAlgo(PeerAlgo::kRing);
+    countPeerAlgo(c_.host.comm->stats.get(), PeerAlgo::kRing);
     const int n = n_;
     char* buf = begin(data, bytes, true);
     run([=](int p) { return pullAllreduce(n, p, count, es, post); }, buf, es, dt, op,
@@ -206,6 +206,7 @@ class IpcRingComm : public GpuComm {
     right_rank_ = T.right;
   }
 
+  int label(int place) const { return c_.host.labels(place); }  // for messages
   void createOwn(const std::string& job);
   void openPeers(const std::string& job);
   void probeLeft();
@@ -250,7 +251,7 @@ class IpcRingComm : public GpuComm {
     const uint64_t want = state_.epoch + 1;
     waitForPeer([&] { return left_->counters.desc_epoch.load(std::memory_order_acquire) >= want; },
                 deadline, left_rank_, left_->counters.pid, "GPU ring setup",
-                c_.host.comm->abort);
+                c_.host.comm->abort, &c_.host.labels);
     char* base = static_cast<char*>(import(left_->mem, left_->remote_base, left_->remote_size));
     return base + left_->offset;
   }
@@ -301,7 +302,7 @@ class IpcRingComm : public GpuComm {
       self_->refuse_user_buffers.store(1, std::memory_order_release);
       cudaGetLastError();
       cudaFail(e, "cudaIpcOpenMemHandle",
-               strCat("mapping the buffer of rank ", left_rank_,
+               strCat("mapping the buffer of rank ", label(left_rank_),
                       " (it will stage its buffers from the next collective on; "
                       "TFRING_GPU_IPC_USER_BUFFERS=0 does so from the start)"));
     }
@@ -319,6 +320,7 @@ class IpcRingComm : public GpuComm {
     r.pos = pos_;
     r.left_rank = left_rank_;
     r.right_rank = right_rank_;
+    r.labels = &c_.host.labels;
     r.esize = esize;
     r.chunk_bytes = c_.cfg.chunk_bytes > 0 ? static_cast<size_t>(c_.cfg.chunk_bytes)
                     : c_.one_gpu            ? (size_t(1) << 40)
@@ -386,19 +388,19 @@ void IpcRingComm::createOwn(const std::string& job) {
 }
 
 void IpcRingComm::openPeers(const std::string& job) {
-  left_seg_ = transport::ShmSegment::open(job, left_rank_);
+  left_seg_ = transport::ShmSegment::open(job, left_rank_, false, label(left_rank_));
   left_ = reinterpret_cast<CtlBlock*>(left_seg_->data());
   if (right_rank_ == left_rank_) {
     right_ = left_;
   } else {
-    right_seg_ = transport::ShmSegment::open(job, right_rank_);
+    right_seg_ = transport::ShmSegment::open(job, right_rank_, false, label(right_rank_));
     right_ = reinterpret_cast<CtlBlock*>(right_seg_->data());
   }
   for (int i = 0; i < kEvents; ++i)
     TFRING_CUDA_CHECK(cudaIpcOpenEventHandle(&left_events_[i], left_->events[i]),
-                      "opening an event of rank ", left_rank_);
+                      "opening an event of rank ", label(left_rank_));
   TFRING_CUDA_CHECK(cudaIpcOpenEventHandle(&right_done_, right_->done_event),
-                    "opening an event of rank ", right_rank_);
+                    "opening an event of rank ", label(right_rank_));
 }
 
 // Kernels read the left's memory directly: that needs the same GPU, or a GPU
@@ -408,28 +410,29 @@ void IpcRingComm::probeLeft() {
   cudaError_t e = cudaDeviceGetByPCIBusId(&left_dev, left_->pci_bus_id);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    fail(Code::kUnavailable, "the GPU of rank ", left_rank_, " (", left_->pci_bus_id,
-         ") is not visible to rank ", me_, " (CUDA_VISIBLE_DEVICES)");
+    fail(Code::kUnavailable, "the GPU of rank ", label(left_rank_), " (", left_->pci_bus_id,
+         ") is not visible to rank ", label(me_), " (CUDA_VISIBLE_DEVICES)");
   }
   if (left_dev != c_.device) {
     int can = 0;
     TFRING_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, c_.device, left_dev));
     if (!can)
-      fail(Code::kUnavailable, "GPU ", c_.device, " of rank ", me_,
-           " has no peer access to the GPU of rank ", left_rank_, " (", left_->pci_bus_id, ")");
+      fail(Code::kUnavailable, "GPU ", c_.device, " of rank ", label(me_),
+           " has no peer access to the GPU of rank ", label(left_rank_), " (",
+           left_->pci_bus_id, ")");
   }
   void* p = nullptr;
   TFRING_CUDA_CHECK(cudaIpcOpenMemHandle(&p, left_->probe, cudaIpcMemLazyEnablePeerAccess),
-                    "mapping a buffer of rank ", left_rank_);
+                    "mapping a buffer of rank ", label(left_rank_));
   unsigned char got = 0;
   cudaStream_t setup = setupStream(c_.device);
   e = cudaMemcpyAsync(&got, p, 1, cudaMemcpyDeviceToHost, setup);
   if (e == cudaSuccess) e = cudaStreamSynchronize(setup);
   cudaIpcCloseMemHandle(p);
-  TFRING_CUDA_CHECK(e, "reading a buffer of rank ", left_rank_);
+  TFRING_CUDA_CHECK(e, "reading a buffer of rank ", label(left_rank_));
   if (got != (left_rank_ % 251) + 1)
-    fail(Code::kUnavailable, "read ", int(got), " from rank ", left_rank_, "'s probe buffer, expected ",
-         (left_rank_ % 251) + 1);
+    fail(Code::kUnavailable, "read ", int(got), " from rank ", label(left_rank_),
+         "'s probe buffer, expected ", (left_rank_ % 251) + 1);
 }
 
 std::unique_ptr<GpuComm> IpcRingComm::create(const CommContext& ctx, std::string* why) {
@@ -462,7 +465,8 @@ std::unique_ptr<GpuComm> IpcRingComm::create(const CommContext& ctx, std::string
   for (int q = 0; q < r->n_; ++q) {
     const char* p = all.data() + q * kRec;
     if (!p[0]) {
-      *why = strCat("CUDA IPC does not work for rank ", q, ": ", std::string(p + 1));
+      *why = strCat("CUDA IPC does not work for rank ", ctx.host.labels(q), ": ",
+                    std::string(p + 1));
       return nullptr;
     }
   }

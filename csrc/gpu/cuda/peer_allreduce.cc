@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <atomic>
 #include <cstring>
 
+#include "collectives/ring.h"
 #include "common/abort.h"
 #include "common/clock.h"
 #include "common/logging.h"
@@ -25,7 +25,6 @@ namespace gpu {
 namespace {
 
 constexpr size_t kHeader = 256;  // the flag word's line, then the data
-std::atomic<uint64_t> g_counts[4];
 
 size_t roundUp256(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -55,9 +54,9 @@ const char* peerAlgoName(PeerAlgo a) {
   return "?";
 }
 
-uint64_t peerAlgoCount(PeerAlgo a) { return g_counts[static_cast<int>(a)].load(); }
-
-void countPeerAlgo(PeerAlgo a) { g_counts[static_cast<int>(a)].fetch_add(1); }
+void countPeerAlgo(collectives::CommStats* stats, PeerAlgo a) {
+  if (stats) stats->countGpuAllreduce(static_cast<int>(a));
+}
 
 std::unique_ptr<PeerAllreduce> PeerAllreduce::create(const CommContext& ctx, std::string* why,
                                                      size_t* staged_max) {
@@ -140,6 +139,7 @@ std::unique_ptr<PeerAllreduce> PeerAllreduce::create(const CommContext& ctx, std
   }
 
   // Map every peer's area; check that this GPU can read theirs.
+  const RankLabels& L = ctx.host.labels;  // messages name global ranks
   constexpr size_t kMsg = 256;
   char verdict[kMsg] = {0};
   p->peers_.assign(p->n_, nullptr);
@@ -155,19 +155,19 @@ std::unique_ptr<PeerAllreduce> PeerAllreduce::create(const CommContext& ctx, std
       int dev = -1;
       if (cudaDeviceGetByPCIBusId(&dev, rec.pci_bus_id) != cudaSuccess) {
         cudaGetLastError();
-        fail(Code::kUnavailable, "the GPU of rank ", r, " (", rec.pci_bus_id,
-             ") is not visible to rank ", p->me_);
+        fail(Code::kUnavailable, "the GPU of rank ", L(r), " (", rec.pci_bus_id,
+             ") is not visible to rank ", L(p->me_));
       }
       if (dev != ctx.device) {
         int can = 0;
         TFRING_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, ctx.device, dev));
         if (!can)
-          fail(Code::kUnavailable, "GPU ", ctx.device, " of rank ", p->me_,
-               " has no peer access to the GPU of rank ", r);
+          fail(Code::kUnavailable, "GPU ", ctx.device, " of rank ", L(p->me_),
+               " has no peer access to the GPU of rank ", L(r));
       }
       void* m = nullptr;
       TFRING_CUDA_CHECK(cudaIpcOpenMemHandle(&m, rec.mem, cudaIpcMemLazyEnablePeerAccess),
-                        "mapping the staging area of rank ", r);
+                        "mapping the staging area of rank ", L(r));
       p->peers_[r] = static_cast<char*>(m);
     }
     verdict[0] = 1;
@@ -214,7 +214,7 @@ void PeerAllreduce::barrier() {
 void PeerAllreduce::allreduce(PeerAlgo algo, const void* in, void* out, size_t count, DataType dt,
                               ReduceOp op, double pre, double post) {
   if (count == 0) return;
-  countPeerAlgo(algo);
+  countPeerAlgo(c_.host.comm->stats.get(), algo);
   const size_t es = dtypeSize(dt);
   const size_t piece = cap_ / es;  // elements per collective
   const char* i = static_cast<const char*>(in);
@@ -260,12 +260,13 @@ void PeerAllreduce::poll() {
   for (int r = 0; r < n_; ++r)
     if (r != me_ && !transport::pidAlive(pids_[r])) {
       abort();
-      failPeer(r, strCat("pid ", pids_[r]), "rank ", r, " (pid ", pids_[r],
+      failPeer(r, strCat("pid ", pids_[r]), "rank ", c_.host.labels(r), " (pid ", pids_[r],
                ") died during a GPU allreduce");
     }
   if (st != 0) {
     abort();
-    fail(Code::kTimeout, "GPU allreduce: rank ", me_, " gave up waiting for rank ", st - 1,
+    fail(Code::kTimeout, "GPU allreduce: rank ", c_.host.labels(me_), " gave up waiting for rank ",
+         c_.host.labels(st - 1),
          " (TFRING_TIMEOUT; a peer may be stuck)");
   }
 }

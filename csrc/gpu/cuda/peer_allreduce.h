@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/collective_stats.h"
 #include "common/types.h"
 #include "gpu/cuda/comm.h"
 
@@ -92,10 +93,9 @@ class PeerAllreduce {
   double next_pid_check_ = 0;
 };
 
-// Collectives run by each algorithm in this process (tests check that a
-// forced algorithm really ran).
-uint64_t peerAlgoCount(PeerAlgo a);
-void countPeerAlgo(PeerAlgo a);
+// Counts one allreduce run by `a` on the communicator whose statistics are
+// `stats` (tests check that a forced algorithm really ran, on its set).
+void countPeerAlgo(collectives::CommStats* stats, PeerAlgo a);
 
 }  // namespace gpu
 }  // namespace tfring

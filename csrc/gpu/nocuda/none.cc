@@ -31,8 +31,7 @@ Status createExecutor(int, const HostLink&, std::unique_ptr<Executor>*) {
   return Status(Code::kUnavailable, "this tfring build has no CUDA support");
 }
 
-std::string activeBackend() { return ""; }
-uint64_t allreduceAlgorithmCount(const std::string&) { return 0; }
+uint64_t allreduceAlgorithmCount(const collectives::CommStats&, const std::string&) { return 0; }
 
 int deviceCount() { return 0; }
 std::string unavailableReason() { return "this tfring build has no CUDA support"; }

@@ -109,7 +109,8 @@ class HostSegment {
   void setLabels(RankLabels labels) { label_ = std::move(labels); }
 
   // Waits until words(q).*field >= step for every local rank q. `what` names
-  // the collective; `ranks` maps local ranks to global ranks for errors.
+  // the collective; `ranks` maps local ranks to places in the communicator
+  // (HostLinks::local_ranks), which errors print as the labels do.
   // Throws kPeerFailure if a rank still awaited died, kTimeout past the
   // deadline, and the recorded error if the communicator aborted.
   void waitAll(std::atomic<uint64_t> HostRankWords::*field, uint64_t step,

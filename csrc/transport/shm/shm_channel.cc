@@ -97,16 +97,17 @@ void ShmSegment::publish() {
 }
 
 std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& job, int rank,
-                                             bool header_only) {
+                                             bool header_only, int label) {
   std::unique_ptr<ShmSegment> s(new ShmSegment());
+  const int who = label >= 0 ? label : rank;
   s->name_ = nameFor(job, rank);
   int fd = ::shm_open(s->name_.c_str(), O_RDWR, 0600);
-  if (fd < 0) fail(Code::kUnavailable, "could not open the shared memory of rank ", rank,
+  if (fd < 0) fail(Code::kUnavailable, "could not open the shared memory of rank ", who,
                    " (", s->name_, "): ", strerror(errno));
   struct stat st;
   if (::fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(kDataOffset)) {
     ::close(fd);
-    fail(Code::kUnavailable, "shared memory of rank ", rank, " is truncated");
+    fail(Code::kUnavailable, "shared memory of rank ", who, " is truncated");
   }
   const size_t len = header_only ? kDataOffset : static_cast<size_t>(st.st_size);
   void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
@@ -115,7 +116,7 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& job, int rank,
   s->mapped_ = len;
   s->header_ = static_cast<ShmHeader*>(p);
   auto magic = reinterpret_cast<std::atomic<uint64_t>*>(&s->header_->magic)->load(std::memory_order_acquire);
-  if (magic != kMagic) fail(Code::kUnavailable, "shared memory of rank ", rank, " is not initialized");
+  if (magic != kMagic) fail(Code::kUnavailable, "shared memory of rank ", who, " is not initialized");
   return s;
 }
 

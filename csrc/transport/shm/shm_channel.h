@@ -56,8 +56,9 @@ class ShmSegment {
   static std::unique_ptr<ShmSegment> createUnnamed(const std::string& job, int rank,
                                                    uint64_t capacity);
   void publish();
+  // Errors name the rank as `label` (-1: `rank` itself).
   static std::unique_ptr<ShmSegment> open(const std::string& job, int rank,
-                                          bool header_only = false);
+                                          bool header_only = false, int label = -1);
   ~ShmSegment();
   void unlink();
 
