@@ -267,6 +267,26 @@ def test_env_reaches_fn_and_is_put_back(spark, monkeypatch):
         assert tfring.spark.run(_env_probe, num_proc=4, verbose=0) == [(4, None, None)] * 4
 
 
+def _cpus():
+    from tfring import basics
+
+    basics.init()
+    return basics.rank(), sorted(os.sched_getaffinity(0))
+
+
+def test_ranks_run_on_their_own_cores_as_under_tfring_run(spark):
+    from tfring.run import affinity
+
+    # The executors run on this machine, with the cores this process has.
+    mine = sorted(os.sched_getaffinity(0))
+    want = {r: affinity.slice_for(r, 2, mine) or mine for r in range(2)}
+    assert dict(tfring.spark.run(_cpus, num_proc=2, verbose=0)) == want
+    # TFRING_BIND=none leaves them unbound; and the reused workers got their
+    # own mask back after the job above.
+    got = tfring.spark.run(_cpus, num_proc=2, env={"TFRING_BIND": "none"}, verbose=0)
+    assert dict(got) == {0: mine, 1: mine}
+
+
 def test_run_elastic_says_what_to_use(spark):
     with pytest.raises(NotImplementedError, match="tfring-run --min-np"):
         tfring.spark.run_elastic(_allreduce_fn, num_proc=2)
