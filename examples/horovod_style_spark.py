@@ -132,7 +132,8 @@ if __name__ == '__main__':
     print('==============')
 
     import tensorflow as tf
-    from tensorflow.keras.layers import Input, Embedding, Concatenate, Dense, Flatten, Reshape, BatchNormalization, Dropout
+    from tensorflow.keras.layers import (Input, Embedding, Concatenate, Dense, Flatten, Reshape,
+                                         BatchNormalization, Dropout)
     import tfring as horovod
     import tfring.spark
     import tfring.keras as hvd
@@ -175,10 +176,14 @@ if __name__ == '__main__':
     continuous_bn = BatchNormalization()(continuous_bn)
     x = Concatenate()(embeddings + [continuous_bn])
     x = Flatten()(x)
-    x = Dense(args.width, activation='relu', kernel_regularizer=tf.keras.regularizers.l2(0.00005))(x)
-    x = Dense(args.width, activation='relu', kernel_regularizer=tf.keras.regularizers.l2(0.00005))(x)
-    x = Dense(args.width, activation='relu', kernel_regularizer=tf.keras.regularizers.l2(0.00005))(x)
-    x = Dense(args.width // 2, activation='relu', kernel_regularizer=tf.keras.regularizers.l2(0.00005))(x)
+    x = Dense(args.width, activation='relu',
+              kernel_regularizer=tf.keras.regularizers.l2(0.00005))(x)
+    x = Dense(args.width, activation='relu',
+              kernel_regularizer=tf.keras.regularizers.l2(0.00005))(x)
+    x = Dense(args.width, activation='relu',
+              kernel_regularizer=tf.keras.regularizers.l2(0.00005))(x)
+    x = Dense(args.width // 2, activation='relu',
+              kernel_regularizer=tf.keras.regularizers.l2(0.00005))(x)
     x = Dropout(0.5)(x)
     output = Dense(1, activation=act_sigmoid_scaled)(x)
     model = tf.keras.Model([inputs[f] for f in all_cols], output)
@@ -208,7 +213,8 @@ if __name__ == '__main__':
         # Horovod: initialize Horovod inside the trainer.
         hvd.init()
 
-        # Horovod: pin GPU to be used to process local rank (one GPU per process), if GPUs are available.
+        # Horovod: pin GPU to be used to process local rank (one GPU per process), if GPUs are
+        # available.
         gpus = tf.config.experimental.list_physical_devices('GPU')
         for gpu in gpus:
             tf.config.experimental.set_memory_growth(gpu, True)
@@ -250,12 +256,15 @@ if __name__ == '__main__':
             # Horovod: using `lr = 1.0 * hvd.size()` from the very beginning leads to worse final
             # accuracy. Scale the learning rate `lr = 1.0` ---> `lr = 1.0 * hvd.size()` during
             # the first five epochs. See https://arxiv.org/abs/1706.02677 for details.
-            hvd.callbacks.LearningRateWarmupCallback(initial_lr=scaled_lr, warmup_epochs=5, verbose=verbose),
+            hvd.callbacks.LearningRateWarmupCallback(initial_lr=scaled_lr, warmup_epochs=5,
+                                                     verbose=verbose),
 
             # Reduce LR if the metric is not improved for 10 epochs, and stop training
             # if it has not improved for 20 epochs.
-            tf.keras.callbacks.ReduceLROnPlateau(monitor='val_exp_rmspe', mode='min', patience=10, verbose=verbose),
-            tf.keras.callbacks.EarlyStopping(monitor='val_exp_rmspe', mode='min', patience=20, verbose=verbose),
+            tf.keras.callbacks.ReduceLROnPlateau(monitor='val_exp_rmspe', mode='min', patience=10,
+                                                 verbose=verbose),
+            tf.keras.callbacks.EarlyStopping(monitor='val_exp_rmspe', mode='min', patience=20,
+                                             verbose=verbose),
             tf.keras.callbacks.TerminateOnNaN()
         ]
 
@@ -264,10 +273,11 @@ if __name__ == '__main__':
         ckpt_file = os.path.join(ckpt_dir, 'checkpoint.keras')
         atexit.register(lambda: shutil.rmtree(ckpt_dir))
 
-        # Horovod: save checkpoints only on the first worker to prevent other workers from corrupting them.
+        # Horovod: save checkpoints only on the first worker to prevent other workers from
+        # corrupting them.
         if hvd.rank() == 0:
-            callbacks.append(tf.keras.callbacks.ModelCheckpoint(ckpt_file, monitor='val_exp_rmspe', mode='min',
-                                                                save_best_only=True))
+            callbacks.append(tf.keras.callbacks.ModelCheckpoint(ckpt_file, monitor='val_exp_rmspe',
+                                                                mode='min', save_best_only=True))
 
         # Make the readers: this rank's files of each Parquet directory.
         def as_inputs(x, y):
