@@ -37,7 +37,8 @@ def _py(name, type_, default="", doc="", choices=None, launcher=False):
 # Read only by Python. Defaults as documented ("" is unset).
 PYTHON = (
     _py("TFRING_BIND", "enum", "auto", choices=("auto", "none"),
-        doc="tfring-run and mpirun_command: bind each local rank to its own cores"),
+        doc="tfring-run, mpirun_command, tfring.spark and tfring.ray: bind each local rank "
+            "to its own cores"),
     _py("TFRING_DISCOVERY_TIMEOUT", "seconds", "10",
         doc="elastic mode: seconds one run of the host discovery script may take"),
     _py("TFRING_ELASTIC_REPORT_GRACE", "seconds", "5",

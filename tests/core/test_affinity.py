@@ -2,6 +2,7 @@
 slices on made-up topologies, and what tfring-run's ranks really get."""
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -145,3 +146,34 @@ def test_elastic_workers_get_their_slots_cores(tmp_path):
     masks = sorted(ast.literal_eval(line.partition("<stdout>: ")[2])
                    for line in out.splitlines() if "<stdout>: " in line)
     assert masks == sorted([affinity.slice_for(0, 2), affinity.slice_for(1, 2)])
+
+
+@pytest.mark.skipif(len(affinity.allowed_cpus()) < 2, reason="needs 2 CPUs to tell masks apart")
+def test_bind_process_moves_threads_already_running_and_unbind_puts_them_back():
+    # In a process of its own: a Spark worker or Ray actor already runs
+    # threads when its rank is bound, and they must move too.
+    code = (
+        "import json, os, threading\n"
+        "from tfring.run import affinity\n"
+        "mask = lambda: sorted(os.sched_getaffinity(0))\n"
+        "full = mask()\n"
+        "go, back, seen = threading.Event(), threading.Event(), {}\n"
+        "def worker():\n"
+        "    go.wait(); seen['bound'] = mask()\n"
+        "    back.wait(); seen['back'] = mask()\n"
+        "t = threading.Thread(target=worker); t.start()\n"
+        "old = affinity.bind_process(full[1:2])\n"
+        "go.set()\n"
+        "later = threading.Thread(target=lambda: seen.update(later=mask()))\n"
+        "later.start(); later.join()\n"
+        "while 'bound' not in seen: pass\n"
+        "affinity.unbind_process(old)\n"
+        "back.set(); t.join()\n"
+        "print(json.dumps(dict(seen, full=full, main=mask(), none=affinity.bind_process(None))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env=dict(os.environ, PYTHONPATH=REPO))
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    full = got["full"]
+    assert got["bound"] == full[1:2] and got["later"] == full[1:2]
+    assert got["back"] == full and got["main"] == full and got["none"] is None

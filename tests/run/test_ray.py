@@ -18,7 +18,8 @@ from ray import cloudpickle  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from tfring.ray import RayExecutor, WorkerError  # noqa: E402
-from tfring.ray._layout import layout, order_by_node  # noqa: E402
+from tfring.ray._layout import layout, machine_slots, order_by_node  # noqa: E402
+from tfring.run import affinity  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -88,6 +89,12 @@ def test_layout_orders_ranks_by_node():
         (0, 3), (0, 2), (1, 3), (1, 2), (2, 3)]
 
 
+def test_machine_slots_count_the_ranks_of_a_machine():
+    # Two Ray nodes on machine m (a simulated cluster), one on machine n.
+    infos = [{"machine": m} for m in ("m", "n", "m", "m")]
+    assert machine_slots(infos) == [(0, 3), (0, 1), (1, 3), (2, 3)]
+
+
 def test_two_hosts_two_workers_layout_results_and_two_runs(cluster):
     executor = RayExecutor(_settings(), num_hosts=2, num_workers_per_host=2)
     executor.start()
@@ -110,6 +117,11 @@ def test_two_hosts_two_workers_layout_results_and_two_runs(cluster):
         assert executor.execute(lambda e: e) == [None] * 4
         refs = executor.run_remote(lambda: os.environ["TFRING_RANK"])
         assert ray.get(refs) == ["0", "1", "2", "3"]
+        # The two simulated nodes are one machine: its 4 ranks get a quarter
+        # of its cores each, or all of them when there are fewer than 4.
+        mine = sorted(os.sched_getaffinity(0))
+        masks = ray.get(executor.run_remote(lambda: sorted(os.sched_getaffinity(0))))
+        assert masks == [affinity.slice_for(r, 4, mine) or mine for r in range(4)]
     finally:
         executor.shutdown()
 

@@ -267,6 +267,26 @@ def test_env_reaches_fn_and_is_put_back(spark, monkeypatch):
         assert tfring.spark.run(_env_probe, num_proc=4, verbose=0) == [(4, None, None)] * 4
 
 
+def _cpus():
+    from tfring import basics
+
+    basics.init()
+    return basics.rank(), sorted(os.sched_getaffinity(0))
+
+
+def test_ranks_run_on_their_own_cores_as_under_tfring_run(spark):
+    from tfring.run import affinity
+
+    # The executors run on this machine, with the cores this process has.
+    mine = sorted(os.sched_getaffinity(0))
+    want = {r: affinity.slice_for(r, 2, mine) or mine for r in range(2)}
+    assert dict(tfring.spark.run(_cpus, num_proc=2, verbose=0)) == want
+    # TFRING_BIND=none leaves them unbound; and the reused workers got their
+    # own mask back after the job above.
+    got = tfring.spark.run(_cpus, num_proc=2, env={"TFRING_BIND": "none"}, verbose=0)
+    assert dict(got) == {0: mine, 1: mine}
+
+
 def test_run_elastic_says_what_to_use(spark):
     with pytest.raises(NotImplementedError, match="tfring-run --min-np"):
         tfring.spark.run_elastic(_allreduce_fn, num_proc=2)
@@ -289,10 +309,11 @@ def _fit_on_shard(path):
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
                               keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    init = [np.asarray(w) for w in model.get_weights()]  # rank 0's is everyone's start
     hist = model.fit(ds, steps_per_epoch=steps, epochs=2, verbose=0,
                      callbacks=[tk.callbacks.RingAllreduceCallback()])
     del tf
-    return {"ids": ids, "steps": steps, "loss": hist.history["loss"],
+    return {"ids": ids, "steps": steps, "loss": hist.history["loss"], "init": init,
             "weights": [np.asarray(w) for w in model.get_weights()]}
 
 
@@ -314,15 +335,38 @@ def test_shards_deal_files_in_turn_and_refuse_too_few(tmp_path):
         tfring.spark.read_shard(str(tmp_path / "missing"), rank=0, size=1)
 
 
+def _full_batch_sgd(weights, x, y, batches, lr):
+    """The 2-rank training in one process, in float64: ``batches`` lists,
+    step by step, the rows of the full batch (both ranks' batches). With
+    equal batches and a mean loss, the average of the ranks' gradients is
+    the gradient of the mean squared error over the full batch. Returns the
+    final weights and each step's loss before its update."""
+    w1, b1, w2, b2 = (np.asarray(w, np.float64) for w in weights)
+    losses = []
+    for rows in batches:
+        xb, yb = x[rows], y[rows][:, None]
+        h = np.tanh(xb @ w1 + b1)
+        err = h @ w2 + b2 - yb
+        losses.append(float(np.mean(err ** 2)))
+        d_out = 2.0 * err / len(rows)
+        d_h = (d_out @ w2.T) * (1.0 - h ** 2)
+        grads = (xb.T @ d_h, d_h.sum(0), h.T @ d_out, d_out.sum(0))
+        w1, b1, w2, b2 = (w - lr * g for w, g in zip((w1, b1, w2, b2), grads))
+    return [w1, b1, w2, b2], losses
+
+
 @pytest.mark.slow
-def test_dataframe_shards_train_identical_weights(spark, tmp_path):
+def test_dataframe_shards_train_like_one_process_on_the_full_batch(spark, tmp_path):
     rng = np.random.default_rng(7)
     rows = 96
     x = rng.standard_normal((rows, 3))
     y = x @ np.array([0.5, -1.0, 2.0]) + 0.1
-    df = spark.createDataFrame(
+    # 4 partitions of 24 rows: Spark's round-robin repartition into 4 files
+    # then gives every file 24 rows, every rank 48, 6 whole batches of 8.
+    data = spark.sparkContext.parallelize(
         [(i, float(x[i, 0]), float(x[i, 1]), float(x[i, 2]), float(y[i])) for i in range(rows)],
-        ["id", "x0", "x1", "x2", "y"])
+        4)
+    df = spark.createDataFrame(data, ["id", "x0", "x1", "x2", "y"])
     path = str(tmp_path / "train")
     tfring.spark.write_parquet(df, path, num_files=4)
     out = tfring.spark.run(_fit_on_shard, args=(path,), num_proc=2, verbose=0)
@@ -333,4 +377,18 @@ def test_dataframe_shards_train_identical_weights(spark, tmp_path):
     assert out[0]["steps"] == out[1]["steps"] == min(len(s) for s in ids) // 8
     for a, b in zip(out[0]["weights"], out[1]["weights"]):
         np.testing.assert_array_equal(a, b)
-    assert out[0]["loss"][-1] < out[0]["loss"][0]  # it learned something
+
+    # The reference: each step's full batch is the rows of both ranks'
+    # batches (each rank reads its shard in order, 8 rows a step, and its
+    # dataset starts over once the shard is used up).
+    steps = out[0]["steps"]
+    assert all(len(r["ids"]) == steps * 8 for r in out), [len(r["ids"]) for r in out]
+    batches = [np.concatenate([r["ids"][8 * s:8 * s + 8] for r in out])
+               for _ in range(2) for s in range(steps)]
+    want, losses = _full_batch_sgd(out[0]["init"], x, y, batches, lr=0.05)
+    for got, ref in zip(out[0]["weights"], want):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    # Keras's epoch loss: the mean of its steps' losses, averaged over ranks.
+    np.testing.assert_allclose(out[0]["loss"], [np.mean(losses[:steps]), np.mean(losses[steps:])],
+                               rtol=1e-4)
+    assert losses[-1] < losses[0]  # it learned something

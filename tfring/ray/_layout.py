@@ -94,3 +94,14 @@ def rank_envs(infos, store_addr, secret, common, host_key="node_id"):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus_of[spec.host])
         envs.append(env)
     return specs, envs
+
+
+def machine_slots(infos):
+    """(index, count) of every rank among the ranks on its machine
+    (``infos[r]["machine"]``, which two Ray nodes on one machine share):
+    the slice of the machine's cores rank r is bound to."""
+    ranks_of = {}
+    for r, info in enumerate(infos):
+        ranks_of.setdefault(info["machine"], []).append(r)
+    return [(ranks_of[info["machine"]].index(r), len(ranks_of[info["machine"]]))
+            for r, info in enumerate(infos)]

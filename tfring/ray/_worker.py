@@ -9,6 +9,8 @@ import socket
 
 import ray
 
+from tfring.run import affinity
+
 # The rendezvous store of a Ray Train run, served by its rank 0 process.
 _train_store = None
 
@@ -22,11 +24,24 @@ def node_info():
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
         "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        "machine": affinity.machine_identity(),
     }
 
 
 def set_env(env):
     os.environ.update({k: str(v) for k, v in env.items()})
+
+
+def bind_cores(index, count):
+    """Binds this process to the ``index``-th of ``count`` equal slices of
+    its machine's cores (tfring/run/affinity.py), as tfring-run binds the
+    ranks it starts; returns the CPUs, or None when there are fewer cores
+    than ranks. Ray gives an actor a CPU count, not particular cores: left
+    unbound, the ranks of one machine share cores with each other's
+    progress loops and thread pools, and every step takes longer."""
+    cpus = affinity.slice_for(index, count)
+    affinity.bind_process(cpus)
+    return cpus
 
 
 def leave_job():
@@ -68,6 +83,9 @@ class TfringWorker:
 
     def update_env_vars(self, env_vars):
         set_env(env_vars)
+
+    def bind_cores(self, index, count):
+        return bind_cores(index, count)
 
     def env_vars(self):
         return dict(os.environ)

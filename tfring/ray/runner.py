@@ -13,7 +13,9 @@ Start-up, in the driver process:
   3. the driver serves the job's rendezvous store (the TcpStoreServer that
      tfring-run hosts, with a fresh secret) and sets each actor's TFRING_*
      variables; ``tfring.init()`` in the actors then joins as under
-     tfring-run.
+     tfring-run;
+  4. each actor is bound to its share of its machine's cores, as tfring-run
+     binds its ranks (unless TFRING_BIND=none).
 
 ``run`` waits on the ranks' results as they come: the first rank that
 raises, or whose actor dies, fails the call with a WorkerError that names the
@@ -36,6 +38,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tfring.ray import _layout
 from tfring.ray._worker import TfringWorker
+from tfring.run import affinity
 from tfring.run.common import format_addr
 
 
@@ -185,6 +188,10 @@ class RayExecutor:
                                     secret, common)
         self._get([w.update_env_vars.remote(e) for w, e in zip(self.workers, envs)],
                   self.workers, self._infos, "setting its environment")
+        if affinity.binding_enabled({**os.environ, **common}):
+            self._get([w.bind_cores.remote(i, n) for w, (i, n)
+                       in zip(self.workers, _layout.machine_slots(self._infos))],
+                      self.workers, self._infos, "binding its cores")
         self._get([w.start_executable.remote(executable_cls, executable_args, executable_kwargs)
                    for w in self.workers], self.workers, self._infos,
                   "creating its executable")

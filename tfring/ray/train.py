@@ -29,6 +29,7 @@ sets neither TF_CONFIG (tfring would read it) nor TF_USE_LEGACY_KERAS (tfring
 trains Keras 3 models).
 """
 
+import os
 import secrets
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
@@ -37,6 +38,7 @@ import ray
 from ray.train.backend import Backend, BackendConfig
 
 from tfring.ray import _layout, _worker
+from tfring.run import affinity
 from tfring.run.common import format_addr
 
 
@@ -85,6 +87,9 @@ class _TfringBackend(Backend):
                                     host_key="ip")
         ray.get([worker_group.execute_single_async(i, _worker.set_env, env)
                  for i, env in enumerate(envs)])
+        if affinity.binding_enabled({**os.environ, **common}):
+            ray.get([worker_group.execute_single_async(i, _worker.bind_cores, index, count)
+                     for i, (index, count) in enumerate(_layout.machine_slots(infos))])
 
     def on_shutdown(self, worker_group, backend_config: TfringConfig):
         worker_group.execute(_worker.leave_job)

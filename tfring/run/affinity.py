@@ -88,6 +88,60 @@ def inherited(cpus):
                 os.sched_setaffinity(0, old)
 
 
+def machine_identity():
+    """This machine as the core names a host (csrc/common/net.cc
+    hostIdentity): the hostname and the kernel's boot id, which containers
+    on one kernel share and machines do not. Ranks with the same identity
+    share the machine's cores."""
+    import socket
+
+    host = socket.gethostname() or "unknown-host"
+    try:
+        boot = _read("/proc/sys/kernel/random/boot_id")
+    except OSError:
+        boot = ""
+    return f"{host}/{boot}" if boot else host
+
+
+def bind_process(cpus):
+    """Binds every thread of this running process to ``cpus`` (a Spark
+    task's Python worker, a Ray actor: processes tfring did not start, so
+    it cannot bind them from their first instruction as ``inherited``
+    does); threads started later inherit the mask. Returns the calling
+    thread's previous mask, for ``unbind_process``, or None when nothing
+    was bound (no ``cpus``, or no affinity support)."""
+    if not cpus:
+        return None
+    try:
+        old = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return None
+    _set_all_threads(cpus)
+    return old
+
+
+def unbind_process(old):
+    """Puts every thread of this process back on ``old`` (what
+    ``bind_process`` returned; None does nothing)."""
+    if old:
+        _set_all_threads(old)
+
+
+def _set_all_threads(cpus):
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        with contextlib.suppress(OSError):  # a thread that has just exited
+            os.sched_setaffinity(tid, cpus)
+
+
+def binding_enabled(environ=None):
+    """Whether ranks are bound to their cores (TFRING_BIND, default auto)."""
+    return (os.environ if environ is None else environ).get("TFRING_BIND", "auto") != "none"
+
+
 def describe(cpus):
     """"0-3,8" for [0, 1, 2, 3, 8]."""
     out, run = [], []

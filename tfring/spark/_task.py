@@ -14,10 +14,12 @@ Each task of the barrier stage, in order:
      as the rank: its end without a final message tells the driver that the
      rank's Python worker died) and relays ``fn``'s stdout/stderr over it;
   4. sets the variables ``tfring.init()`` reads, as tfring-run sets them in
-     a rank (TFRING_RANK ... TFRING_STORE_ADDR, TFRING_SECRET), runs ``fn``,
-     shuts tfring down if ``fn`` left it initialized, and puts the Python
-     worker's environment and streams back as they were: Spark reuses the
-     worker for later tasks, later jobs included.
+     a rank (TFRING_RANK ... TFRING_STORE_ADDR, TFRING_SECRET), binds the
+     worker to the rank's share of the host's cores as tfring-run binds its
+     ranks (unless TFRING_BIND=none), runs ``fn``, shuts tfring down if
+     ``fn`` left it initialized, and puts the Python worker's environment,
+     core mask and streams back as they were: Spark reuses the worker for
+     later tasks, later jobs included.
 """
 
 import hmac
@@ -28,20 +30,9 @@ import sys
 import threading
 import traceback
 
+from tfring.run import affinity
+from tfring.run.affinity import machine_identity as host_identity
 from tfring.spark._protocol import auth_token, recv_line, send_line
-
-
-def host_identity():
-    """This host as the core names it (csrc/common/net.cc hostIdentity):
-    the hostname and the kernel's boot id, which containers on one kernel
-    share and hosts do not."""
-    host = socket.gethostname() or "unknown-host"
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{host}/{boot}" if boot else host
 
 
 def placement(partition_hosts):
@@ -158,6 +149,7 @@ def run_task(job):
     env.update({k: str(v) for k, v in rank_env.items()})
     saved_env = {k: os.environ.get(k) for k in list(env) + list(job.clear_env)}
     saved_streams = sys.stdout, sys.stderr
+    saved_cpus = _bind(local_rank, local_size, env)
     out = _Relay(conn, lock, "stdout", sys.__stdout__)
     err = _Relay(conn, lock, "stderr", sys.__stderr__)
     for k in job.clear_env:  # an outer launcher's, which tfring.init() would follow
@@ -185,6 +177,7 @@ def run_task(job):
         raise
     finally:
         sys.stdout, sys.stderr = saved_streams
+        affinity.unbind_process(saved_cpus)
         for k, v in saved_env.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -196,6 +189,18 @@ def run_task(job):
     _report(conn, lock, {"done": True})
     _close(conn)
     return [(rank, result)]
+
+
+def _bind(local_rank, local_size, env):
+    """Binds this Python worker to the rank's slice of the host's cores, as
+    tfring-run binds the ranks it starts (tfring/run/affinity.py), unless
+    TFRING_BIND=none; returns the mask to put back when the task ends (Spark
+    reuses the worker). Unbound, two ranks on one host share their cores
+    with each other's progress loops and thread pools and each step takes
+    longer."""
+    if not affinity.binding_enabled({**os.environ, **env}):
+        return None
+    return affinity.bind_process(affinity.slice_for(local_rank, local_size))
 
 
 def _is_secondary(e):
