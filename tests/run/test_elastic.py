@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 from elastic_train import DIM, LR, example  # noqa: E402
 
 pytest.importorskip("tfring._core", reason="tfring._core not built")
-from test_bootstrap import _env  # noqa: E402
+from launch_util import _env  # noqa: E402
 
 TESTS = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 WORKER = os.path.join(TESTS, "workers", "elastic_train.py")

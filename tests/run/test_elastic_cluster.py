@@ -6,6 +6,7 @@ against the numpy replay of the sizes it ran at (test_elastic.reference)."""
 import json
 import os
 import re
+import time
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ _WHY = cluster.why_unavailable()
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))
 
 FORWARD = ("PYTHONPATH", "OMP_NUM_THREADS", "KILL_HOST", "KILL_STEP", "STEPS", "COMMIT_EVERY",
-           "STEP_SLEEP")
+           "STEP_SLEEP", "FLAG_FILE", "FLAG_STEP")
 
 
 @pytest.fixture
@@ -73,21 +74,32 @@ def test_host_killed_across_namespace_hosts(three_ssh_hosts, tmp_path):
 
 
 def test_link_cut_isolates_a_host_and_the_rest_continue(three_ssh_hosts, tmp_path):
-    # host3's link goes down mid-training: no process dies, its peers just
-    # stop answering. The survivors' collectives fail (TFRING_TIMEOUT), they
-    # report it, and the driver drops host3 (its ssh sessions time out, or
-    # it does not report within the grace period).
+    # host3's link goes down mid-training (once rank 0 has reached step 20
+    # on 6 ranks): no process dies, its peers just stop answering. The
+    # survivors' collectives fail (TFRING_TIMEOUT), they report it, and the
+    # driver drops host3 (its ssh sessions time out, or it does not report
+    # within the grace period).
     import threading
 
     c = three_ssh_hosts
-    timer = threading.Timer(6.0, c.hosts[2].link_down)
-    timer.start()
+    flag, done = tmp_path / "step20", threading.Event()
+
+    def cut_at_step_20():
+        while not done.is_set():
+            if flag.exists():
+                c.hosts[2].link_down()
+                return
+            time.sleep(0.02)
+
+    cutter = threading.Thread(target=cut_at_step_20, daemon=True)
+    cutter.start()
     try:
-        out = run_elastic(c, tmp_path, ["--min-np", "2", "--max-np", "6"], STEPS=300,
+        out = run_elastic(c, tmp_path, ["--min-np", "2", "--max-np", "6"], STEPS=80,
                           COMMIT_EVERY=2, STEP_SLEEP=0.05, TFRING_TIMEOUT=8,
-                          TFRING_ELASTIC_REPORT_GRACE=3)
+                          TFRING_ELASTIC_REPORT_GRACE=3, FLAG_FILE=flag, FLAG_STEP=20)
     finally:
-        timer.cancel()
+        done.set()
+        cutter.join(30)
     assert out.returncode == 0 and out.result, out.show
     sizes = out.result["sizes"]
     assert sizes[0] == 6 and sizes[-1] == 4 and set(sizes) == {4, 6}, (sizes, out.show)

@@ -1,10 +1,10 @@
-"""tfring-run, the program: where it places ranks (host lists, Horovod and
-Open MPI host files, ssh for remote hosts), the environment and tunables it
-gives them (horovodrun's options, config files, HOROVOD_* variables, -x),
-the rendezvous store it hosts, how it relays their output, and how it ends
-a job (a failing or killed rank, a timeout, a rank late to init, forwarded
-signals). How the ranks then join their job under tfring-run and every
-other launcher is tests/run/test_bootstrap.py.
+"""tfring-run, the program: the environment and tunables it gives the ranks
+(horovodrun's options, config files, HOROVOD_* variables, -x), the
+rendezvous store it hosts, and how it relays their output. Where it places
+ranks (host files, ssh) is tests/run/test_launcher_hosts.py; how it ends a
+job (a failing or killed rank, a timeout, a rank late to init, forwarded
+signals), tests/run/test_launcher_faults.py. How the ranks then join their
+job under tfring-run and every other launcher is tests/run/test_bootstrap.py.
 
 The ranks are plain Python scripts, or tests/workers/hvd_env.py where the
 core must have read the options (it prints each rank's environment and
@@ -15,55 +15,17 @@ not a stuck CI run.
 import json
 import os
 import re
-import signal
 import socket
-import stat
-import subprocess
 import sys
-import textwrap
-import time
 
-import numpy as np
 import pytest
 
-from multiproc import WORKERS
+from launch_util import (ENV_DUMP, WORKER, _have_store_server, expected_allreduce, launch,
+                         script)
 
 from tfring import _horovod_env
 from tfring.run import horovodrun, launcher
-from tfring.run.hostfile import parse_hostfile, parse_hostfile_text
-from tfring.run.launcher import (assign_ranks, build_parser, is_local_host, parse_hosts,
-                                 ssh_command)
-
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-WORKER = os.path.join(WORKERS, "hvd_env.py")
-DEADLINE_S = 120  # a launch's deadline
-WAIT_S = 30  # for what a test waits on while a job runs
-LAUNCHER_VARS = ("TFRING_", "HOROVOD_", "OMPI_", "PMI_", "PMIX_", "SLURM_", "MV2_", "TF_CONFIG")
-
-
-def _have_store_server():
-    try:
-        from tfring import _core
-    except ImportError:
-        return False
-    return hasattr(_core, "TcpStoreServer")
-
-
-def _clean_env(extra=None):
-    """This environment less any launcher's variables (the test may run
-    under one), with a deadline on every collective."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    env.update({"TFRING_TIMEOUT": "60", "OMP_NUM_THREADS": "1"})
-    env.update(extra or {})
-    return env
-
-
-def launch(args, env=None, timeout=DEADLINE_S):
-    """Runs ``python -m tfring.run ARGS`` to completion (or fails the test)."""
-    return subprocess.run([sys.executable, "-m", "tfring.run", *args], cwd=REPO,
-                          env=_clean_env(env), stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout)
+from tfring.run.launcher import build_parser
 
 
 def rank_results(out):
@@ -74,157 +36,6 @@ def rank_results(out):
         if m:
             got[int(m.group(1))] = json.loads(m.group(2))
     return got
-
-
-def expected_allreduce(size):
-    return (np.arange(16, dtype=np.float64) * sum(r + 1 for r in range(size))).tolist()
-
-
-def script(tmp_path, body, name="rank.py"):
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(body))
-    return str(path)
-
-
-def wait_for(predicate, timeout=WAIT_S, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    pytest.fail(f"timed out waiting for {what}")
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it is dead for our purpose.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-# --------------------------------------------------------------- placement --
-
-def test_parse_hosts():
-    assert parse_hosts("a:4,b:2") == [("a", 4), ("b", 2)]
-    assert parse_hosts("a, b:3") == [("a", 1), ("b", 3)]
-    assert parse_hosts("[::1]:2") == [("::1", 2)]
-    for bad in ("a:x", "a:0", ":2", ""):
-        with pytest.raises(ValueError):
-            parse_hosts(bad)
-
-
-def test_assign_ranks_fills_hosts_in_order():
-    specs = assign_ranks(5, [("a", 2), ("b", 4)])
-    got = [
-        (s.rank, s.host, s.local_rank, s.local_size, s.cross_rank, s.cross_size)
-        for s in specs
-    ]
-    # cross_* as in Horovod: hosts having a rank with this local_rank.
-    assert got == [
-        (0, "a", 0, 2, 0, 2),
-        (1, "a", 1, 2, 0, 2),
-        (2, "b", 0, 3, 1, 2),
-        (3, "b", 1, 3, 1, 2),
-        (4, "b", 2, 3, 0, 1),
-    ]
-    assert all(s.size == 5 for s in specs)
-    with pytest.raises(ValueError, match="exceeds"):
-        assign_ranks(7, [("a", 2), ("b", 4)])
-
-
-def test_assign_ranks_merges_repeated_host():
-    specs = assign_ranks(3, [("a", 1), ("a", 2)])
-    assert [(s.host, s.local_rank, s.local_size) for s in specs] == [
-        ("a", 0, 3),
-        ("a", 1, 3),
-        ("a", 2, 3),
-    ]
-
-
-def test_local_host_names():
-    assert is_local_host("localhost")
-    assert is_local_host("127.0.0.1")
-    assert is_local_host(socket.gethostname())
-    assert not is_local_host("node-that-is-not-here")
-
-
-def test_ssh_command_quotes_everything():
-    argv = ssh_command(
-        "node1",
-        "/data/my run",
-        {"TFRING_RANK": "3", "X": "a b"},
-        ["python", "train.py", "--tag=$HOME"],
-        ssh_port=2222,
-    )
-    assert argv[:5] == ["ssh", "-o", "BatchMode=yes", "-p", "2222"]
-    assert argv[5] == "node1"
-    assert argv[6] == (
-        "cd '/data/my run' && exec env TFRING_RANK=3 'X=a b' "
-        "python train.py '--tag=$HOME'"
-    )
-    assert len(argv) == 7
-
-
-def test_hostfile_horovod_and_open_mpi_formats(tmp_path):
-    path = tmp_path / "hosts"
-    path.write_text("# Horovod\naa slots=2\n\n   \nbb slots=4 max_slots=8   # Open MPI\n"
-                    "cc:3\ndd\n[::1]:2\nee count=2\n")
-    assert parse_hostfile(str(path)) == [("aa", 2), ("bb", 4), ("cc", 3), ("dd", 1),
-                                         ("::1", 2), ("ee", 2)]
-
-
-@pytest.mark.parametrize("text,line,what", [
-    ("aa slots=2\nbb slots=x\n", 2, "slots must be an integer"),
-    ("aa slots=0\n", 1, "slots must be >= 1"),
-    ("# c\naa slots=2 gpus=4\n", 2, "unknown field 'gpus'"),
-    ("aa slots=4 max_slots=2\n", 1, "max_slots=2 is less than slots=4"),
-    ("aa 4\n", 1, "expected key=value"),
-    ("aa slots=2 slots=3\n", 1, "slots given twice"),
-    ("slots=2\n", 1, "starts with the host name"),
-    ("aa:x\n", 1, "slots must be an integer"),
-])
-def test_malformed_hostfile_names_file_and_line(tmp_path, text, line, what):
-    path = tmp_path / "hosts"
-    path.write_text(text)
-    with pytest.raises(ValueError) as e:
-        parse_hostfile(str(path))
-    assert f"{path}:{line}:" in str(e.value) and what in str(e.value), str(e.value)
-
-
-def test_empty_or_missing_hostfile(tmp_path):
-    with pytest.raises(ValueError, match="no hosts"):
-        parse_hostfile_text("# nothing\n\n", "hf")
-    with pytest.raises(ValueError, match="cannot read host file .*nope"):
-        parse_hostfile(str(tmp_path / "nope"))
-
-
-def test_tfring_run_rejects_a_malformed_hostfile(tmp_path):
-    path = tmp_path / "hosts"
-    path.write_text("localhost slots=2\nbroken slots=two\n")
-    out = launch(["-np", "2", "--hostfile", str(path), sys.executable, WORKER], timeout=60)
-    assert out.returncode == 2, out.stderr
-    assert f"{path}:2: slots must be an integer" in out.stderr, out.stderr
-    out = launch(["-np", "3", "--hostfile", str(tmp_path / "hosts2"), "true"], timeout=60)
-    assert out.returncode == 2 and "cannot read host file" in out.stderr, out.stderr
-
-
-def test_usage_errors():
-    assert launch(["-np", "2"]).returncode == 2
-    r = launch(["-np", "5", "-H", "localhost:2", "true"])
-    assert r.returncode == 2 and "exceeds" in r.stderr
-
-
-def test_elastic_and_conflicting_options_fail_clearly(tmp_path):
-    out = launch(["-np", "2", "--reset-limit", "1", "true"], timeout=60)
-    assert out.returncode == 2 and "only in elastic mode" in out.stderr, out.stderr
-    out = launch(["-np", "2", "-H", "localhost:2", "--hostfile", "x", "true"], timeout=60)
-    assert out.returncode == 2 and "mutually exclusive" in out.stderr, out.stderr
 
 
 # ----------------------------------------------------------------- options --
@@ -385,16 +196,6 @@ def test_launcher_module_exports_main():
 
 # ---------------------------------------------- rank environment and store --
 
-ENV_DUMP = """
-    import json, os, sys
-    out = os.path.join(sys.argv[1], "rank%s.json" % os.environ["TFRING_RANK"])
-    keep = {k: v for k, v in os.environ.items()
-            if k.startswith(("TFRING_", "PYTHONUNBUFFERED", "MY_"))}
-    with open(out, "w") as f:
-        json.dump(keep, f)
-"""
-
-
 def test_rank_environment(tmp_path):
     dump = script(tmp_path, ENV_DUMP)
     r = launch(
@@ -470,62 +271,6 @@ def test_ranks_rendezvous_through_the_launchers_store(tmp_path):
     assert r.stdout.count("from 0,from 1,from 2") == 3
 
 
-def test_remote_ranks_start_through_ssh(tmp_path):
-    # A stand-in `ssh` records its argv and runs the remote command locally,
-    # so the whole remote path runs without a second host.
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    fake_ssh = bindir / "ssh"
-    fake_ssh.write_text(
-        textwrap.dedent(f"""\
-        #!{sys.executable}
-        import json, subprocess, sys
-        with open({str(tmp_path / "ssh_argv.json")!r}, "w") as f:
-            json.dump(sys.argv[1:], f)
-        sys.exit(subprocess.call(["/bin/sh", "-c", sys.argv[-1]]))
-    """)
-    )
-    fake_ssh.chmod(fake_ssh.stat().st_mode | stat.S_IEXEC)
-    dump = script(tmp_path, ENV_DUMP)
-    r = launch(
-        [
-            "-np",
-            "3",
-            "-H",
-            "localhost:2,remote-node:1",
-            "--store-host",
-            "127.0.0.1",
-            "--env",
-            "MY_FLAG=remote",
-            sys.executable,
-            dump,
-            str(tmp_path),
-        ],
-        env={
-            "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}",
-            "TFRING_FUSION_THRESHOLD": "1M",
-        },
-    )
-    assert r.returncode == 0, r.stderr
-    argv = json.loads((tmp_path / "ssh_argv.json").read_text())
-    assert argv[:3] == ["-o", "BatchMode=yes", "remote-node"]
-    assert argv[3].startswith(f"cd {REPO} && IFS= read -r TFRING_SECRET && ")
-    assert "TFRING_SECRET=" not in " ".join(argv)  # the secret travels on stdin
-    remote = json.loads((tmp_path / "rank2.json").read_text())
-    assert remote["TFRING_RANK"] == "2"
-    assert remote["TFRING_HOSTNAME"] == "remote-node"
-    assert remote["TFRING_LOCAL_RANK"] == "0" and remote["TFRING_LOCAL_SIZE"] == "1"
-    assert remote["TFRING_CROSS_RANK"] == "1" and remote["TFRING_CROSS_SIZE"] == "2"
-    assert remote["TFRING_FUSION_THRESHOLD"] == "1M"  # tunables travel along
-    assert remote["MY_FLAG"] == "remote"
-    for i in range(2):  # the host list's names, not this machine's
-        local = json.loads((tmp_path / f"rank{i}.json").read_text())
-        assert local["TFRING_HOSTNAME"] == "localhost"
-        assert local["TFRING_LOCAL_RANK"] == str(i) and local["TFRING_LOCAL_SIZE"] == "2"
-        assert local["TFRING_SECRET"] == remote["TFRING_SECRET"]
-    if _have_store_server():
-        assert remote["TFRING_STORE_ADDR"].startswith("127.0.0.1:")
-
 
 # ------------------------------------------------------------------ output --
 
@@ -597,156 +342,3 @@ def test_prefix_output_with_timestamp():
     assert len(lines) == 2, out.stdout
     for ln in lines:
         assert re.match(r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}\[[01]\]<stdout>: line$", ln), ln
-
-
-# ---------------------------------------------------------------- failures --
-
-# Rank FAIL_RANK fails (how: argv[2]) once every rank has written its pid;
-# the others would sleep far past the test's deadline.
-FAILING = """
-    import os, signal, sys, time
-    d, how = sys.argv[1], sys.argv[2]
-    rank, size = int(os.environ["TFRING_RANK"]), int(os.environ["TFRING_SIZE"])
-    if how == "ignore-term" and rank != 1:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    with open(os.path.join(d, "pid%d" % rank), "w") as f:
-        f.write(str(os.getpid()))
-    if rank == 1:
-        while len([n for n in os.listdir(d) if n.startswith("pid")]) < size:
-            time.sleep(0.01)
-        if how == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        sys.exit(3)
-    time.sleep(120)
-"""
-
-
-def _pids(tmp_path, n):
-    return [int((tmp_path / f"pid{i}").read_text()) for i in range(n)]
-
-
-def test_failing_rank_stops_the_job(tmp_path):
-    fail = script(tmp_path, FAILING)
-    t0 = time.monotonic()
-    r = launch(["-np", "3", sys.executable, fail, str(tmp_path), "exit"])
-    assert time.monotonic() - t0 < 15
-    assert r.returncode == 3
-    pids = _pids(tmp_path, 3)
-    assert (
-        f"tfring-run: rank 1 (pid {pids[1]}) exited with code 3; "
-        "terminating the other ranks"
-    ) in r.stderr
-    assert not any(pid_alive(p) for p in pids)
-
-
-def test_rank_killed_by_signal_is_named(tmp_path):
-    fail = script(tmp_path, FAILING)
-    r = launch(["-np", "2", sys.executable, fail, str(tmp_path), "kill"])
-    assert r.returncode == 128 + signal.SIGKILL
-    pid = _pids(tmp_path, 2)[1]
-    assert f"rank 1 (pid {pid}) was killed by signal SIGKILL" in r.stderr
-
-
-def test_ranks_ignoring_sigterm_get_sigkill(tmp_path):
-    fail = script(tmp_path, FAILING)
-    t0 = time.monotonic()
-    r = launch(
-        [
-            "-np",
-            "3",
-            "--grace-period",
-            "0.5",
-            sys.executable,
-            fail,
-            str(tmp_path),
-            "ignore-term",
-        ]
-    )
-    assert time.monotonic() - t0 < 15
-    assert r.returncode == 3
-    assert "sending SIGKILL" in r.stderr
-    assert not any(pid_alive(p) for p in _pids(tmp_path, 3))
-
-
-def test_timeout_stops_the_job(tmp_path):
-    sleeper = script(tmp_path, "import time\ntime.sleep(120)\n")
-    t0 = time.monotonic()
-    r = launch(["-np", "2", "--timeout", "1", sys.executable, sleeper])
-    assert time.monotonic() - t0 < 15
-    assert r.returncode == 124
-    assert "timeout" in r.stderr and "--timeout" in r.stderr
-
-
-def test_start_timeout_names_the_late_rank():
-    out = launch(["-np", "2", "--start-timeout", "3", "--grace-period", "1",
-                  sys.executable, WORKER, "late", "300"], timeout=90)
-    assert out.returncode == 124, out.stdout[-2000:] + out.stderr[-3000:]
-    assert "rank(s) 1 did not reach tfring.init() within 3 s" in out.stderr, out.stderr
-
-
-def test_success_exits_zero_and_missing_command_fails(tmp_path):
-    ok = script(tmp_path, "print('ok')\n")
-    r = launch(["-np", "2", sys.executable, ok])
-    assert r.returncode == 0
-    assert sorted(r.stdout.splitlines()) == ["[0]<stdout>: ok", "[1]<stdout>: ok"]
-    r = launch(["-np", "2", str(tmp_path / "no-such-program")])
-    assert r.returncode == 127
-    assert "cannot start rank 0" in r.stderr
-
-
-# ----------------------------------------------------------------- signals --
-
-@pytest.mark.parametrize(
-    "signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"]
-)
-def test_signals_are_forwarded_to_every_rank(tmp_path, signum):
-    catcher = script(
-        tmp_path,
-        """
-        import os, signal, sys, time
-        d = sys.argv[1]
-        rank = os.environ["TFRING_RANK"]
-        def on_signal(signum, frame):
-            with open(os.path.join(d, "got%s" % rank), "w") as f:
-                f.write(signal.Signals(signum).name)
-            sys.exit(0)
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
-        open(os.path.join(d, "ready%s" % rank), "w").close()
-        time.sleep(120)
-    """,
-    )
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tfring.run",
-            "-np",
-            "3",
-            sys.executable,
-            catcher,
-            str(tmp_path),
-        ],
-        cwd=REPO,
-        env=_clean_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        wait_for(
-            lambda: all((tmp_path / f"ready{i}").exists() for i in range(3)),
-            what="ranks to start",
-        )
-        proc.send_signal(signum)
-        _, err = proc.communicate(timeout=DEADLINE_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    name = signal.Signals(signum).name
-    assert proc.returncode == 128 + signum
-    assert f"received {name}; forwarding it to all ranks" in err
-    for i in range(3):
-        assert (tmp_path / f"got{i}").read_text() == name

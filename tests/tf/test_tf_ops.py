@@ -94,19 +94,32 @@ if __name__ != "__main__":
         assert all(n == names[0] for n in names), names
         assert len(set(names[0])) == len(names[0]), names[0]
 
-    @pytest.mark.parametrize("algo", ["oneshot", "hier"])
+    PACKING_ALGOS = ["oneshot", "hier"]
+    _packing_job = {}
+
+    def packing_job():
+        """{algo: each rank's results}: the packing algorithms one after
+        the other on the ranks of one launch (a pass each: set
+        TFRING_ALLREDUCE_ALGO, init, run the check, shutdown)."""
+        if not _packing_job:
+            sys.path.insert(0, TESTS)
+            from multiproc import run_passes
+
+            env = dict(RANK_ENV, TFRING_FUSION_THRESHOLD="4K")
+            passes = [{"TFRING_ALLREDUCE_ALGO": algo} for algo in PACKING_ALGOS]
+            res = run_passes(3, os.path.abspath(__file__),
+                             passes, ["--worker", "--only", "grouped_under_packing_algorithms"],
+                             env=env, timeout=JOB_TIMEOUT)
+            _packing_job.update(zip(PACKING_ALGOS, res))
+        return _packing_job
+
+    @pytest.mark.parametrize("algo", PACKING_ALGOS)
     def test_grouped_allreduce_under_packing_algorithms(algo):
         """The algorithms that pack fused tensors get a grouped request in
         pieces of at most the fusion threshold (4 KiB here), a larger part
         alone in place, with and without a prescale."""
-        sys.path.insert(0, TESTS)
-        from multiproc import rank_results, run_ranks
-
-        env = dict(RANK_ENV, TFRING_ALLREDUCE_ALGO=algo, TFRING_FUSION_THRESHOLD="4K")
-        res = run_ranks(3, os.path.abspath(__file__),
-                        ["--worker", "--only", "grouped_under_packing_algorithms"],
-                        env=env, timeout=JOB_TIMEOUT)
-        for r, o in enumerate(rank_results(res, "grouped_under_packing_algorithms")):
+        for r, results in enumerate(packing_job()[algo]):
+            o = results["grouped_under_packing_algorithms"]
             assert not o["error"], f"rank {r}:\n{o['error']}"
             assert set(o["value"]) == {algo}, o["value"]
 
@@ -953,19 +966,21 @@ def _worker():
     tf.config.threading.set_inter_op_parallelism_threads(2)
     import tfring
 
-    tfring.init()
-    rank, size = tfring.rank(), tfring.size()
     checks = _all_checks()
     missing = [c for c in CHECKS if c not in checks]
     assert not missing, missing
     sys.path.insert(0, os.path.join(TESTS, "workers"))
-    from common import report, run_checks
+    from common import run_checks, run_passes
 
     only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else CHECKS
-    results = run_checks({name: functools.partial(checks[name], tf, tfring, rank, size)
-                          for name in only})
-    report(results)
-    tfring.shutdown()
+
+    def body():
+        rank, size = tfring.rank(), tfring.size()
+        return run_checks({name: functools.partial(checks[name], tf, tfring, rank, size)
+                           for name in only})
+
+    # Once (init, checks, report, shutdown), or once per pass of TEST_PASSES.
+    run_passes(body)
 
 
 if __name__ == "__main__" and "--worker" in sys.argv:

@@ -44,6 +44,40 @@ def data_links(keep_ports):
     return fds
 
 
+def other_results():
+    """The result files the other ranks write when they report
+    (multiproc.run_ranks names them after this rank's TFRING_RESULT); none
+    when this rank has no TFRING_RESULT of that form."""
+    mine = os.environ.get("TFRING_RESULT", "")
+    suffix = f".{rank}.json"
+    if not mine.endswith(suffix):
+        return []
+    return [mine[:-len(suffix)] + f".{r}.json" for r in range(n) if r != rank]
+
+
+# Run by a helper process: SIGKILLs PID once every FILE has existed (the
+# test removes each one after its rank exits), or after AT_MOST seconds.
+_KILL_LATER = """
+import os, sys, time
+pid, end, files = int(sys.argv[1]), time.time() + float(sys.argv[2]), set(sys.argv[3:])
+seen = set()
+while time.time() < end and not (files and seen == files):
+    seen |= {f for f in files if os.path.exists(f)}
+    time.sleep(0.05)
+os.kill(pid, 9)
+"""
+
+
+def kill_once_others_reported(at_most_s):
+    """Has a helper process SIGKILL this rank once every other rank has
+    reported the error it saw (so each saw this rank alive, not dead), or
+    after at_most_s seconds. The test can then end: multiproc.run_ranks
+    waits for every rank."""
+    import subprocess
+    subprocess.Popen([sys.executable, "-c", _KILL_LATER, str(os.getpid()), str(at_most_s),
+                      *other_results()])
+
+
 def wait_for(path, timeout=30):
     """Until another rank has created `path` (at most `timeout` s)."""
     deadline = time.time() + timeout
@@ -75,10 +109,7 @@ elif scenario == "missing":
     if rank == 1:
         # Away until every other rank has reported the error it saw (its
         # result file exists, multiproc.run_ranks), at most SLEEP seconds.
-        mine = os.environ.get("TFRING_RESULT", "")
-        suffix = f".{rank}.json"
-        others = [mine[:-len(suffix)] + f".{r}.json" for r in range(n) if r != rank] \
-            if mine.endswith(suffix) else []
+        others = other_results()
         deadline = time.time() + float(os.environ["SLEEP"])
         while time.time() < deadline and not (others and all(map(os.path.exists, others))):
             time.sleep(0.05)
@@ -157,15 +188,15 @@ elif scenario == "stopped":
     # The victim is stopped (SIGSTOP), not dead: its connections stay up, so
     # only its silence gives it away. A helper process kills it later so the
     # test can end.
-    import subprocess
     victim = int(os.environ["VICTIM"])
     x = np.ones(1024, np.float32)
     for _ in range(3):
         _core.allreduce(x, name="stop.warm", out=x)
     if rank == victim:
-        # Later than the test's bound on the survivors' errors (TFRING_TIMEOUT
-        # of 5 s plus 2), so they must have named a stopped rank, not a dead one.
-        subprocess.Popen(["sh", "-c", f"sleep 10; kill -9 {os.getpid()}"])
+        # Once the survivors have reported, at the latest past the test's
+        # bound on their errors (TFRING_TIMEOUT of 5 s plus 2): they must
+        # have named a stopped rank, not a dead one.
+        kill_once_others_reported(10)
         os.kill(os.getpid(), signal.SIGSTOP)
 
     def stop_loop():
@@ -222,7 +253,6 @@ elif scenario == "cut_links":
     # the other end of those links can tell, and every rank must hear the
     # victim named first, not the rank that noticed. The victim then stops
     # (SIGSTOP) so that it reports nothing itself; a helper kills it later.
-    import subprocess
     victim = int(os.environ["VICTIM"])
     x = np.ones(1 << 16, np.float32)
     for _ in range(3):
@@ -234,8 +264,9 @@ elif scenario == "cut_links":
 
         def cut():
             time.sleep(0.3)
-            # After the test's 15 s bound on the survivors' errors.
-            subprocess.Popen(["sh", "-c", f"sleep 16; kill -9 {os.getpid()}"])
+            # Once the survivors have reported, at the latest after the
+            # test's 15 s bound on their errors.
+            kill_once_others_reported(16)
             for fd in data_links(keep):
                 s = socket.socket(fileno=fd)
                 try:

@@ -1,6 +1,6 @@
 """A plain Horovod-style training script, run unchanged with no launcher,
 under tfring-run, Open MPI's mpirun and MPICH's mpiexec
-(tests/run/test_bootstrap.py).
+(tests/run/test_bootstrap_launchers.py).
 
 Each rank builds its model from a different seed (the initial broadcast must
 make them equal), trains a few steps on its own data through
