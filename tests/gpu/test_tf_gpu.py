@@ -40,17 +40,13 @@ def _package_dir():
     return os.path.dirname(spec.origin) if spec else None
 
 
-def _tf_available():
-    pkg = _package_dir()
-    return (importlib.util.find_spec("tensorflow") is not None and pkg is not None
-            and os.path.exists(os.path.join(pkg, "_tfring_ops.so")))
-
-
 # ------------------------------------------------------------- pytest side --
 
 if __name__ != "__main__":
+    from tf_util import tf_available
+
     pytestmark = pytest.mark.skipif(
-        not _tf_available(),
+        not tf_available(),
         reason="TensorFlow or tfring's op library (_tfring_ops.so) missing")
 
     def _build_says():

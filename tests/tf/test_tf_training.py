@@ -22,10 +22,11 @@ CHECKS = ["keras_tape_eager", "keras_tape_function", "v1_optimizer_session",
 
 if __name__ != "__main__":
     sys.path.insert(0, TESTS)
-    from test_tf_ops import RANK_ENV, _tf_available
+    from test_tf_ops import RANK_ENV
+    from tf_util import tf_available
 
     pytestmark = pytest.mark.skipif(
-        not _tf_available(),
+        not tf_available(),
         reason="TensorFlow or tfring's op library (_tfring_ops.so) missing")
 
     _job = []
