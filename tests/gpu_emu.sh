@@ -58,5 +58,4 @@ cd /tmp
 # Also the GPU benchmark's dry run on this build (every algorithm and
 # table path): the main suite runs before build-emu exists and skips it.
 exec "$PY" -m pytest -q -rs "$ROOT/tests/gpu/test_gpu.py" "$ROOT/tests/gpu/test_gpu_sets.py" \
-  "$ROOT/tests/core/test_benchmarks.py::test_gpu_bench_refuses_to_time_the_emulation" \
-  "$ROOT/tests/core/test_benchmarks.py::test_gpu_bench_dry_run_on_the_emulation" "$@"
+  "$ROOT/tests/core/test_bench_gpu.py" "$@"
