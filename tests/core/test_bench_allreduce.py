@@ -92,7 +92,7 @@ def test_tf_allreduce_bench(tmp_path):
     assert "mwms" not in large  # above --mwms-max-size
 
 
-# ------------------------------------------- allreduce_bench new options --
+# ------------------------------- allreduce_bench: latency, batches, plots --
 
 HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 

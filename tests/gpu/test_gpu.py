@@ -50,8 +50,6 @@ def job_of_one():
     _core.shutdown()
 
 
-# ------------------------------------------------------------ CPU only ----
-
 def test_cuda_queries_agree():
     assert isinstance(_core.cuda_built(), bool)
     assert _core.cuda_available() == (_core.cuda_built() and _core.cuda_device_count() > 0)
