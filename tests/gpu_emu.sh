@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the GPU tests (tests/gpu/test_gpu.py, and the GPU benchmark's dry run) on
-# a machine without a GPU, against the CUDA emulation build: the product's
+# Runs the GPU tests (tests/gpu/test_gpu.py, test_gpu_kernels.py,
+# test_gpu_collectives.py, test_gpu_sets.py, and the GPU benchmark's dry run)
+# on a machine without a GPU, against the CUDA emulation build: the product's
 # CUDA kernels and GPU runtime (CUDA-IPC ring, host-staged ring, executor,
 # stream handling) compiled with the host compiler and linked to a fake CUDA
 # runtime whose streams are host threads and whose device memory and IPC
@@ -57,6 +58,6 @@ print('gpu_emu:', _core.cuda_describe(0))")
 cd /tmp
 # Also the GPU benchmark's dry run on this build (every algorithm and
 # table path): the main suite runs before build-emu exists and skips it.
-exec "$PY" -m pytest -q -rs "$ROOT/tests/gpu/test_gpu.py" "$ROOT/tests/gpu/test_gpu_sets.py" \
-  "$ROOT/tests/core/test_benchmarks.py::test_gpu_bench_refuses_to_time_the_emulation" \
-  "$ROOT/tests/core/test_benchmarks.py::test_gpu_bench_dry_run_on_the_emulation" "$@"
+exec "$PY" -m pytest -q -rs "$ROOT/tests/gpu/test_gpu.py" "$ROOT/tests/gpu/test_gpu_kernels.py" \
+  "$ROOT/tests/gpu/test_gpu_collectives.py" "$ROOT/tests/gpu/test_gpu_sets.py" \
+  "$ROOT/tests/core/test_bench_gpu.py" "$@"

@@ -14,7 +14,8 @@
 #               CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY in a fresh
 #               temporary directory (or the system's daemon in
 #               /tmp/nvidia-mps when one runs, left running)
-#   tests       tests/gpu/test_gpu.py (or $GPU_TESTS), under MPS when it
+#   tests       tests/gpu/test_gpu.py, test_gpu_kernels.py and
+#               test_gpu_collectives.py (or $GPU_TESTS), under MPS when it
 #               started, else time-sliced
 #   steps       training steps on the GPU, when STEP_BENCH is set: for each
 #               ';'-separated argument list in it, benchmarks/entry_points.py
@@ -29,7 +30,7 @@
 # (default "--algos ring,auto,host") are added for one mode), OUT (if set: test_gpu.log,
 # gpu_bench_mps.json, gpu_bench_timeslice.json and the MPS logs are written
 # there), SKIP_TESTS=1 / SKIP_BENCH=1 / SKIP_MPS=1, GPU_TESTS (test files,
-# default tests/gpu/test_gpu.py), STEP_BENCH (';'-separated lists; leading
+# default the three above), STEP_BENCH (';'-separated lists; leading
 # NAME=value words in a list are that job's environment) and
 # STEP_BENCH_TIMEOUT (seconds per list, default 900; step_bench.log and
 # step_bench_N.json in OUT). TFRING_TF_PYTHONPATH (where TensorFlow is
@@ -229,9 +230,12 @@ with_mode() {
 
 run_tests() {
   local mode=$1 t files=()
+  local tests="tests/gpu/test_gpu.py tests/gpu/test_gpu_kernels.py"
+  tests+=" tests/gpu/test_gpu_collectives.py"
+  tests=${GPU_TESTS:-$tests}
   shift
-  for t in ${GPU_TESTS:-tests/gpu/test_gpu.py}; do files+=("$ROOT/$t"); done
-  log "GPU tests ($mode): ${GPU_TESTS:-tests/gpu/test_gpu.py}"
+  for t in $tests; do files+=("$ROOT/$t"); done
+  log "GPU tests ($mode): $tests"
   if [[ -n "$OUTDIR" ]]; then
     (cd /tmp && with_mode "$mode" "$PY" -m pytest -q -rs "${files[@]}" "$@" 2>&1 \
       | tee "$OUTDIR/test_gpu.log")

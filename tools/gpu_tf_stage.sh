@@ -192,7 +192,8 @@ tf_rc=${PIPESTATUS[0]}
 # CUDA 13 while this TensorFlow is CUDA 12; the build warns about it).
 export TFRING_TF_PYTHONPATH=$TARGET
 export TFRING_TF_GPU=${TFRING_TF_GPU:-ON}
-export GPU_TESTS=${GPU_TESTS:-"tests/gpu/test_gpu.py $TF_TESTS"}
+GPU_CORE_TESTS="tests/gpu/test_gpu.py tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_collectives.py"
+export GPU_TESTS=${GPU_TESTS:-"$GPU_CORE_TESTS $TF_TESTS"}
 export TFRING_TF_GPU_SIZES=${TFRING_TF_GPU_SIZES:-1,2,4}
 bash "$ROOT/tools/gpu_run.sh" "$@"
 rc=$?

@@ -1,4 +1,4 @@
-"""GPU collectives on one rank of a test job (tests/gpu/test_gpu.py).
+"""GPU collectives on one rank of a test job (tests/gpu/test_gpu_collectives.py).
 
 Inputs live on the GPU as CuPy arrays when TFRING_TEST_ARRAYS=cupy (and CuPy
 imports), else as tfring._core.CudaArray; results are checked against numpy
