@@ -1,4 +1,4 @@
-"""What the GPU tests share (tests/gpu/test_gpu.py,
+"""What the GPU tests share (tests/gpu/test_gpu.py, test_gpu_sets.py,
 test_gpu_kernels.py, test_gpu_collectives.py): whether this process can
 use a GPU (a real one, or the CUDA emulation build's), and the mark that
 skips a test cleanly when it cannot."""

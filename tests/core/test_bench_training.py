@@ -19,7 +19,7 @@ pytestmark = requires_core
 def test_keras_scaling_bench_runs_every_configuration(tmp_path):
     # The quick mlp: tfring at 1 and 2 ranks, the same ranks alone, TF's
     # MultiWorkerMirroredStrategy (its workers started on tfring-run's
-    # cores), model.fit, and the ratios the targets read (each run
+    # cores), model.fit, and the ratios the exposed-time figures read (each run
     # once; the rounds are checked below without jobs).
     out, res = _run(tmp_path, "keras_scaling.py", "--models", "mlp", "--quick",
                     "--timeout", "240", "--rounds", "1")

@@ -3,13 +3,8 @@ stream-completed collective's failure, and the GPU allreduce algorithm
 counters. Needs a GPU, or the CUDA emulation build (tests/gpu_emu.sh);
 skipped cleanly without one."""
 
-import pytest
-
+from gpu_util import requires_gpu
 from multiproc import check_ok, run_ranks
-from tfring import _core
-
-requires_gpu = pytest.mark.skipif(
-    not _core.cuda_available(), reason=f"no usable GPU: {_core.cuda_unavailable_reason()}")
 
 
 @requires_gpu
