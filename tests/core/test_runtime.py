@@ -40,6 +40,16 @@ def test_config_read_back_and_use_after_shutdown():
         assert "not initialized" in out["after_shutdown"]
 
 
+def _run_alone(code):
+    """Runs `code` in one fresh Python process with no launcher's variables
+    (a job of one); it must print 'ok' and exit 0 within 60 s."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TFRING_", "OMPI_", "PMI_",
+                                                                     "SLURM_"))}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
+
+
 def test_single_process_without_launcher():
     code = (
         "import numpy as np, tfring.basics as b; from tfring import _core\n"
@@ -48,11 +58,7 @@ def test_single_process_without_launcher():
         "assert np.array_equal(_core.allreduce(x, op='average'), x)\n"
         "assert np.array_equal(_core.allgather(x), x)\n"
         "b.shutdown(); b.init(); assert b.is_initialized(); print('ok')\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TFRING_", "OMPI_", "PMI_",
-                                                                     "SLURM_"))}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+    _run_alone(code)
 
 
 def test_reducescatter_shape_rule():
@@ -85,11 +91,7 @@ def test_job_of_one_runs_inline_and_checks_its_input():
         "    except Exception as e:\n"
         "        assert needle in str(e) and type(e).__name__ == 'InvalidArgumentError', e\n"
         "b.shutdown(); print('ok')\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TFRING_", "OMPI_", "PMI_",
-                                                                     "SLURM_"))}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
+    _run_alone(code)
 
 
 def test_collective_arguments_bind_like_python():
@@ -128,11 +130,7 @@ def test_collective_arguments_bind_like_python():
         "        assert needle in str(e), (needle, str(e))\n"
         "assert 'allreduce(array, op=' in _core.allreduce.__doc__\n"
         "b.shutdown(); print('ok')\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TFRING_", "OMPI_", "PMI_",
-                                                                     "SLURM_"))}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
+    _run_alone(code)
 
 
 # Ring vote on one host; recursive doubling forced; the host vote across
