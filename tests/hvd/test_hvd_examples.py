@@ -6,34 +6,21 @@ changed; their results are checked against numpy."""
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tf_util import RANK_ENV, tf_available
+from tf_util import RANK_ENV, run_example, tf_available
 
 needs_tf = pytest.mark.skipif(not tf_available(), reason="needs TensorFlow and tfring's op library")
 
 TESTS = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-EXAMPLES = os.path.join(os.path.dirname(TESTS), "examples")
 TIMEOUT = 300
 
 
 def _run(np_, script, args, cwd):
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **RANK_ENV)
-    cmd = [sys.executable, "-m", "tfring.run", "-np", str(np_), "--timeout",
-           str(TIMEOUT - 20), sys.executable, os.path.join(EXAMPLES, script),
-           *args]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT, cwd=cwd, check=False)
-    except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"{script} hung past {TIMEOUT} s:\n"
-                             f"{(e.stdout or '')[-3000:]}") from e
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
+    return run_example(script, args, cwd, dict(os.environ, PYTHONUNBUFFERED="1", **RANK_ENV),
+                       TIMEOUT, np_=np_)
 
 
 @needs_tf

@@ -25,7 +25,7 @@ import sys
 
 import pytest
 
-from tf_util import JOB_TIMEOUT, RANK_ENV, tf_available
+from tf_util import JOB_TIMEOUT, RANK_ENV, run_example, tf_available
 
 TESTS = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
@@ -111,26 +111,12 @@ def test_horovod_style_example_runs_under_tfring_run(tmp_path):
     falls, rank 0 alone writes checkpoints, and both ranks end with the
     same weights."""
     import re
-    import subprocess
 
-    env = dict(os.environ)
-    env.update(RANK_ENV)
-    env["PYTHONUNBUFFERED"] = "1"
-    script = os.path.join(os.path.dirname(TESTS), "examples",
-                          "horovod_style_keras.py")
-    cmd = [sys.executable, "-m", "tfring.run", "-np", "2",
-           "--timeout", str(JOB_TIMEOUT - 20), sys.executable, script,
-           "--epochs", "3", "--steps", "16", "--batch-size", "32"]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                              timeout=JOB_TIMEOUT, cwd=tmp_path, check=False)
-    except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"the example hung past {JOB_TIMEOUT} s:\n"
-                             f"{(e.stdout or '')[-3000:]}") from e
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ends = re.findall(r"rank (\d) loss ([\d.]+) weights sha256 (\w+)",
-                      proc.stdout)
-    assert sorted(r for r, _, _ in ends) == ["0", "1"], proc.stdout[-3000:]
+    out = run_example("horovod_style_keras.py",
+                      ["--epochs", "3", "--steps", "16", "--batch-size", "32"], tmp_path,
+                      dict(os.environ, PYTHONUNBUFFERED="1", **RANK_ENV), JOB_TIMEOUT, np_=2)
+    ends = re.findall(r"rank (\d) loss ([\d.]+) weights sha256 (\w+)", out)
+    assert sorted(r for r, _, _ in ends) == ["0", "1"], out[-3000:]
     assert len({d for _, _, d in ends}) == 1, f"ranks differ: {ends}"
     assert float(ends[0][1]) < 2.0, f"the loss did not fall: {ends}"
     assert sorted(os.listdir(tmp_path)) == [

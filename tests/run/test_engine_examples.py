@@ -16,13 +16,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from tf_util import tf_available
+from tf_util import run_example, tf_available
 
 needs_tf = pytest.mark.skipif(not tf_available(), reason="needs TensorFlow and tfring's op library")
 
@@ -35,15 +34,7 @@ def _run(script, args, cwd, env=None):
     env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
                **(env or {}))
-    cmd = [sys.executable, os.path.join(EXAMPLES, script), *args]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT,
-                              cwd=cwd, check=False)
-    except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"{script} hung past {TIMEOUT} s:\n"
-                             f"{(e.stdout or '')[-3000:]}") from e
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return proc.stdout
+    return run_example(script, args, cwd, env, TIMEOUT)
 
 
 def _example(name):

@@ -3,15 +3,11 @@ short settings, and reports weights identical on every rank where it
 checks them."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tf_util import have_modules, have_ops
+from tf_util import have_modules, have_ops, run_example
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-EXAMPLES = os.path.join(ROOT, "examples")
 JOB_TIMEOUT = 240
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
        "TFRING_TIMEOUT": "180", "KERAS_BACKEND": "tensorflow",
@@ -44,19 +40,5 @@ def test_example_runs_on_two_ranks(name, tmp_path):
     # Run outside the checkout: `python -m` puts the working directory first
     # on sys.path, where the source tfring (without its built libraries)
     # would shadow the installed one.
-    env = dict(os.environ)
-    env.update(ENV)
-    cmd = [sys.executable, "-m", "tfring.run", "-np", "2",
-           "--timeout", str(JOB_TIMEOUT - 20),
-           sys.executable, os.path.join(EXAMPLES, f"{name}.py"), *args]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                              check=False,
-                              timeout=JOB_TIMEOUT, cwd=tmp_path)
-    except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"{name} hung past {JOB_TIMEOUT} s:\n"
-                             f"{(e.stdout or '')[-3000:]}") from e
-    assert proc.returncode == 0, (
-        f"{name} exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\n"
-        f"stderr:\n{proc.stderr[-3000:]}")
-    assert expected in proc.stdout, proc.stdout[-3000:]
+    out = run_example(f"{name}.py", args, tmp_path, dict(os.environ, **ENV), JOB_TIMEOUT, np_=2)
+    assert expected in out, out[-3000:]
