@@ -323,6 +323,19 @@ def python_env():
 
 PYTHON = sys.executable
 
+# Variables of a launcher this test process may itself run under, which a
+# job started on the namespace hosts must not inherit.
+LAUNCHER_PREFIXES = ("TFRING_", "OMPI_", "PMI", "SLURM_", "PET_", "MASTER_", "TF_CONFIG",
+                     "HOROVOD_")
+
+
+def launch_env(**values):
+    """This environment less any launcher's variables, plus python_env()
+    and ``values`` (as strings): what a job started on the hosts gets."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
+    env.update(python_env(), **{k: str(v) for k, v in values.items()})
+    return env
+
 
 # ------------------------------------------------------------- env jobs ----
 
@@ -359,12 +372,9 @@ def start_ranks(cluster, ranks_per_host, args, result_dir, env=None, hosts=None)
     procs = []
     for r in range(size):
         h = hosts[r // ranks_per_host]
-        e = dict(os.environ, **python_env())
-        e = {k: v for k, v in e.items() if not k.startswith(("TFRING_", "OMPI_", "PMI"))}
-        e.update(TFRING_RANK=str(r), TFRING_SIZE=str(size), TFRING_SECRET=secret,
-                 TFRING_STORE_ADDR=f"{hosts[0].addr}:{STORE_PORT}",
-                 TFRING_RESULT_DIR=str(result_dir), TFRING_TIMEOUT="60")
-        e.update({k: str(v) for k, v in (env or {}).items()})
+        e = launch_env(**{"TFRING_RANK": r, "TFRING_SIZE": size, "TFRING_SECRET": secret,
+                          "TFRING_STORE_ADDR": f"{hosts[0].addr}:{STORE_PORT}",
+                          "TFRING_RESULT_DIR": result_dir, "TFRING_TIMEOUT": 60, **(env or {})})
         procs.append(h.popen([PYTHON, WORKER, *args], env=e, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True))
     return store, procs

@@ -92,10 +92,8 @@ def launcher_trial(c, rng):
     victim = rng.randrange(size)
     kill_after = rng.uniform(0.2, 1.2)
     result_dir = tempfile.mkdtemp(prefix="tfring-fault-")
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TFRING_", "OMPI_", "PMI", "SLURM_"))}
-    env.update(cluster.python_env(), TFRING_RESULT_DIR=result_dir, TFRING_TIMEOUT="60",
-               KILL_RANK=str(victim), KILL_AFTER=str(kill_after))
+    env = cluster.launch_env(TFRING_RESULT_DIR=result_dir, TFRING_TIMEOUT=60,
+                             KILL_RANK=victim, KILL_AFTER=kill_after)
     argv = [cluster.PYTHON, "-m", "tfring.run", "-np", str(size), "-H",
             ",".join(f"{h.name}:{RANKS_PER_HOST}" for h in c.hosts),
             "-x", "PYTHONPATH", "-x", "TFRING_RESULT_DIR", "-x", "KILL_RANK", "-x", "KILL_AFTER",

@@ -72,10 +72,7 @@ def check_job(reps, outs=(), nhosts=2):
 
 
 def _launcher_env(result_dir):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TFRING_", "OMPI_", "PMI", "PMIX", "SLURM_"))}
-    env.update(cluster.python_env(), TFRING_RESULT_DIR=str(result_dir), TFRING_TIMEOUT="60")
-    return env
+    return cluster.launch_env(TFRING_RESULT_DIR=result_dir, TFRING_TIMEOUT=60)
 
 
 def test_env_bootstrap_two_hosts(two_hosts, tmp_path):

@@ -29,10 +29,7 @@ def hosts3():
 
 
 def _env(result_dir, extra=None):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TFRING_", "OMPI_", "PMI", "PMIX", "SLURM_", "PET_",
-                                "MASTER_", "TF_CONFIG", "HOROVOD_"))}
-    env.update(cluster.python_env(), TFRING_RESULT_DIR=str(result_dir), TFRING_TIMEOUT="30")
+    env = cluster.launch_env(TFRING_RESULT_DIR=result_dir, TFRING_TIMEOUT=30)
     env.update(extra or {})
     return env
 

@@ -4,7 +4,6 @@ The training is tests/workers/elastic_train.py; its weights are checked
 against the numpy replay of the sizes it ran at (test_elastic.reference)."""
 
 import json
-import os
 import re
 import time
 
@@ -38,10 +37,7 @@ def three_ssh_hosts():
 def run_elastic(c, tmp_path, options, timeout=200, cut=None, **env):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("host1:2\nhost2:2\nhost3:2\n")
-    e = {k: v for k, v in os.environ.items()
-         if not k.startswith(("TFRING_", "OMPI_", "PMI", "PMIX", "SLURM_"))}
-    e.update(cluster.python_env(), TFRING_TIMEOUT="30")
-    e.update({k: str(v) for k, v in env.items()})
+    e = cluster.launch_env(**{"TFRING_TIMEOUT": 30, **env})
     argv = [cluster.PYTHON, "-m", "tfring.run", "--host-discovery-script", f"cat {hosts}",
             *options]
     for k in FORWARD:
