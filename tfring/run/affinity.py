@@ -138,8 +138,12 @@ def _set_all_threads(cpus):
 
 
 def binding_enabled(environ=None):
-    """Whether ranks are bound to their cores (TFRING_BIND, default auto)."""
-    return (os.environ if environ is None else environ).get("TFRING_BIND", "auto") != "none"
+    """Whether ranks are bound to their cores (TFRING_BIND in ``environ``,
+    default os.environ; unset: the declared default)."""
+    from tfring import _tunables
+
+    value = (os.environ if environ is None else environ).get("TFRING_BIND")
+    return (value or _tunables.default("TFRING_BIND")) != "none"
 
 
 def describe(cpus):

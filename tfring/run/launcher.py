@@ -267,7 +267,7 @@ def build_parser():
     p.add_argument(
         "--bind-to",
         choices=affinity.MODES,
-        default="none" if os.environ.get("TFRING_BIND") == "none" else "auto",
+        default="auto" if affinity.binding_enabled() else "none",
         help="auto (default): bind each rank on this host to its own slice of "
         "the cores when there are at least as many cores as ranks; none: "
         "leave every rank free to use every core (env TFRING_BIND)",

@@ -25,7 +25,7 @@ import shutil
 import sys
 import sysconfig
 
-from tfring.run import horovodrun
+from tfring.run import affinity, horovodrun
 
 __all__ = [
     "find_mpirun",
@@ -165,7 +165,7 @@ def mpirun_command(
         oversubscribe = int(np) > cores
     if oversubscribe:
         cmd.append("--oversubscribe")
-    if bind_to == "auto" and os.environ.get("TFRING_BIND") == "none":
+    if bind_to == "auto" and not affinity.binding_enabled():
         bind_to = "none"
     if bind_to == "auto":
         if int(np) <= cores:
