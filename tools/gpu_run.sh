@@ -20,6 +20,9 @@
 #   steps       training steps on the GPU, when STEP_BENCH is set: for each
 #               ';'-separated argument list in it, benchmarks/entry_points.py
 #               --gpu ARGS (its ranks share GPU 0), under MPS when it started
+#   tf-op       the allreduce through the core and the TF op on GPU
+#               tensors, when TF_OP_BENCH is set (its arguments to
+#               benchmarks/tf_op_gpu_bench.py), under MPS when it started
 #   bench-mps   benchmarks/gpu_bench.py --mode mps
 #   mps-stop    echo quit | nvidia-cuda-mps-control (also on any exit)
 #   bench-timeslice  benchmarks/gpu_bench.py --mode timeslice, MPS stopped
@@ -33,7 +36,8 @@
 # default the three above), STEP_BENCH (';'-separated lists; leading
 # NAME=value words in a list are that job's environment) and
 # STEP_BENCH_TIMEOUT (seconds per list, default 900; step_bench.log and
-# step_bench_N.json in OUT). TFRING_TF_PYTHONPATH (where TensorFlow is
+# step_bench_N.json in OUT), TF_OP_BENCH (tf_op_gpu_bench.py's arguments;
+# tf_op_gpu.log and tf_op_gpu.json in OUT). TFRING_TF_PYTHONPATH (where TensorFlow is
 # importable from; tools/gpu_tf_stage.sh run sets it): build the
 # TensorFlow op library too (build-gpu-tf-run/; never the carried build,
 # which has none), its GPU kernels registered as TFRING_TF_GPU says
@@ -291,6 +295,18 @@ run_steps() {
   return $rc
 }
 
+# The same allreduce through the core and the TF op on GPU tensors (needs
+# the op library).
+run_tf_op() {
+  local mode=$1 json=()
+  [[ -n "$OUTDIR" ]] && json=(--json "$OUTDIR/tf_op_gpu.json")
+  # shellcheck disable=SC2086  # TF_OP_BENCH is a list of words
+  (cd /tmp && with_mode "$mode" timeout "${TF_OP_BENCH_TIMEOUT:-300}" "$PY" \
+    "$ROOT/benchmarks/tf_op_gpu_bench.py" $TF_OP_BENCH ${json[@]+"${json[@]}"}) 2>&1 \
+    | if [[ -n "$OUTDIR" ]]; then tee "$OUTDIR/tf_op_gpu.log"; else cat; fi
+  return "${PIPESTATUS[0]}"
+}
+
 MODE=timeslice
 if step mps-start mps_start; then
   MODE=mps
@@ -307,6 +323,10 @@ fi
 
 if [[ -n "${STEP_BENCH:-}" ]]; then
   step "steps ($MODE)" run_steps "$MODE"
+fi
+
+if [[ -n "${TF_OP_BENCH:-}" ]]; then
+  step "tf-op ($MODE)" run_tf_op "$MODE"
 fi
 
 if [[ "${SKIP_BENCH:-0}" == 1 ]]; then
