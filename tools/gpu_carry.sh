@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Prepares build-gpu/carry/ for a GPU machine that has no build tools or
 # network: the CUDA build of tfring made here (pkg/tfring/*.so, usable when
-# the GPU machine's Python is the same version) and, to build there
-# otherwise, cmake, ninja and pybind11 from this machine's environment
-# (deps/, about 50 MiB). Then, on the GPU machine:
+# the GPU machine's Python is the same version; with the TensorFlow op
+# library when the build has one, usable with the same TensorFlow) and, to
+# build there otherwise, cmake, ninja and pybind11 from this machine's
+# environment (deps/, about 50 MiB; NO_DEPS=1 leaves them out, for a
+# machine that has its own). Then, on the GPU machine:
 #
 #   bash tools/gpu_run.sh          (with build-gpu/carry carried along)
 #
 # Usage: bash tools/gpu_carry.sh [BUILD_DIR]   (default build-gpu, which
 # must hold a CUDA build whose TFRING_OUTPUT_DIR is BUILD_DIR/pkg/tfring).
+# tools/gpu_tf_build.sh makes one with the op library for the GPU
+# machine's Python and TensorFlow (docs/gpu-tensorflow.md).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD=${1:-build-gpu}
@@ -16,8 +20,12 @@ PY=${PYTHON:-python3}
 CARRY=build-gpu/carry
 rm -rf "$CARRY"
 mkdir -p "$CARRY/pkg/tfring" "$CARRY/deps/bin"
-cp "$BUILD"/pkg/tfring/libtfring_core.so "$BUILD"/pkg/tfring/_core*.so "$CARRY/pkg/tfring/"
+cp "$BUILD"/pkg/tfring/*.so* "$CARRY/pkg/tfring/"
 "$PY" --version > "$CARRY/pkg/PYTHON_VERSION" 2>&1
+if [[ "${NO_DEPS:-0}" == 1 ]]; then
+  du -sh "$CARRY"
+  exit 0
+fi
 
 # cmake: the real binary (pip's `cmake` on PATH is a Python wrapper) and its
 # modules, keeping bin/ and share/ side by side as cmake expects.

@@ -38,9 +38,10 @@
 # STEP_BENCH_TIMEOUT (seconds per list, default 900; step_bench.log and
 # step_bench_N.json in OUT), TF_OP_BENCH (tf_op_gpu_bench.py's arguments;
 # tf_op_gpu.log and tf_op_gpu.json in OUT). TFRING_TF_PYTHONPATH (where TensorFlow is
-# importable from; tools/gpu_tf_stage.sh run sets it): build the
-# TensorFlow op library too (build-gpu-tf-run/; never the carried build,
-# which has none), its GPU kernels registered as TFRING_TF_GPU says
+# importable from; tools/gpu_tf_stage.sh run sets it): the carried build
+# when it has an op library that loads into that TensorFlow
+# (tools/gpu_tf_build.sh), else build the TensorFlow op library too
+# (build-gpu-tf-run/), its GPU kernels registered as TFRING_TF_GPU says
 # (cmake/tensorflow.cmake; default AUTO).
 # Building needs cmake, ninja (or make) and pybind11: from PATH and Python,
 # or from build-gpu/carry/deps (tools/gpu_carry.sh prepares it on a
@@ -102,13 +103,22 @@ link_sources() {
 imports() {
   if [[ -n "$TF_PATH" && ! -f "$PKG/tfring/_tfring_ops.so" ]]; then return 1; fi
   (cd /tmp && PYTHONPATH="$PKG" "$PY" -c "from tfring import _core; assert _core.cuda_built()") \
-    >/dev/null 2>&1
+    >/dev/null 2>&1 || return 1
+  [[ -z "$TF_PATH" ]] && return 0
+  # The op library must load into this TensorFlow (a carried one was built
+  # against the same version elsewhere).
+  (cd /tmp && PYTHONPATH="$TF_PATH" TF_CPP_MIN_LOG_LEVEL=2 "$PY" -c "
+import tensorflow as tf
+tf.load_op_library('$PKG/tfring/_tfring_ops.so')") >/dev/null 2>&1
 }
 
 build() {
   mkdir -p "$PKG/tfring"
-  if [[ -z "$TF_PATH" ]] && compgen -G "$CARRY/pkg/tfring/_core*.so" >/dev/null; then
-    cp "$CARRY"/pkg/tfring/*.so "$PKG/tfring/"
+  # The carried build, when it has what this run needs (the op library
+  # too when TensorFlow is on the path: tools/gpu_tf_build.sh).
+  if compgen -G "$CARRY/pkg/tfring/_core*.so" >/dev/null &&
+     [[ -z "$TF_PATH" || -f "$CARRY/pkg/tfring/_tfring_ops.so" ]]; then
+    cp "$CARRY"/pkg/tfring/*.so* "$PKG/tfring/"
   fi
   link_sources
   if imports; then
