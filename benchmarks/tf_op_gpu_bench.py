@@ -17,7 +17,10 @@ float32 buffers holding rank+1, the paths take turns:
   the result assigned to a GPU variable as an optimizer's update uses it;
 - TF alone, eager and tf.function: the same calls with the collective
   replaced by ``tf.raw_ops.Empty`` of the same shape, TensorFlow's own
-  cost per call.
+  cost per call;
+- core + TF alone, eager and tf.function: the core's call then the TF-alone
+  call in one loop, what the op would cost if it added nothing to the core
+  and TensorFlow's own call ("x (core+alone)": the op's time over it).
 
 A loop of k calls ends with one read of the last result's first element
 to the host (TF's stream drains before it; the core's call returns only
@@ -43,8 +46,11 @@ from _common import bandwidths, human_size, parse_sizes  # noqa: E402
 
 PATHS = {"core": "core", "eager": "TF eager", "eager_named": "TF eager named",
          "function": "tf.function assigned", "eager_alone": "TF alone eager",
-         "function_alone": "TF alone tf.function"}
-UNCHECKED = ("eager_alone", "function_alone")
+         "function_alone": "TF alone tf.function", "core_eager_alone": "core + TF alone eager",
+         "core_function_alone": "core + TF alone tf.function"}
+UNCHECKED = ("eager_alone", "function_alone", "core_eager_alone", "core_function_alone")
+REFS = {"eager": "core_eager_alone", "eager_named": "core_eager_alone",
+        "function": "core_function_alone"}
 
 
 def worker(args):
@@ -108,6 +114,8 @@ def worker(args):
             "function": (lambda: assigned(t), lambda r: v.numpy()),
             "eager_alone": (gpu_empty, lambda r: None),
             "function_alone": (lambda: alone(t), lambda r: None),
+            "core_eager_alone": (lambda: (core_call(), gpu_empty())[1], lambda r: None),
+            "core_function_alone": (lambda: (core_call(), alone(t))[1], lambda r: None),
         }
         # The core's GPU call returns once the device has finished (host
         # completion), so its loop needs no read-back.
@@ -153,7 +161,8 @@ def table(report):
     n = report["np"]
     head = ["size"] + [f"{PATHS[p]} ms / GB/s" for p in PATHS if p not in UNCHECKED]
     head += ["eager x core", "named x core", "fn x core", "TF alone eager ms",
-             "TF alone fn ms"]
+             "TF alone fn ms", "eager x (core+alone)", "named x (core+alone)",
+             "fn x (core+alone)"]
     lines = [f"### GPU allreduce through the core and the TF op, float32, {n} ranks on "
              f"GPU 0 ({os.environ.get('TFRING_BENCH_MODE', 'sharing unknown')}, "
              f"TensorFlow {report['tf']}, backend {report['backend']})", "",
@@ -170,7 +179,9 @@ def table(report):
             cells.append(f"{row[p]['time_s'] * 1e3:.3f} / {bw[p]:.1f}{flag}")
         for p in ("eager", "eager_named", "function"):
             cells.append(f"{bw[p] / bw['core']:.2f}")
-        cells += [f"{row[p]['time_s'] * 1e3:.3f}" for p in UNCHECKED]
+        cells += [f"{row[p]['time_s'] * 1e3:.3f}" for p in ("eager_alone", "function_alone")]
+        cells += [f"{row[p]['time_s'] / row[REFS[p]]['time_s']:.2f}"
+                  for p in ("eager", "eager_named", "function")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
