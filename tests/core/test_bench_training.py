@@ -29,6 +29,7 @@ def test_keras_scaling_bench_runs_every_configuration(tmp_path):
         assert r[label]["step_time_s"] > 0 and r[label]["images_per_sec_total"] > 0, label
         assert f"| mlp | 33.5M | {label} |" in out, label
     assert r["gradient_bytes"] == 4 * r["tfring x2"]["params"] and r["core_allreduce_floor_s"] > 0
+    assert r["tf_op_allreduce_floor_s"] > 0 and "exposed / TF op floor" in out
     assert r["tfring_over_mwms"] > 0 and "tfring x2 / MWMS x2 throughput" in out
 
 
@@ -65,7 +66,7 @@ def test_keras_scaling_rounds_alternate_and_keep_the_median(monkeypatch):
 
     monkeypatch.setattr(ks, "run_tfring", fake_tfring)
     monkeypatch.setattr(ks, "run_mwms", fake_mwms)
-    monkeypatch.setattr(ks, "core_floor", lambda nbytes, timeout: 0.01)
+    monkeypatch.setattr(ks, "floors", lambda nbytes, timeout: (0.01, 0.02))
     res = ks.bench_model("mlp", [], 60, 2, rounds=3)
     paired = ["tfring x2", "none x2", "fit x2", "fit none x2"]
     assert calls == ["tfring x1", "mwms x2"] + paired * 3
@@ -74,6 +75,8 @@ def test_keras_scaling_rounds_alternate_and_keep_the_median(monkeypatch):
     assert res["tfring x2"]["step_times_s"] == steps["tfring x2"]
     assert res["tfring x2"]["exposed_comm_fraction"] == pytest.approx(1 - 0.08 / 0.20)
     assert res["fit x2"]["exposed_comm_fraction"] == pytest.approx(1 - 0.3 / 0.5)
+    assert res["tfring x2"]["exposed_over_floor"] == pytest.approx((0.20 - 0.08) / 0.01)
+    assert res["tfring x2"]["exposed_over_tf_floor"] == pytest.approx((0.20 - 0.08) / 0.02)
 
 
 def test_entry_points_bench(tmp_path):

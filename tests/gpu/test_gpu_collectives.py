@@ -26,6 +26,9 @@ def _cupy():
         return None
 
 
+GATED_DEADLINE_S = 90  # the stream-completion jobs
+
+
 def _gpu_job(n, mode, env=None, timeout=300, gpu_per_rank=False, per_rank_env=None):
     """Runs tests/workers/gpu.py on n ranks, all on GPU 0 or (gpu_per_rank)
     each on GPU local_rank % count; checks every rank's results and that all
@@ -205,7 +208,9 @@ def test_gpu_steps_completed_on_their_stream(n):
     env = {"TFRING_GPU_BACKEND": "ring"}
     if _core.cuda_emulated():
         env["TFRING_EMU_DELAY_US"] = "300"
-    _gpu_job(n, "gated", env)
+    # A few small steps: seconds on the emulation and on a GPU. A gate that
+    # never opens hangs the stream, so the job's deadline is short.
+    _gpu_job(n, "gated", env, timeout=GATED_DEADLINE_S)
 
 
 @requires_gpu
@@ -220,7 +225,7 @@ def test_gpu_steps_completed_on_their_stream_a_gpu_per_rank(backend):
     env = {"TFRING_GPU_BACKEND": backend}
     if _core.cuda_emulated():
         env["TFRING_EMU_DELAY_US"] = "300"
-    res = _gpu_job(2, "gated", env, gpu_per_rank=True)
+    res = _gpu_job(2, "gated", env, gpu_per_rank=True, timeout=GATED_DEADLINE_S)
     assert [r["device"] for r in res] == [0, 1]
 
 
