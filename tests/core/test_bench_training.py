@@ -37,6 +37,7 @@ def test_keras_scaling_rounds_alternate_and_keep_the_median(monkeypatch):
     # --rounds: the four 2-rank runs the exposed time compares go in turn,
     # round after round; each keeps its median run (by step time), and the
     # exposed time compares those medians.
+    monkeypatch.syspath_prepend(BENCH)  # the script imports benchmarks/_common.py
     spec = importlib.util.spec_from_file_location(
         "keras_scaling", os.path.join(BENCH, "keras_scaling.py"))
     ks = importlib.util.module_from_spec(spec)
