@@ -251,10 +251,10 @@ run_tests() {
   for t in $tests; do files+=("$ROOT/$t"); done
   log "GPU tests ($mode): $tests"
   if [[ -n "$OUTDIR" ]]; then
-    (cd /tmp && with_mode "$mode" "$PY" -m pytest -q -rs "${files[@]}" "$@" 2>&1 \
+    (cd /tmp && with_mode "$mode" "$PY" -m pytest -q -rfEs "${files[@]}" "$@" 2>&1 \
       | tee "$OUTDIR/test_gpu.log")
   else
-    (cd /tmp && with_mode "$mode" "$PY" -m pytest -q -rs "${files[@]}" "$@")
+    (cd /tmp && with_mode "$mode" "$PY" -m pytest -q -rfEs "${files[@]}" "$@")
   fi
 }
 
