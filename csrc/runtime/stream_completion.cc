@@ -59,8 +59,9 @@ bool streamCompletion(int device) {
     ok = gpu::streamGatesSupported(device, &why);
     if (ok)
       TFRING_LOG(kWarning, "TFRING_GPU_COMPLETION=stream is experimental: on an H200 under "
-                           "MPS, XLA programs with several collectives timed out with it at 2 "
-                           "ranks (docs/gpu-tensorflow.md)");
+                           "MPS, gated collectives timed out with it at 2 ranks, in XLA "
+                           "programs and in tfring's own stream-completion tests "
+                           "(docs/gpu-tensorflow.md)");
     if (!ok)
       TFRING_LOG(kWarning, "TFRING_GPU_COMPLETION=stream: ", why,
                  "; GPU collectives complete on the host instead");
