@@ -345,12 +345,12 @@ def child_env(base=None):
     return env
 
 
-def run_ranks(cmd, env, result, timeout, label):
-    """Runs a launcher command; returns (exit code, the JSON rank 0 wrote to
-    ``result`` or None). Says on stderr what went wrong."""
+def run_ranks(cmd, env, result, timeout, label, cwd=None):
+    """Runs a launcher command (in ``cwd`` if given); returns (exit code, the
+    JSON rank 0 wrote to ``result`` or None). Says on stderr what went wrong."""
     try:
         proc = subprocess.run(
-            cmd, check=False, env=env, stdin=subprocess.DEVNULL, timeout=timeout
+            cmd, check=False, env=env, cwd=cwd, stdin=subprocess.DEVNULL, timeout=timeout
         )
     except subprocess.TimeoutExpired:
         print(f"{label}: ran past --timeout {timeout:g} s", file=sys.stderr)

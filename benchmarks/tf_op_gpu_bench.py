@@ -36,13 +36,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import bandwidths, human_size, parse_sizes  # noqa: E402
+from _common import bandwidths, child_env, human_size, parse_sizes, run_ranks  # noqa: E402
 
 PATHS = {"core": "core", "eager": "TF eager", "eager_named": "TF eager named",
          "function": "tf.function assigned", "eager_alone": "TF alone eager",
@@ -104,7 +103,7 @@ def worker(args):
             with tf.device("/GPU:0"):
                 return tf.raw_ops.Empty(shape=[count], dtype=tf.float32)
 
-        # Each path: (one call, read-back of what the call returned).
+        # Each path: (one call, its whole result on the host for the check).
         paths = {
             "core": (core_call, lambda r: r.to_numpy()),
             "eager": (lambda: tfring.allreduce(t, op=tfring.Sum), lambda r: r.numpy()),
@@ -117,12 +116,15 @@ def worker(args):
             "core_eager_alone": (lambda: (core_call(), gpu_empty())[1], lambda r: None),
             "core_function_alone": (lambda: (core_call(), alone(t))[1], lambda r: None),
         }
-        # The core's GPU call returns once the device has finished (host
-        # completion), so its loop needs no read-back.
-        first = {"core": lambda r: None}
-
         def head(r):
-            return float(r[:1].numpy()[0]) if hasattr(r, "numpy") else float(r.to_numpy()[0])
+            """Waits for a TF result: its first element read back (TF's
+            stream drains before it)."""
+            return float(r[:1].numpy()[0])
+
+        # The core's GPU call returns once the device has finished (host
+        # completion): nothing to wait for after it.
+        settle = {p: head for p in paths}
+        settle["core"] = lambda r: None
 
         row = {"size": size}
         for path, (call, full) in paths.items():
@@ -134,27 +136,26 @@ def worker(args):
                                        name=f"ok.{next(counter)}")[0]) == 0.0
             iters = max(1, min(args.iters, int(args.loop_bytes // size)))
             for _ in range(args.warmup):
-                head(call())
+                settle[path](call())
             times = []
             for _ in range(args.reps):
                 barrier()
                 t0 = time.perf_counter()
                 for _ in range(iters):
                     r = call()
-                first.get(path, head)(r)
+                settle[path](r)
                 times.append((time.perf_counter() - t0) / iters)
             row[path] = {"time_s": slowest(statistics.median(times)), "iters": iters,
                          "correct": ok}
         rows.append(row)
-        del x, y, t, v
     try:
         backend = _core.gpu_backend()
     except Exception as e:  # noqa: BLE001 - reported in the table's title
         backend = f"unknown ({e})"
     tfring.shutdown()
     if rank == 0:
-        print("RESULT " + json.dumps({"np": n, "tf": tf.__version__, "backend": backend,
-                                      "rows": rows}), flush=True)
+        with open(args.result, "w") as f:
+            json.dump({"np": n, "tf": tf.__version__, "backend": backend, "rows": rows}, f)
 
 
 def table(report):
@@ -198,26 +199,24 @@ def main():
     p.add_argument("--timeout", type=int, default=300)
     p.add_argument("--json", default="")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         worker(args)
         return 0
-    cmd = [sys.executable, "-m", "tfring.run", "-np", str(args.np), "--timeout",
-           str(args.timeout), sys.executable, os.path.abspath(__file__), "--worker",
-           *sys.argv[1:]]
-    env = dict(os.environ)
+    env = child_env()
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    with tempfile.TemporaryDirectory() as cwd:
-        proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True,
-                              timeout=args.timeout + 60, check=False)
-    report = None
-    for line in proc.stdout.splitlines():
-        i = line.find("RESULT ")
-        if i >= 0:
-            report = json.loads(line[i + len("RESULT "):])
-    if proc.returncode != 0 or report is None:
-        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n"
-                         f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    # Launched from an empty folder: `-m tfring.run` puts the working
+    # directory first on sys.path, and a checkout there has no build.
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "result.json")
+        cmd = [sys.executable, "-m", "tfring.run", "-np", str(args.np), "--timeout",
+               str(args.timeout), sys.executable, os.path.abspath(__file__), "--worker",
+               "--result", result, *sys.argv[1:]]
+        code, report = run_ranks(cmd, env, result, args.timeout + 60, "tf_op_gpu_bench",
+                                 cwd=tmp)
+    if report is None:
+        return code
     print(table(report))
     if args.json:
         with open(args.json, "w") as f:
