@@ -155,25 +155,24 @@ import numpy as np
 import tfring
 from tfring import _core
 tfring.init()
+
+def slowest_median(call, name):
+    """One call to warm up, then the median of 5, the slowest rank's."""
+    call()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return float(_core.allreduce(np.array([statistics.median(times)]), op="max", name=name)[0])
+
 buf = np.ones(int(sys.argv[1]) // 4, np.float32)
-_core.allreduce(buf, op="sum", name="floor", out=buf)
-times = []
-for _ in range(5):
-    t0 = time.perf_counter()
-    _core.allreduce(buf, op="sum", name="floor", out=buf)
-    times.append(time.perf_counter() - t0)
-worst = _core.allreduce(np.array([statistics.median(times)]), op="max", name="floor.t")
+core = slowest_median(lambda: _core.allreduce(buf, op="sum", name="floor", out=buf), "floor.t")
 import tensorflow as tf
 t = tf.ones([buf.size], tf.float32)
-tfring.allreduce(t, op=tfring.Sum, name="floor.tf")
-times = []
-for _ in range(5):
-    t0 = time.perf_counter()
-    tfring.allreduce(t, op=tfring.Sum, name="floor.tf")
-    times.append(time.perf_counter() - t0)
-worst_tf = _core.allreduce(np.array([statistics.median(times)]), op="max", name="floor.tt")
+tf_op = slowest_median(lambda: tfring.allreduce(t, op=tfring.Sum, name="floor.tf"), "floor.tt")
 if tfring.rank() == 0:
-    print("FLOOR", float(worst[0]), float(worst_tf[0]), flush=True)
+    print("FLOOR", core, tf_op, flush=True)
 '''
 
 
