@@ -59,6 +59,13 @@ PKG=$BUILD/pkg
 OUTDIR=${OUT:-}
 [[ -n "$OUTDIR" ]] && mkdir -p "$OUTDIR"
 log() { printf 'gpu_run: %s\n' "$*" >&2; }
+# Passes standard input through, and to $OUT/NAME too when OUT is set
+# (out_log [-a] NAME; -a appends).
+out_log() {
+  local append=()
+  if [[ $1 == -a ]]; then append=(-a); shift; fi
+  if [[ -n "$OUTDIR" ]]; then tee ${append[@]+"${append[@]}"} "$OUTDIR/$1"; else cat; fi
+}
 
 # ------------------------------------------------------------ steps ----
 STEPS=()
@@ -250,12 +257,8 @@ run_tests() {
   shift
   for t in $tests; do files+=("$ROOT/$t"); done
   log "GPU tests ($mode): $tests"
-  if [[ -n "$OUTDIR" ]]; then
-    (cd /tmp && with_mode "$mode" "$PY" -m pytest -q -rfEs "${files[@]}" "$@" 2>&1 \
-      | tee "$OUTDIR/test_gpu.log")
-  else
-    (cd /tmp && with_mode "$mode" "$PY" -m pytest -q -rfEs "${files[@]}" "$@")
-  fi
+  (cd /tmp && with_mode "$mode" "$PY" -m pytest -q -rfEs "${files[@]}" "$@") 2>&1 \
+    | out_log test_gpu.log
 }
 
 # Time-sliced, the peer algorithms (one-shot/two-shot) spin in a kernel
@@ -299,7 +302,7 @@ run_steps() {
     (cd /tmp && with_mode "$mode" env ${envs[@]+"${envs[@]}"} timeout "${STEP_BENCH_TIMEOUT:-900}" "$PY" \
       "$ROOT/benchmarks/entry_points.py" --gpu --timeout "$((${STEP_BENCH_TIMEOUT:-900} - 30))" \
       $args ${json[@]+"${json[@]}"}) 2>&1 \
-      | if [[ -n "$OUTDIR" ]]; then tee -a "$OUTDIR/step_bench.log"; else cat; fi
+      | out_log -a step_bench.log
     [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
   done
   return $rc
@@ -313,7 +316,7 @@ run_tf_op() {
   # shellcheck disable=SC2086  # TF_OP_BENCH is a list of words
   (cd /tmp && with_mode "$mode" timeout "${TF_OP_BENCH_TIMEOUT:-300}" "$PY" \
     "$ROOT/benchmarks/tf_op_gpu_bench.py" $TF_OP_BENCH ${json[@]+"${json[@]}"}) 2>&1 \
-    | if [[ -n "$OUTDIR" ]]; then tee "$OUTDIR/tf_op_gpu.log"; else cat; fi
+    | out_log tf_op_gpu.log
   return "${PIPESTATUS[0]}"
 }
 
