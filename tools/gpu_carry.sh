@@ -22,6 +22,12 @@ rm -rf "$CARRY"
 mkdir -p "$CARRY/pkg/tfring" "$CARRY/deps/bin"
 cp "$BUILD"/pkg/tfring/*.so* "$CARRY/pkg/tfring/"
 "$PY" --version > "$CARRY/pkg/PYTHON_VERSION" 2>&1
+# The stream-gate probe (tools/gpu_run.sh's gate-probe step), so the GPU
+# machine need not compile it.
+if command -v nvcc >/dev/null; then
+  nvcc -O2 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_75,code=compute_75 \
+    -o "$CARRY/gpu_gate_probe" tools/gpu_gate_probe.cu
+fi
 if [[ "${NO_DEPS:-0}" == 1 ]]; then
   du -sh "$CARRY"
   exit 0

@@ -10,6 +10,11 @@
 # Steps, each reported and none stopping the others (only a missing build
 # skips what needs it); a summary at the end:
 #   build       the CUDA build (or the carried one)
+#   gate-probe  tools/gpu_gate_probe.cu (the carried binary, else built with
+#               nvcc): whether a stream gate (TFRING_GPU_COMPLETION=stream)
+#               opens, and whether a closed one holds back the engine's
+#               stream, with CUDA_DEVICE_MAX_CONNECTIONS unset and 32,
+#               time-sliced and then under MPS; GATE_PROBE=0 skips it
 #   mps-start   a private MPS control daemon: nvidia-cuda-mps-control -d with
 #               CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY in a fresh
 #               temporary directory (or the system's daemon in
@@ -37,7 +42,8 @@
 # NAME=value words in a list are that job's environment) and
 # STEP_BENCH_TIMEOUT (seconds per list, default 900; step_bench.log and
 # step_bench_N.json in OUT), TF_OP_BENCH (tf_op_gpu_bench.py's arguments;
-# tf_op_gpu.log and tf_op_gpu.json in OUT). TFRING_TF_PYTHONPATH (where TensorFlow is
+# tf_op_gpu.log and tf_op_gpu.json in OUT), GATE_PROBE (0: no gate probe;
+# gate_probe.log in OUT). TFRING_TF_PYTHONPATH (where TensorFlow is
 # importable from; tools/gpu_tf_stage.sh run sets it): the carried build
 # when it has an op library that loads into that TensorFlow
 # (tools/gpu_tf_build.sh), else build the TensorFlow op library too
@@ -320,12 +326,47 @@ run_tf_op() {
   return "${PIPESTATUS[0]}"
 }
 
+# ------------------------------------------------------- gate probe ----
+GATE_BIN=""
+gate_probe_build() {
+  if [[ -x "$CARRY/gpu_gate_probe" ]]; then
+    GATE_BIN=$CARRY/gpu_gate_probe
+    return 0
+  fi
+  command -v nvcc >/dev/null || { log "no nvcc and no carried gpu_gate_probe"; return 1; }
+  nvcc -O2 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_75,code=compute_75 \
+    -o "$MPS_TMP/gpu_gate_probe" "$ROOT/tools/gpu_gate_probe.cu" || return 1
+  GATE_BIN=$MPS_TMP/gpu_gate_probe
+}
+
+# One run per setting of the hardware queues; each held case costs 200 ms.
+run_gate_probe() {
+  local mode=$1 rc=0 c
+  for c in "" 32; do
+    (cd /tmp && with_mode "$mode" env -u CUDA_DEVICE_MAX_CONNECTIONS \
+      ${c:+CUDA_DEVICE_MAX_CONNECTIONS=$c} timeout 120 "$GATE_BIN" --streams 16 \
+      --timeout-ms 200) 2>&1 | sed "s/^/[$mode] /" | out_log -a gate_probe.log
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+  done
+  return $rc
+}
+
+GATE=0
+if [[ "${GATE_PROBE:-1}" != 0 ]] && step gate-build gate_probe_build; then
+  GATE=1
+  step gate-probe-timeslice run_gate_probe timeslice
+fi
+
 MODE=timeslice
 if step mps-start mps_start; then
   MODE=mps
 else
   [[ -n "$MPS_WHY" ]] && log "MPS not used: $MPS_WHY"
   RESULTS[${#RESULTS[@]} - 1]="not started (${MPS_WHY:-see above}); tests run time-sliced"
+fi
+
+if [[ $GATE == 1 && $MODE == mps ]]; then
+  step gate-probe-mps run_gate_probe mps
 fi
 
 if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
