@@ -104,7 +104,8 @@ def test_tf_op_bench(tmp_path):
     (run,) = doc["runs"]
     assert run["tf_error"] is None, run["tf_error"]
     for row in run["results"]:
-        for path in ("core", "eager", "eager_named", "eager_numpy", "function", "mpi"):
+        for path in ("core", "eager", "eager_named", "eager_numpy", "function",
+                     "function_chain", "mpi"):
             assert row[path]["correct"] and row[path]["time_s"] > 0, (path, row)
         for path in ("eager_alone", "function_alone", "core_eager_alone",
                      "core_function_alone"):
