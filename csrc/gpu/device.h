@@ -77,6 +77,14 @@ bool streamGatesSupported(int device, std::string* why);
 // Queues the gate's wait on `stream` (a cudaStream_t on `device`). Throws
 // kUnavailable where gates are not supported.
 std::shared_ptr<StreamGate> closeStream(int device, void* stream);
+// Whether work queued on `other` waits behind a closed gate on `gated`: the
+// two streams share a hardware work queue (CUDA maps a context's streams
+// onto CUDA_DEVICE_MAX_CONNECTIONS queues; under MPS the driver may grant
+// fewer). Waits for what `other` already holds, then closes a gate on
+// `gated`, queues a small kernel (a memset) and a device-to-host copy on
+// `other`, and sees whether they finish within `timeout_s`; the gate opens
+// either way. `why`: a CUDA error that prevented the check (then true).
+bool gateHoldsBack(int device, void* gated, void* other, double timeout_s, std::string* why);
 
 // Seconds per call of `launch` (which queues work on `stream`), for
 // benchmarks: CUDA events recorded on `stream` before the first and after

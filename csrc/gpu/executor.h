@@ -74,6 +74,9 @@ class Executor {
   virtual ~Executor() = default;
   virtual int device() const = 0;
   virtual std::string backend() const = 0;
+  // The stream the executor queues its kernels and copies on (a
+  // cudaStream_t; null without CUDA).
+  virtual void* stream() const { return nullptr; }
   // op may be kAverage (a sum, then divided by the size with the postscale).
   virtual void allreduce(const std::vector<Buffer>& bufs, DataType dtype, ReduceOp op,
                          double prescale, double postscale) = 0;

@@ -90,6 +90,9 @@ class Engine {
   void injectFailure(const Status& s) { ctrl_->reportFatal(s); }
   // This communicator's statistics (collectives/collective_stats.h).
   std::shared_ptr<collectives::CommStats> stats() const { return comm_.stats; }
+  // The stream this communicator's GPU work is queued on (null before its
+  // first GPU collective).
+  void* gpuStream() const { return gpu_exec_ ? gpu_exec_->stream() : nullptr; }
 
  private:
   void loop();  // the engine thread

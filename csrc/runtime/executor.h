@@ -5,6 +5,7 @@
 // gpu::Executor of csrc/gpu (executor_gpu.cc).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -70,6 +71,9 @@ class GpuExecutor : public Executor {
   // tensor; records the event its input is ready at.
   static Status accept(Entry& e);
   Status run(const Group& g, const Entries& es) override;
+  // The GPU executor's stream (a cudaStream_t), once its first group made
+  // it; null before.
+  void* stream() const { return stream_.load(); }
 
  private:
   collectives::RingComm& comm_;
@@ -77,6 +81,7 @@ class GpuExecutor : public Executor {
   const double timeout_s_;
   const RankLabels labels_;  // the communicator's (its messages name global ranks)
   std::unique_ptr<gpu::Executor> gpu_;  // created at the first GPU group
+  std::atomic<void*> stream_{nullptr};  // gpu_'s stream
   // A job of one runs GPU tensors without a producer stream inline on the
   // caller's thread and the rest on the engine thread: one at a time.
   std::mutex mu_;

@@ -34,6 +34,7 @@ Status GpuExecutor::run(const Group& g, const Entries& es) {
     Status s = gpu::createExecutor(es[0]->req.device, h, &gpu_);
     if (!s.ok()) return s;
     if (comm_.stats) comm_.stats->setGpuBackend(gpu_->backend());
+    stream_.store(gpu_->stream());
   }
   const Meta& m = es[0]->meta;
   const int N = comm_.size;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <thread>
 #include <utility>
@@ -11,6 +12,8 @@
 #include "common/logging.h"
 #include "common/tunables.h"
 #include "gpu/device.h"
+#include "runtime/comm.h"
+#include "runtime/engine.h"
 #include "runtime/registry.h"
 
 namespace tfring {
@@ -60,7 +63,8 @@ bool streamCompletion(int device) {
     if (ok)
       TFRING_LOG(kWarning, "TFRING_GPU_COMPLETION=stream is experimental: on an H200 under "
                            "MPS, gated collectives timed out with it at 2 ranks, in XLA "
-                           "programs and in tfring's own stream-completion tests "
+                           "programs and in tfring's own stream-completion tests, before "
+                           "tfring checked that a gate does not hold back its own stream "
                            "(docs/gpu-tensorflow.md)");
     if (!ok)
       TFRING_LOG(kWarning, "TFRING_GPU_COMPLETION=stream: ", why,
@@ -113,6 +117,52 @@ bool warmedUp(GatedState* gs, CollectiveType type) {
   if (!gs) return false;
   std::lock_guard<std::mutex> lk(gs->mu);
   return !gs->warm.insert(static_cast<int>(type)).second;
+}
+
+// How long the check below gives the engine's stream to run its probe while
+// the caller's stream is gated: microseconds when they are independent.
+constexpr double kHoldCheckSeconds = 0.5;
+
+// Whether a gate on `stream` leaves communicator `process_set`'s own GPU
+// stream free to run (gpu::gateHoldsBack), checked once per pair of
+// streams. Where the two share a hardware work queue, the engine's kernels
+// and copies would wait behind the gate that waits for them: collectives on
+// such a stream complete on the host instead. Before the communicator's
+// first GPU collective there is no engine stream to check (false: on the
+// host this time).
+bool gateLeavesEngineFree(int process_set, int device, void* stream) {
+  std::shared_ptr<Comm> c = Registry::get().find(process_set);
+  void* engine = c && c->engine ? c->engine->gpuStream() : nullptr;
+  if (!engine) return false;
+  static std::mutex mu;
+  static std::map<std::pair<void*, void*>, bool> checked;
+  std::lock_guard<std::mutex> lk(mu);
+  const auto key = std::make_pair(stream, engine);
+  auto it = checked.find(key);
+  if (it != checked.end()) return it->second;
+  std::string why;
+  bool held;
+  try {
+    held = gpu::gateHoldsBack(device, stream, engine, kHoldCheckSeconds, &why);
+  } catch (const Error& e) {
+    held = true;
+    why = e.status().message();
+  }
+  static bool warned = false;  // once per process: every later check finds the same
+  if (held && !warned) {
+    warned = true;
+    const char* conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    TFRING_LOG(kWarning, "TFRING_GPU_COMPLETION=stream: ",
+               why.empty() ? strCat("tfring's GPU stream on GPU ", device,
+                                    " waits behind a gate on the caller's stream (the two "
+                                    "share one of the GPU's hardware work queues; "
+                                    "CUDA_DEVICE_MAX_CONNECTIONS=", conn ? conn : "unset",
+                                    ", and under MPS the driver may grant fewer)")
+                           : strCat("checking the caller's stream on GPU ", device, ": ", why),
+               "; collectives on that stream complete on the host instead");
+  }
+  checked[key] = !held;
+  return !held;
 }
 
 // Lends this thread to the engine until every request of `st` is done.
@@ -194,6 +244,7 @@ Status GatedSubmission::submit(std::vector<Request> reqs, int device, void* stre
   st_->comm = gatedStateOf(st_->process_set);
   bool gate = true;
   for (const auto& r : reqs) gate = warmedUp(st_->comm.get(), r.type) && gate;
+  gate = gate && gateLeavesEngineFree(st_->process_set, device, stream);
   st_->on_host = !gate;
   Status s;
   try {

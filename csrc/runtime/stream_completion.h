@@ -24,6 +24,15 @@
 // the host: it may set up the GPU backend, and set-up may synchronize the
 // device, which would wait on the held stream.
 //
+// A gate must not hold back the engine's own stream. CUDA maps a context's
+// streams onto a few hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS;
+// under MPS the driver may grant fewer than asked), and work on a stream
+// that shares a queue with the gated one runs only after the gate opens:
+// the engine would wait for itself. So before the first gate on a caller's
+// stream, the communicator's engine stream runs a small probe while a gate
+// holds the caller's (gpu::gateHoldsBack); if the probe waits, every
+// collective on that stream completes on the host, with a warning once.
+//
 // Errors: a collective that fails after its call returned cannot fail that
 // call. The error is logged at once and kept by its communicator (the world
 // or the process set that ran it): every later stream-completed call on
@@ -77,8 +86,9 @@ class GatedSubmission {
   explicit GatedSubmission(int count);
   // Enqueues `reqs` (count of them, on `stream` of `device`, all on one
   // communicator) as one batch, then gates the stream; the first call of
-  // its kind on that communicator, or one that gets no gate, waits on the
-  // host instead. An error here is the
+  // its kind on that communicator, one on a stream whose gate would hold
+  // back the engine's, or one that gets no gate, waits on the host instead.
+  // An error here is the
   // submission's own (refused, or failed while waited for on the host).
   Status submit(std::vector<Request> reqs, int device, void* stream);
 

@@ -41,6 +41,8 @@ Runtime::Runtime() {
   devs.reset(new Device[ndev > 0 ? ndev : 1]);
   const char* d = getenv("TFRING_EMU_DELAY_US");
   delay_us = d ? std::max(0, atoi(d)) : 0;
+  const char* q = getenv("TFRING_EMU_QUEUES");
+  queues = q ? std::max(0, atoi(q)) : 0;
   std::random_device rd;
   nonce = (uint64_t(rd()) << 32) ^ rd() ^ uint64_t(getpid());
   // Every allocation and interprocess event holds a file descriptor.

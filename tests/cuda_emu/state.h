@@ -122,6 +122,14 @@ struct CUevent_st {
   }
 };
 
+// A hardware work queue shared by several streams (TFRING_EMU_QUEUES=N):
+// items of all its streams run in the order they were queued, each taking
+// a ticket at submission and running once every earlier ticket is done.
+struct EmuQueue {
+  std::atomic<uint64_t> next{0};
+  std::atomic<uint64_t> serving{0};
+};
+
 // A stream: a FIFO of work run by its own worker thread. `enqueued` and
 // `done` count items, so "everything queued so far" is a number to wait for.
 struct CUstream_st {
@@ -134,7 +142,11 @@ struct CUstream_st {
   uint64_t enqueued = 0;
   std::atomic<uint64_t> done{0};
   bool destroyed = false;
+  // TFRING_EMU_QUEUES: the hardware work queue this stream is aliased onto
+  // (null: a queue of its own).
+  std::shared_ptr<EmuQueue> hw;
 };
+
 
 namespace tfring_emu {
 namespace detail {
@@ -162,6 +174,8 @@ struct Region {
 
 struct Device {
   std::mutex order;  // serializes queuing on blocking/legacy streams
+  std::vector<std::shared_ptr<EmuQueue>> queues;  // TFRING_EMU_QUEUES of them
+  uint64_t created = 0;                           // streams made (round robin)
   StreamP legacy;
   std::vector<StreamP> streams;  // every stream with a live worker, legacy included
 };
@@ -170,6 +184,7 @@ struct Runtime {
   std::vector<int> physical;  // visible device -> physical index
   int ndev = 0;
   int delay_us = 0;
+  int queues = 0;  // TFRING_EMU_QUEUES: 0, every stream its own queue
   uint64_t nonce = 0;
   std::atomic<uint64_t> gen{0};
   std::mutex mu;  // guards everything below, and Device::legacy/streams

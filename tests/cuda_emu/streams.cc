@@ -44,6 +44,17 @@ bool pollUntil(Done done, GiveUp give_up) {
   return true;
 }
 
+// TFRING_EMU_QUEUES=N: streams are aliased onto N hardware queues per
+// device, round robin in the order they are made, as CUDA maps them onto
+// CUDA_DEVICE_MAX_CONNECTIONS queues. Called under R->mu.
+void assignQueue(Runtime* R, CUstream_st* s) {
+  if (R->queues <= 0) return;
+  Device& d = R->devs[s->device];
+  if (d.queues.empty())
+    for (int i = 0; i < R->queues; ++i) d.queues.push_back(std::make_shared<EmuQueue>());
+  s->hw = d.queues[d.created++ % d.queues.size()];
+}
+
 void startWorker(Runtime* R, const StreamP& s) {
   std::thread([R, s] {
     std::minstd_rand rng(static_cast<unsigned>(std::random_device()()));
@@ -114,6 +125,7 @@ cudaError_t resolve(Runtime* R, cudaStream_t h, StreamP* out) {
       auto s = std::make_shared<CUstream_st>();
       s->device = t_dev;
       s->legacy = true;
+      assignQueue(R, s.get());
       try {
         startWorker(R, s);
       } catch (...) {
@@ -165,6 +177,17 @@ cudaError_t submit(Runtime* R, const StreamP& s, std::function<void()> fn, uint6
   {
     std::lock_guard<std::mutex> lk(s->m);
     if (s->destroyed) return cudaErrorInvalidResourceHandle;
+    if (s->hw) {
+      // A shared hardware queue: this item runs after every item queued
+      // on it before, whichever stream it came from.
+      const uint64_t ticket = s->hw->next.fetch_add(1);
+      fn = [hw = s->hw, ticket, inner = std::move(fn)] {
+        pollUntil([&] { return hw->serving.load(std::memory_order_acquire) == ticket; },
+                  [] { return false; });
+        inner();
+        hw->serving.store(ticket + 1, std::memory_order_release);
+      };
+    }
     s->q.push_back(std::move(fn));
     ++s->enqueued;
     if (seq) *seq = s->enqueued;
@@ -250,6 +273,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags)
   s->device = t_dev;
   s->blocking = !(flags & cudaStreamNonBlocking);
   std::lock_guard<std::mutex> g(R->mu);
+  assignQueue(R, s.get());
   try {
     startWorker(R, s);
   } catch (...) {

@@ -229,6 +229,26 @@ def test_gpu_steps_completed_on_their_stream_a_gpu_per_rank(backend):
     assert [r["device"] for r in res] == [0, 1]
 
 
+@requires_gpu
+@pytest.mark.parametrize("n", [1, 2])
+def test_gated_steps_where_the_engines_stream_shares_the_callers_queue(n):
+    # Every stream of a process on one hardware work queue (the emulation's
+    # TFRING_EMU_QUEUES=1; on a GPU, too few queues for the streams, as MPS
+    # may grant): a gate on the caller's stream would hold back the engine's
+    # own kernels and copies, which it waits for. The check before the first
+    # gate finds that, and the steps complete on the host instead, correct
+    # and within the deadline, saying why once per rank.
+    if not _core.cuda_emulated():
+        pytest.skip("TFRING_EMU_QUEUES is the CUDA emulation's")
+    env = {"TFRING_TEST_DEVICE": "0", "TFRING_GPU_BACKEND": "ring", "TFRING_EMU_QUEUES": "1",
+           "TFRING_GPU_CHUNK_SIZE": "64K", "TFRING_GPU_STAGED_MAX": "0"}
+    res = run_ranks(n, "gpu.py", ["gated"], env=env, timeout=GATED_DEADLINE_S)
+    for r, out in zip(res, check_ok(res)):
+        assert out["failures"] == [], f"rank {r.rank}: " + "\n".join(out["failures"][:20])
+        assert r.stderr.count("share one of the GPU's hardware work queues") == 1, r.stderr[-3000:]
+    assert len({out["digest"] for out in check_ok(res)}) == 1
+
+
 @pytest.mark.parametrize("completion,preset,want", [
     ("stream", None, "32"),   # widened before TF can create a CUDA context
     ("stream", "4", "4"),     # the user's own value stands

@@ -427,7 +427,10 @@ def run_gated_mixed(steps=3, count=2049):
 def run_gated_error():
     """The first allreduce of a world completes on the host (it may set up
     the backend), so its mismatch fails the call itself and nothing is kept.
-    A gated allreduce whose shape differs on the last rank returns at once
+    So does every call until one has made the world's GPU stream (a gate
+    is closed only once that stream is known not to wait behind it): a
+    matching allreduce makes it. A gated allreduce whose shape differs on
+    the last rank returns at once
     on every rank; its stream is not left waiting; the mismatch, naming the
     tensor, fails the next gated call on every rank."""
     stream = _core.cuda_stream_create(device)
@@ -443,6 +446,8 @@ def run_gated_error():
                 failures.append(f"the first call's error should name the tensor: {e}")
         if _core.cuda_gated_error() is not None:
             failures.append(f"a host-completed failure was kept: {_core.cuda_gated_error()}")
+        same = to_gpu(np.ones(100, np.float32))
+        _core.cuda_allreduce_gated([same], [same], ["gated.same"], stream)
         _core.cuda_allreduce_gated([x], [y], ["gated.bad"], stream)
         _core.cuda_synchronize(device, stream)  # the gate opened: no hang
         err = None

@@ -120,6 +120,7 @@ class CudaExecutor : public Executor {
 
   int device() const override { return device_; }
   std::string backend() const override { return comm_->name(); }
+  void* stream() const override { return stream_; }
   GpuComm* comm() const { return comm_.get(); }
   // The calibration's loser is kept until teardown: destroying a comm frees
   // device memory, and cudaFree waits for every stream of the device, a

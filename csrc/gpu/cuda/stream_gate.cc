@@ -18,11 +18,14 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "gpu/cuda/cuda_util.h"
 #include "gpu/device.h"
@@ -144,6 +147,48 @@ std::shared_ptr<StreamGate> closeStream(int device, void* stream) {
   const int r = g.wait(stream, reinterpret_cast<unsigned long long>(word), generation, kWaitGeq);
   if (r != 0) fail(Code::kInternal, "cuStreamWaitValue32 on GPU ", device, " failed (", r, ")");
   return gate;
+}
+
+bool gateHoldsBack(int device, void* gated, void* other, double timeout_s, std::string* why) {
+  DeviceGuard dg(device);
+  auto failed = [why](const char* what, cudaError_t e) {
+    if (why) *why = strCat(what, " failed: ", cudaGetErrorString(e));
+    return true;
+  };
+  // A few bytes per device, allocated before any gate is closed (an
+  // allocation may wait for the device) and kept for the process.
+  static std::mutex mu;
+  static void* scratch[64] = {nullptr};
+  static void* pinned[64] = {nullptr};
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    cudaError_t e = cudaSuccess;
+    if (!scratch[device & 63]) e = cudaMalloc(&scratch[device & 63], 64);
+    if (e != cudaSuccess) return failed("cudaMalloc", e);
+    if (!pinned[device & 63]) e = cudaHostAlloc(&pinned[device & 63], 64, cudaHostAllocPortable);
+    if (e != cudaSuccess) return failed("cudaHostAlloc", e);
+  }
+  auto s = static_cast<cudaStream_t>(other);
+  cudaError_t e = cudaStreamSynchronize(s);  // its own work first: not what is timed
+  if (e != cudaSuccess) return failed("cudaStreamSynchronize", e);
+  std::shared_ptr<StreamGate> gate = closeStream(device, gated);
+  e = cudaMemsetAsync(scratch[device & 63], 0, 64, s);
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(pinned[device & 63], scratch[device & 63], 64, cudaMemcpyDeviceToHost, s);
+  if (e != cudaSuccess) {
+    gate->open();
+    return failed("queueing the check's memset and copy", e);
+  }
+  const double until = nowSeconds() + timeout_s;
+  bool done = false;
+  while (!(done = cudaStreamQuery(s) == cudaSuccess) && nowSeconds() < until)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  gate->open();
+  if (!done) {
+    e = cudaStreamSynchronize(s);  // the gate is open: it drains now
+    if (e != cudaSuccess) return failed("cudaStreamSynchronize", e);
+  }
+  return !done;
 }
 
 }  // namespace gpu

@@ -58,6 +58,7 @@ bool streamGatesSupported(int, std::string* why) {
   return false;
 }
 std::shared_ptr<StreamGate> closeStream(int, void*) { noCuda(); }
+bool gateHoldsBack(int, void*, void*, double, std::string*) { noCuda(); }
 
 }  // namespace gpu
 }  // namespace tfring
