@@ -151,12 +151,12 @@ bool gateLeavesEngineFree(int process_set, int device, void* stream) {
   static bool warned = false;  // once per process: every later check finds the same
   if (held && !warned) {
     warned = true;
-    const char* conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    const std::string conn = tunables::foreignEnv("CUDA_DEVICE_MAX_CONNECTIONS");
     TFRING_LOG(kWarning, "TFRING_GPU_COMPLETION=stream: ",
                why.empty() ? strCat("tfring's GPU stream on GPU ", device,
                                     " waits behind a gate on the caller's stream (the two "
                                     "share one of the GPU's hardware work queues; "
-                                    "CUDA_DEVICE_MAX_CONNECTIONS=", conn ? conn : "unset",
+                                    "CUDA_DEVICE_MAX_CONNECTIONS=", conn.empty() ? "unset" : conn,
                                     ", and under MPS the driver may grant fewer)")
                            : strCat("checking the caller's stream on GPU ", device, ": ", why),
                "; collectives on that stream complete on the host instead");

@@ -183,6 +183,7 @@ bool gateHoldsBack(int device, void* gated, void* other, double timeout_s, std::
   bool done = false;
   while (!(done = cudaStreamQuery(s) == cudaSuccess) && nowSeconds() < until)
     std::this_thread::sleep_for(std::chrono::microseconds(100));
+  cudaGetLastError();  // the queries' cudaErrorNotReady is no error: clear it
   gate->open();
   if (!done) {
     e = cudaStreamSynchronize(s);  // the gate is open: it drains now
