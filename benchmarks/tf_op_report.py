@@ -26,7 +26,6 @@ TF_PATHS = ("eager", "eager_named", "function")  # checked against the targets
 TARGET_VS_CORE = 0.9  # TF op busbw >= 0.9x the core's, 1 MiB and up
 TARGET_VS_CORE_FROM = 1 << 20
 TARGET_64M_VS_MPI = 1.5  # TF op busbw at 64 MiB >= 1.5x MPI_Allreduce's
-CHAIN = 8  # collectives per call of the chained tf.function
 STEP_COUNT = 100  # the training step's tensors
 STEP_BYTES = 16 << 10
 STEP_PATHS = {"grouped": "grouped_allreduce step", "alone": "TF alone step",

@@ -88,8 +88,8 @@ class GatedSubmission {
   // communicator) as one batch, then gates the stream; the first call of
   // its kind on that communicator, one on a stream whose gate would hold
   // back the engine's, or one that gets no gate, waits on the host instead.
-  // An error here is the
-  // submission's own (refused, or failed while waited for on the host).
+  // An error here is the submission's own (refused, or failed while waited
+  // for on the host).
   Status submit(std::vector<Request> reqs, int device, void* stream);
 
   struct State;

@@ -147,7 +147,6 @@ struct CUstream_st {
   std::shared_ptr<EmuQueue> hw;
 };
 
-
 namespace tfring_emu {
 namespace detail {
 

@@ -243,10 +243,11 @@ def test_gated_steps_where_the_engines_stream_shares_the_callers_queue(n):
     env = {"TFRING_TEST_DEVICE": "0", "TFRING_GPU_BACKEND": "ring", "TFRING_EMU_QUEUES": "1",
            "TFRING_GPU_CHUNK_SIZE": "64K", "TFRING_GPU_STAGED_MAX": "0"}
     res = run_ranks(n, "gpu.py", ["gated"], env=env, timeout=GATED_DEADLINE_S)
-    for r, out in zip(res, check_ok(res)):
+    outs = check_ok(res)
+    for r, out in zip(res, outs):
         assert out["failures"] == [], f"rank {r.rank}: " + "\n".join(out["failures"][:20])
         assert r.stderr.count("share one of the GPU's hardware work queues") == 1, r.stderr[-3000:]
-    assert len({out["digest"] for out in check_ok(res)}) == 1
+    assert len({out["digest"] for out in outs}) == 1
 
 
 @pytest.mark.parametrize("completion,preset,want", [

@@ -430,9 +430,9 @@ def run_gated_error():
     So does every call until one has made the world's GPU stream (a gate
     is closed only once that stream is known not to wait behind it): a
     matching allreduce makes it. A gated allreduce whose shape differs on
-    the last rank returns at once
-    on every rank; its stream is not left waiting; the mismatch, naming the
-    tensor, fails the next gated call on every rank."""
+    the last rank returns at once on every rank; its stream is not left
+    waiting; the mismatch, naming the tensor, fails the next gated call on
+    every rank."""
     stream = _core.cuda_stream_create(device)
     try:
         count = 100 + (1 if rank == n - 1 else 0)

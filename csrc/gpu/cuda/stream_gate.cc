@@ -158,23 +158,24 @@ bool gateHoldsBack(int device, void* gated, void* other, double timeout_s, std::
   // A few bytes per device, allocated before any gate is closed (an
   // allocation may wait for the device) and kept for the process.
   static std::mutex mu;
-  static void* scratch[64] = {nullptr};
-  static void* pinned[64] = {nullptr};
+  static void* scratches[64] = {nullptr};
+  static void* pinneds[64] = {nullptr};
+  void*& scratch = scratches[device & 63];
+  void*& pinned = pinneds[device & 63];
   {
     std::lock_guard<std::mutex> lk(mu);
     cudaError_t e = cudaSuccess;
-    if (!scratch[device & 63]) e = cudaMalloc(&scratch[device & 63], 64);
+    if (!scratch) e = cudaMalloc(&scratch, 64);
     if (e != cudaSuccess) return failed("cudaMalloc", e);
-    if (!pinned[device & 63]) e = cudaHostAlloc(&pinned[device & 63], 64, cudaHostAllocPortable);
+    if (!pinned) e = cudaHostAlloc(&pinned, 64, cudaHostAllocPortable);
     if (e != cudaSuccess) return failed("cudaHostAlloc", e);
   }
   auto s = static_cast<cudaStream_t>(other);
   cudaError_t e = cudaStreamSynchronize(s);  // its own work first: not what is timed
   if (e != cudaSuccess) return failed("cudaStreamSynchronize", e);
   std::shared_ptr<StreamGate> gate = closeStream(device, gated);
-  e = cudaMemsetAsync(scratch[device & 63], 0, 64, s);
-  if (e == cudaSuccess)
-    e = cudaMemcpyAsync(pinned[device & 63], scratch[device & 63], 64, cudaMemcpyDeviceToHost, s);
+  e = cudaMemsetAsync(scratch, 0, 64, s);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(pinned, scratch, 64, cudaMemcpyDeviceToHost, s);
   if (e != cudaSuccess) {
     gate->open();
     return failed("queueing the check's memset and copy", e);
