@@ -41,3 +41,16 @@ class Compression:
 
     none = NoneCompressor
     fp16 = FP16Compressor
+
+    @staticmethod
+    def powersgd(rank=4, start_iter=10, min_compression_rate=2,
+                 warm_start=True, use_error_feedback=True, seed=0,
+                 orthogonalization_epsilon=0.0, name="powersgd"):
+        """Low-rank gradient compression with error feedback for the
+        training-step reducers (tfring/compression/powersgd.py). Holds
+        state across steps: create it once."""
+        from tfring.compression.powersgd import PowerSGD
+
+        return PowerSGD(rank, start_iter, min_compression_rate, warm_start,
+                        use_error_feedback, seed, orthogonalization_epsilon,
+                        name)
