@@ -164,24 +164,96 @@ def test_more_ranks_than_slots_times_out_instead_of_hanging(spark):
     assert time.monotonic() - t0 < 40
 
 
+def _talk():
+    from tfring import basics
+
+    basics.init()
+    print(f"hello from {basics.rank()}")
+    print("warned", file=sys.stderr)
+    sys.stdout.write("50%\r100%\n")  # a progress bar's redraws, a piece each
+    sys.stderr.write("no newline at the end")
+    return basics.rank()
+
+
 @pytest.mark.slow
-def test_output_reaches_the_driver_prefixed_by_rank(spark):
+def test_output_reaches_the_driver_as_horovod_writes_it(spark):
     import io
-
-    def talk():
-        from tfring import basics
-
-        basics.init()
-        print(f"hello from {basics.rank()}")
-        print("warned", file=sys.stderr)
-        return basics.rank()
+    import re
 
     out, err = io.StringIO(), io.StringIO()
-    assert tfring.spark.run(talk, num_proc=2, stdout=out, stderr=err, verbose=0) == [0, 1]
-    assert sorted(out.getvalue().splitlines()) == ["[0]<stdout>: hello from 0",
-                                                   "[1]<stdout>: hello from 1"]
-    assert sorted(err.getvalue().splitlines()) == ["[0]<stderr>: warned",
-                                                   "[1]<stderr>: warned"]
+    assert tfring.spark.run(_talk, num_proc=2, stdout=out, stderr=err, verbose=0) == [0, 1]
+    # Horovod's format: no space after the colon; "\r" ends a piece too.
+    assert sorted(out.getvalue().split("\n")) == sorted(
+        ["", "[0]<stdout>:hello from 0", "[1]<stdout>:hello from 1",
+         "[0]<stdout>:50%\r[0]<stdout>:100%", "[1]<stdout>:50%\r[1]<stdout>:100%"])
+    assert sorted(err.getvalue().splitlines()) == [
+        "[0]<stderr>:no newline at the end", "[0]<stderr>:warned",
+        "[1]<stderr>:no newline at the end", "[1]<stderr>:warned"]
+    out = io.StringIO()
+    tfring.spark.run(_talk, num_proc=2, stdout=out, stderr=io.StringIO(), verbose=0,
+                     prefix_output_with_timestamp=True)
+    # time.asctime()'s form right before the rank, as Horovod writes it.
+    stamp = r"[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}"
+    hello = [ln for ln in out.getvalue().splitlines() if "hello" in ln]
+    assert len(hello) == 2 and all(re.fullmatch(stamp + r"\[[01]\]<stdout>:hello from [01]", ln)
+                                   for ln in hello), hello
+
+
+def _in_own_process(fail):
+    import numpy as np
+
+    from tfring import _core, basics
+
+    basics.init()
+    print(f"python {basics.rank()}")
+    os.write(2, f"fd 2 of rank {basics.rank()}\n".encode())  # below Python's streams
+    if fail == basics.rank():
+        raise ValueError("planted in fn's own process")
+    if fail == "exit" and basics.rank() == 1:
+        os._exit(3)
+    got = np.asarray(_core.allreduce(np.ones(4) * (basics.rank() + 1), name="spark.exe"))
+    return (basics.rank(), os.environ.get("TFRING_SPARK_VIA"), os.getpid(), got.tolist())
+
+
+def _wrapper(tmp_path):
+    """An executable that is not the workers' Python: a script that marks
+    its processes, then starts this interpreter."""
+    path = tmp_path / "python-wrapper"
+    path.write_text(f"#!/bin/sh\nTFRING_SPARK_VIA=wrapper exec {sys.executable} \"$@\"\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_executable_runs_fn_in_a_process_of_it(spark, tmp_path):
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    t0 = time.monotonic()
+    got = tfring.spark.run(_in_own_process, args=(None,), num_proc=2,
+                           executable=_wrapper(tmp_path), stdout=out, stderr=err, verbose=0)
+    took = time.monotonic() - t0
+    assert [(r, via, s) for r, via, _, s in got] == [(0, "wrapper", [3.0] * 4),
+                                                     (1, "wrapper", [3.0] * 4)]
+    assert sorted(out.getvalue().splitlines()) == ["[0]<stdout>:python 0", "[1]<stdout>:python 1"]
+    # What the process writes to its file descriptors reaches the driver too.
+    assert "[1]<stderr>:fd 2 of rank 1" in err.getvalue().splitlines(), err.getvalue()
+    assert took < 60, took
+
+
+@pytest.mark.slow
+def test_executable_failures_name_the_rank(spark, tmp_path):
+    exe = _wrapper(tmp_path)
+    with pytest.raises(SparkJobError) as info:
+        tfring.spark.run(_in_own_process, args=(1,), num_proc=2, executable=exe, verbose=0)
+    assert info.value.rank == 1
+    assert "ValueError: planted in fn's own process" in str(info.value)
+    with pytest.raises(SparkJobError) as info:
+        tfring.spark.run(_in_own_process, args=("exit",), num_proc=2, executable=exe, verbose=0)
+    assert info.value.rank == 1
+    assert f"died without a result: fn's process ({exe}) exited with code 3" in str(info.value)
+    with pytest.raises(SparkJobError, match="cannot start executable="):
+        tfring.spark.run(_in_own_process, args=(None,), num_proc=2,
+                         executable=str(tmp_path / "missing"), verbose=0)
 
 
 def _env_probe():
@@ -226,9 +298,16 @@ def test_ranks_run_on_their_own_cores_as_under_tfring_run(spark):
     assert dict(got) == {0: mine, 1: mine}
 
 
-def test_run_elastic_says_what_to_use(spark):
+def test_run_elastic_says_what_to_use():
     with pytest.raises(NotImplementedError, match="tfring-run --min-np"):
-        tfring.spark.run_elastic(_allreduce_fn, num_proc=2)
+        tfring.spark.run_elastic(_allreduce_fn, num_proc=2, min_num_proc=1, max_num_proc=3,
+                                 elastic_timeout=60, reset_limit=2)
+    # Horovod's deprecated spellings warn as Horovod's do, then the same refusal.
+    for name in ("min_np", "max_np"):
+        new = name.replace("np", "num_proc")
+        with pytest.warns(DeprecationWarning, match=f"{name} is deprecated, use {new} instead"):
+            with pytest.raises(NotImplementedError, match="tfring-run --min-np"):
+                tfring.spark.run_elastic(_allreduce_fn, num_proc=2, **{name: 2})
     with pytest.raises(ValueError, match="use_mpi"):
         tfring.spark.run(_allreduce_fn, num_proc=2, use_mpi=True)
 

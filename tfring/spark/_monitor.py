@@ -2,8 +2,16 @@
 
 Accepts one connection per rank, relays the ranks' output to the driver's
 streams, and turns each rank's last message, or its absence, into an event:
-("done", rank), ("error", rank, text, traceback, secondary) or ("died", rank);
-secondary errors are tfring's reports of a failure elsewhere (_task.py).
+("done", rank), ("error", rank, text, traceback, secondary) or
+("died", rank, how); secondary errors are tfring's reports of a failure
+elsewhere (_task.py), ``how`` says how fn's process ended where the task
+saw it end (None: the connection closed without a last message).
+
+Output lines reach the driver's streams as Horovod writes a rank's output:
+``[rank]<stdout>:line`` with no space after the colon, each line with the
+"\n" or "\r" that ended it, and with ``prefix_output_with_timestamp``
+the local time first, as ``time.asctime()`` writes it:
+``Wed Dec  2 03:04:05 2026[1]<stderr>:line``.
 """
 
 import hmac
@@ -103,22 +111,27 @@ class Monitor:
                     ended = True
                     self.events.put(("error", rank, msg["error"], msg.get("traceback", ""),
                                      bool(msg.get("secondary"))))
+                elif "died" in msg:
+                    ended = True
+                    self.events.put(("died", rank, str(msg["died"])))
                 elif "done" in msg:
                     ended = True
                     self.events.put(("done", rank))
         except (OSError, ValueError):
             pass
         if not ended:
-            self.events.put(("died", rank))
+            self.events.put(("died", rank, None))
 
     def _write(self, rank, name, line):
         stream = self._streams.get(name)
         if stream is None:
             return
-        stamp = time.strftime("%a %b %d %H:%M:%S %Y") if self._timestamps else ""
+        stamp = time.asctime() if self._timestamps else ""
+        if not line.endswith(("\n", "\r")):
+            line += "\n"  # the last piece of fn's output: the next line starts afresh
         with self._out_lock:
             try:
-                stream.write(f"{stamp}[{rank}]<{name}>: {line}\n")
+                stream.write(f"{stamp}[{rank}]<{name}>:{line}")
                 stream.flush()
             except (OSError, ValueError):
                 pass

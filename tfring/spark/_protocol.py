@@ -7,10 +7,17 @@ kept open while ``fn`` runs. Every message is one line of JSON:
                    "stage", "host", "pid"}       first: who this is
   driver -> task  {"token"}                      the driver's answer
   task -> driver  {"out": "stdout"|"stderr", "line"}   fn's output, a line each
-  task -> driver  {"error", "traceback"}         fn raised (last message)
+  task -> driver  {"error", "traceback", "secondary"}  fn raised (last message)
+  task -> driver  {"died": "how"}                fn's process ended without a
+                                                 result (last message; ``run``
+                                                 with ``executable`` only)
   task -> driver  {"done": true}                 fn returned (last message)
 
-The connection ending without "error" or "done" means the task's Python
+A "line" keeps the character that ended it, "\n" or "\r" (a progress bar
+redraws its line with "\r"), as Horovod forwards a rank's output; the last
+piece of output, if unterminated, comes without one.
+
+The connection ending without a last message means the task's Python
 worker died (killed, os._exit, a crash): the kernel closes its sockets, so
 the driver hears of it at once. Tokens are HMACs of the job's secret, so
 neither side takes a stranger for the other.

@@ -19,12 +19,15 @@ Each task of the barrier stage, in order:
      ranks (unless TFRING_BIND=none), runs ``fn``, shuts tfring down if
      ``fn`` left it initialized, and puts the Python worker's environment,
      core mask and streams back as they were: Spark reuses the worker for
-     later tasks, later jobs included.
+     later tasks, later jobs included. With ``run(..., executable=...)``
+     ``fn`` runs in a process of that interpreter instead, started here with
+     this environment and core mask (_exec_fn.py).
 """
 
 import hmac
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -32,7 +35,10 @@ import traceback
 
 from tfring.run import affinity
 from tfring.run.affinity import machine_identity as host_identity
+from tfring.spark._exec_fn import FnEnded, run_fn_process
 from tfring.spark._protocol import auth_token, recv_line, send_line
+
+_LINE_END = re.compile("([\r\n])")
 
 
 def placement(partition_hosts):
@@ -67,10 +73,13 @@ class _Relay:
     def write(self, text):
         if not isinstance(text, str):
             text = str(text)
-        self._buf += text
-        while "\n" in self._buf:
-            line, self._buf = self._buf.split("\n", 1)
-            self._send(line)
+        # A line ends at "\n", or at "\r" (a progress bar redrawing its line),
+        # and travels with that character, as Horovod forwards output.
+        for piece in _LINE_END.split(text):
+            self._buf += piece
+            if piece in ("\n", "\r"):
+                self._send(self._buf)
+                self._buf = ""
         return len(text)
 
     def flush(self):
@@ -85,7 +94,7 @@ class _Relay:
         try:
             send_line(self._conn, {"out": self._name, "line": line}, self._lock)
         except OSError:
-            self._fallback.write(line + "\n")
+            self._fallback.write(line if line.endswith(("\n", "\r")) else line + "\n")
 
     def isatty(self):
         return False
@@ -157,15 +166,16 @@ def run_task(job):
     os.environ.update(env)
     sys.stdout, sys.stderr = out, err
     try:
-        from tfring import basics
-
-        if basics.is_initialized():
-            basics.shutdown()
-        # The store is new for every job; a reused worker's count of earlier
-        # joins (which prefixes a later join's keys) must start over, the
-        # same on every rank.
-        basics._joins = 0
-        result = job.fn(*job.args, **job.kwargs)
+        if job.executable:
+            result = run_fn_process(job, out, err)
+        else:
+            result = _run_fn_here(job)
+    except FnEnded as e:  # fn's own process reported its end: pass that on
+        out.close_line()
+        err.close_line()
+        _report(conn, lock, e.report)
+        _close(conn)
+        raise RuntimeError(f"tfring.spark: rank {rank}: {e}") from None
     except BaseException as e:
         out.close_line()
         err.close_line()
@@ -189,6 +199,19 @@ def run_task(job):
     _report(conn, lock, {"done": True})
     _close(conn)
     return [(rank, result)]
+
+
+def _run_fn_here(job):
+    """fn in this Python worker (``run`` without ``executable``)."""
+    from tfring import basics
+
+    if basics.is_initialized():
+        basics.shutdown()
+    # The store is new for every job; a reused worker's count of earlier
+    # joins (which prefixes a later join's keys) must start over, the same
+    # on every rank.
+    basics._joins = 0
+    return job.fn(*job.args, **job.kwargs)
 
 
 def _bind(local_rank, local_size, env):

@@ -155,12 +155,14 @@ def _first_lines(text, n=6):
 
 def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=None,
         use_gloo=None, extra_mpi_args=None, env=None, stdout=None, stderr=None,
-        verbose=1, nics=None, prefix_output_with_timestamp=False):
+        verbose=1, nics=None, prefix_output_with_timestamp=False, executable=None):
     """Runs ``fn(*args, **kwargs)`` as a tfring job of ``num_proc`` ranks,
     each a task of one Spark barrier stage, and returns fn's results in rank
     order. ``fn`` calls ``tfring.init()`` (or ``tfring.keras.init()``) as in
     any tfring script; its stdout and stderr reach ``stdout``/``stderr``
-    (default: this process's) line by line, prefixed ``[rank]<stdout>: ``.
+    (default: this process's) line by line as Horovod writes them,
+    ``[rank]<stdout>:line``, after the local time with
+    ``prefix_output_with_timestamp``.
 
     num_proc: ranks (default: the SparkContext's defaultParallelism).
     start_timeout: seconds for all tasks to start and join (default:
@@ -171,6 +173,12 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
     env: variables set in every task around ``fn`` (the driver's TFRING_*
         and HOROVOD_* tunables are passed on too).
     nics: one network interface for the ranks (TFRING_IFACE).
+    executable: a Python interpreter on the executors: each task then runs
+        ``fn`` in a fresh process of it, as Horovod's tasks do (its output
+        at the file-descriptor level reaches the driver too); it needs
+        tfring and pyspark (for cloudpickle). Default: ``fn`` runs in Spark's
+        Python worker (PYSPARK_PYTHON) itself, which Spark reuses from job
+        to job.
     Raises SparkJobError naming the first rank to fail and its Spark task.
     """
     if not callable(fn):
@@ -207,8 +215,17 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
     if server is None:
         raise RuntimeError(f"tfring.spark: cannot host the rendezvous store: {why}")
     monitor = Monitor(bind, secret, stdout, stderr, prefix_output_with_timestamp)
-    spec = JobSpec(job_id=job_id, fn=fn, args=tuple(args), kwargs=dict(kwargs or {}),
-                   size=num_proc, store_addr=format_addr(addr, server.port), secret=secret,
+    args, kwargs = tuple(args), dict(kwargs or {})
+    payload = None
+    if executable is not None:
+        if not isinstance(executable, str) or not executable:
+            raise TypeError(f"tfring.spark.run: executable must be a path, got {executable!r}")
+        from pyspark import cloudpickle
+
+        # Pickled here, unpickled only in fn's own process (_exec_fn.py).
+        payload, fn, args, kwargs = cloudpickle.dumps((fn, args, kwargs)), None, (), {}
+    spec = JobSpec(job_id=job_id, fn=fn, args=args, kwargs=kwargs, executable=executable,
+                   payload=payload, size=num_proc, store_addr=format_addr(addr, server.port), secret=secret,
                    monitor_addr=(addr, monitor.port), env=task_env,
                    clear_env=sorted(_launcher_vars() - set(task_env)),
                    start_timeout=float(start_timeout))
@@ -337,9 +354,11 @@ def _job_error(failure, later, monitor, spec, spark_error):
         who = monitor.describe(rank)
         if kind == "error":
             msg = f"tfring.spark: {who} failed: {failure[2]}\n{failure[3].rstrip()}"
-        else:
+        elif failure[2] is None:
             msg = (f"tfring.spark: {who} died without a result (its Python worker exited: "
                    "killed, os._exit or a crash)")
+        else:
+            msg = f"tfring.spark: {who} died without a result: fn's process {failure[2]}"
         others = [f"{monitor.describe(ev[1])} " + ("failed: " + ev[2] if ev[0] == "error"
                                                    else "died")
                   for ev in later if ev[1] != rank]
@@ -363,17 +382,27 @@ def _job_error(failure, later, monitor, spec, spark_error):
                          None, partition, attempt, spark_text)
 
 
-def run_elastic(fn, args=(), kwargs=None, num_proc=None, min_np=None, max_np=None,
-                start_timeout=None, elastic_timeout=None, reset_limit=None, env=None,
-                stdout=None, stderr=None, verbose=1, nics=None,
-                prefix_output_with_timestamp=False):
+def run_elastic(fn, args=(), kwargs=None, num_proc=None, min_num_proc=None,
+                max_num_proc=None, start_timeout=None, elastic_timeout=None, reset_limit=None,
+                env=None, stdout=None, stderr=None, verbose=1, nics=None,
+                prefix_output_with_timestamp=False, min_np=None, max_np=None):
     """Not available in Spark: raises NotImplementedError saying what to use.
 
-    tfring's elastic driver (tfring-run --min-np/--max-np) starts, stops and
+    Horovod's signature, with its deprecated ``min_np``/``max_np`` (which
+    warn as Horovod's do) for ``min_num_proc``/``max_num_proc``. tfring's
+    elastic driver (tfring-run --min-np/--max-np) starts, stops and
     blacklists worker processes on hosts it discovers; a Spark job cannot
     add tasks to a running stage, and a barrier stage, whose tasks start and
     fail together, is what keeps a fixed-size job from hanging. See
     docs/spark.md."""
+    if min_np is not None:
+        min_num_proc = min_np
+        warnings.warn("min_np is deprecated, use min_num_proc instead", DeprecationWarning,
+                      stacklevel=2)
+    if max_np is not None:
+        max_num_proc = max_np
+        warnings.warn("max_np is deprecated, use max_num_proc instead", DeprecationWarning,
+                      stacklevel=2)
     raise NotImplementedError(
         "tfring.spark.run_elastic is not supported: tfring's elastic driver manages worker "
         "processes on hosts it discovers, which a Spark stage cannot grow or shrink. Use "
