@@ -11,6 +11,8 @@ import tensorflow as tf
 from tfring import basics
 from tfring import _collectives
 from tfring import ops as _ops
+from tfring.compression.powersgd import is_powersgd
+from tfring.compression.powersgd_step import reduce_step
 from tfring.rewrite.collectives import reduce_gradients
 
 
@@ -57,17 +59,24 @@ class GradientReducer:
     def reduce(self, grads, variables=None):
         grads = list(grads)
         if variables is None or not self.local_keys:
-            return self._reduce(grads)
+            return self._reduce(grads, variables)
         return reduce_skipping_locals(self._reduce, grads, variables,
                                       self.is_local, self.scale_local,
                                       set_size(self.process_set))
 
-    def _reduce(self, grads):
+    def _reduce(self, grads, variables=None):
+        op, pre, post = self._op_and_scales()
+        if is_powersgd(self.compression):
+            # Every dense gradient of the step goes through the compressor,
+            # which keys its state by variable (tfring/compression/).
+            with tf.name_scope(self.name):
+                return reduce_step(
+                    self.compression, grads, variables, op, pre, post,
+                    self.process_set, self.sparse_as_dense, name=self.name)
         if self.sparse_as_dense:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices)
                      else g for g in grads]
         present = [i for i, g in enumerate(grads) if g is not None]
-        op, pre, post = self._op_and_scales()
         extra = _set_kwargs(self.process_set)
         out = [None] * len(grads)
         if tf.executing_eagerly() or _collectives.in_xla_context(
@@ -95,6 +104,17 @@ class GradientReducer:
         return out
 
 
+def track_compression(optimizer, compression):
+    """Tracks a stateful compressor (PowerSGD) under `optimizer` (a
+    Trackable) as "tfring_powersgd", so a tf.train.Checkpoint of the
+    optimizer saves and restores its state; other compressors hold none."""
+    if not is_powersgd(compression):
+        return
+    track = getattr(optimizer, "_track_trackable", None)
+    if track is not None:
+        track(compression, name="tfring_powersgd", overwrite=True)
+
+
 def var_keys(variable):
     """Identities of a variable: a Keras 3 variable and the tf.Variable it
     holds both name it, whichever a tape or optimizer is given."""
@@ -107,8 +127,9 @@ def var_keys(variable):
 
 def reduce_skipping_locals(reduce_fn, grads, variables, is_local, scale,
                            set_size):
-    """Reduces the gradients of the non-local variables with reduce_fn; the
-    local ones stay on this rank (divided by set_size when `scale`)."""
+    """Reduces the gradients of the non-local variables with
+    reduce_fn(grads, variables); the local ones stay on this rank (divided
+    by set_size when `scale`)."""
     variables = list(variables)
     if len(variables) != len(grads):
         raise ValueError(f"tfring: {len(grads)} gradients for "
@@ -116,7 +137,8 @@ def reduce_skipping_locals(reduce_fn, grads, variables, is_local, scale,
     local = [is_local(v) for v in variables]
     shared = [i for i, loc in enumerate(local) if not loc]
     out = list(grads)
-    for i, r in zip(shared, reduce_fn([grads[i] for i in shared])):
+    for i, r in zip(shared, reduce_fn([grads[i] for i in shared],
+                                      [variables[i] for i in shared])):
         out[i] = r
     if scale:
         for i, loc in enumerate(local):

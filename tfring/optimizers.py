@@ -24,6 +24,7 @@ from tfring.gradient_reduction import (
     check_passes,
     local_layer_variables,
     resolve_process_set,
+    track_compression,
 )
 
 __all__ = ["DistributedGradientTape", "DistributedOptimizer",
@@ -253,6 +254,8 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         super().__init__(use_locking=use_locking, name=name)
         self._optimizer = optimizer
         self._reducer = reducer
+        # A stateful compressor (PowerSGD) is saved with this optimizer.
+        track_compression(self, reducer.compression)
         self._accumulator = None
         if passes > 1:
             self._accumulator = _Accumulator(passes, average_passes, name)

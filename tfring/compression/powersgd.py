@@ -223,22 +223,6 @@ class PowerSGD(tf.Module):
             self._group_by_keys[keys] = group
         return group
 
-    # -------------------------------------------------------- reduction ----
-
-    def reduce(self, grads, variables=None, op="average", prescale_factor=1.0,
-               postscale_factor=1.0, process_set=None, sparse_as_dense=False,
-               name="powersgd"):
-        """Reduces a training step's gradients (None entries stay None) with
-        PowerSGD; returns the list of results. `variables` (tf or Keras
-        variables, or names) key the state; without them it is keyed by
-        position and shape. op is "average" or "sum"; the scale factors
-        multiply the result as they would a plain allreduce's."""
-        from tfring.compression.powersgd_step import reduce_step
-
-        return reduce_step(self, grads, variables, op, prescale_factor,
-                           postscale_factor, process_set, sparse_as_dense,
-                           name)
-
     @staticmethod
     def compute_dtype(grad, what):
         dtype = grad.dtype.base_dtype

@@ -14,20 +14,20 @@ the step's results exist.
 
 import tensorflow as tf
 
-from tfring import _collectives
+from tfring import _collectives, basics
 from tfring import ops as _ops
 from tfring.compression import powersgd_math as _math
 
 
 def _key(variables, i):
     """The state key of the gradient at position i: its variable's identity
-    (a Keras 3 variable by the tf.Variable it holds) or name, else the
-    position."""
+    (a Keras 3 variable by the tf.Variable it holds) or name, else (no
+    variable, or a watched tensor, new every step) the position."""
     v = None if variables is None else variables[i]
-    if v is None:
-        return ("position", i, f"gradient {i}")
     if isinstance(v, str):
         return ("name", v, v)
+    if v is None or not hasattr(v, "assign"):
+        return ("position", i, f"gradient {i}")
     inner = getattr(v, "_value", None)
     base = v if inner is None else inner
     label = getattr(v, "path", None) or getattr(v, "name", None) or f"gradient {i}"
@@ -35,9 +35,10 @@ def _key(variables, i):
 
 
 def _set_size(process_set):
-    from tfring.gradient_reduction import set_size
-
-    return set_size(process_set)
+    if process_set is None:
+        return basics.size()
+    size = getattr(process_set, "size")
+    return int(size() if callable(size) else size)
 
 
 def _with_step_advanced(group, results):
@@ -107,8 +108,14 @@ def _compress(c, group, cands, slots, step, factor, name, kw):
     return out
 
 
-def reduce_step(c, grads, variables, op, prescale_factor, postscale_factor,
-                process_set, sparse_as_dense, name):
+def reduce_step(c, grads, variables=None, op="average", prescale_factor=1.0,
+                postscale_factor=1.0, process_set=None, sparse_as_dense=False,
+                name="powersgd"):
+    """Reduces a training step's gradients (None entries stay None) with
+    the PowerSGD compressor `c`; returns the list of results. `variables`
+    (tf or Keras variables, or names) key the state; without them it is
+    keyed by position. op is "average" or "sum"; the scale factors multiply
+    the result as they would a plain allreduce's."""
     op = _collectives.reduce_op_name(op)
     if op not in ("sum", "average"):
         raise ValueError(f"tfring: PowerSGD approximates the average (or the "

@@ -67,12 +67,12 @@ class GradientConfig:
         return bool(self.local_keys) and not self.local_keys.isdisjoint(
             _reduction.var_keys(variable))
 
-    def _reduce_all(self, grads):
+    def _reduce_all(self, grads, variables=None):
         if self.process_set is not None:
             return _reduction.GradientReducer(
                 self.op, self.compression, self.sparse_as_dense,
                 self.predivide, "DistributedOptimizer_Allreduce",
-                self.process_set).reduce(grads)
+                self.process_set).reduce(grads, variables)
         op, pre, post = self.op, 1.0, 1.0
         if self.predivide != 1.0:
             # Split the average's 1/size around the sum (keeps fp16 in range).
@@ -80,15 +80,22 @@ class GradientConfig:
                 self.predivide / basics.size()
         return reduce_gradients(grads, op, self.compression,
                                 self.fusion_threshold, self.sparse_as_dense,
-                                prescale_factor=pre, postscale_factor=post)
+                                prescale_factor=pre, postscale_factor=post,
+                                variables=variables)
 
     def reduce(self, grads, variables=None):
         grads = list(grads)
         if variables is None or not self.local_keys:
-            return self._reduce_all(grads)
+            return self._reduce_all(grads, variables)
         return _reduction.reduce_skipping_locals(
             self._reduce_all, grads, variables, self.is_local,
             self.scale_local, _reduction.set_size(self.process_set))
+
+    def track_state(self, optimizer):
+        """Makes a stateful compressor (PowerSGD) a dependency of the
+        optimizer, so a tf.train.Checkpoint of the optimizer saves and
+        restores its state."""
+        _reduction.track_compression(optimizer, self.compression)
 
 
 def _variables_arg(optimizer, args, kwargs):
@@ -165,6 +172,7 @@ def distribute_instance(optimizer, config):
     config and its checkpoints are unchanged). Idempotent."""
     if getattr(optimizer, "_tfring_config", None) is not None:
         object.__setattr__(optimizer, "_tfring_config", config)
+        config.track_state(optimizer)
         return optimizer
     for name, wrap in (("apply", reducing_apply),
                        ("apply_gradients", reducing_apply_gradients)):
@@ -173,6 +181,7 @@ def distribute_instance(optimizer, config):
             object.__setattr__(optimizer, name, wrap(
                 orig, lambda: optimizer._tfring_config, optimizer))
     object.__setattr__(optimizer, "_tfring_config", config)
+    config.track_state(optimizer)
     return optimizer
 
 

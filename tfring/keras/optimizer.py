@@ -91,6 +91,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="",
         cfg["name"] = name
     new = sub.from_config(cfg)
     object.__setattr__(new, "_tfring_config", config)
+    config.track_state(new)
     return new
 
 

@@ -11,6 +11,8 @@ from tfring import _collectives
 from tfring import ops as _ops
 from tfring._buckets import plan as _bucket_plan
 from tfring.compression import Compression
+from tfring.compression.powersgd import is_powersgd
+from tfring.compression.powersgd_step import reduce_step
 
 
 def _fusion_bytes(fusion_threshold):
@@ -42,14 +44,23 @@ def _buckets(tensors, limit):
 def reduce_gradients(grads, op=Average, compression=Compression.none,
                      fusion_threshold=None, sparse_as_dense=False,
                      prescale_factor=1.0, postscale_factor=1.0,
-                     process_set=None):
+                     process_set=None, variables=None):
     """Allreduces a list of gradients (None entries stay None), fused into
     RingGroupedAllreduce ops of at most `fusion_threshold` bytes (one op
     when traced for XLA). The list is bucketed from its end, since backprop
     produces the gradients of the last layers first. tf.IndexedSlices are allgathered (see
     tfring.allreduce) unless sparse_as_dense. `process_set`, if given, is
-    passed to every op."""
+    passed to every op.
+
+    With Compression.powersgd the whole list goes to the compressor, whose
+    state is keyed by `variables` (the gradients' variables, or names;
+    else their positions)."""
     grads = list(grads)
+    if is_powersgd(compression):
+        with tf.name_scope("PowerSGD"):
+            return reduce_step(compression, grads, variables, op,
+                               prescale_factor, postscale_factor, process_set,
+                               sparse_as_dense, name=compression.name)
     out = [None] * len(grads)
     dense = []
     scales = {"prescale_factor": prescale_factor,

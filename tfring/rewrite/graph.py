@@ -24,6 +24,9 @@ import tensorflow as tf
 from tfring import basics
 from tfring import _collectives
 from tfring import ops as _ops
+from tfring.compression import Compression
+from tfring.compression.powersgd import is_powersgd
+from tfring.compression.powersgd_step import reduce_step
 from tfring.rewrite.collectives import _buckets, _fusion_bytes, _nbytes
 from tfring.rewrite.report import RewriteReport, RewrittenGradient
 
@@ -240,10 +243,14 @@ def _reroute_gradients(found, order, cfg, report):
     dense = [r for r in recs if r["kind"] == "dense"]
     limit = _fusion_bytes(cfg.fusion_threshold)
     by_name = {r["tensor"].name: r for r in dense}
+    compression = cfg.compression
+    if is_powersgd(compression):
+        _reroute_powersgd(dense, cfg, report)
+        dense, compression = [], Compression.none
     for run in _buckets([r["tensor"] for r in dense], limit):
         consumers = [_consumers(t) for t in run]
         reduced = _ops.grouped_allreduce(run, cfg.op,
-                                         compression=cfg.compression)
+                                         compression=compression)
         report.allreduce_ops.append(reduced[0].op.name)
         for t, r, cons in zip(run, reduced, consumers):
             _reroute(t, r, cons)
@@ -257,9 +264,9 @@ def _reroute_gradients(found, order, cfg, report):
         t = rec["tensor"]
         consumers = _consumers(t)
         if rec["kind"] == "sparse_values":
-            values, ctx = cfg.compression.compress(t)
+            values, ctx = compression.compress(t)
             raw = _ops.allgather(values)
-            gathered = cfg.compression.decompress(raw, ctx)
+            gathered = compression.decompress(raw, ctx)
             if average:
                 gathered = gathered * tf.cast(1.0 / basics.size(), t.dtype)
         else:
@@ -268,6 +275,25 @@ def _reroute_gradients(found, order, cfg, report):
         _reroute(t, gathered, consumers)
         report.gradients.append(RewrittenGradient(
             t.name, rec["update"], rec["kind"], _nbytes(t)))
+
+
+def _reroute_powersgd(dense, cfg, report):
+    """Every dense gradient through Compression.powersgd at once, its state
+    keyed by the name of the optimizer update the gradient feeds. The
+    compressor's variables join the graph's global variables, so the
+    initializer the program runs creates them."""
+    if not dense:
+        return
+    tensors = [r["tensor"] for r in dense]
+    consumers = [_consumers(t) for t in tensors]
+    reduced = reduce_step(cfg.compression, tensors,
+                          [r["update"] for r in dense], cfg.op,
+                          name="powersgd")
+    for t, r, cons, rec in zip(tensors, reduced, consumers, dense):
+        _reroute(t, r, cons)
+        report.gradients.append(RewrittenGradient(
+            t.name, rec["update"], "dense", _nbytes(t)))
+    report.allreduce_ops.append(reduced[0].op.name)
 
 
 def _broadcast_initializers(graph, root_rank, report):

@@ -89,7 +89,11 @@ def _intercept_apply(orig, unpack):
         grads, variables, rebuild = unpack(*args, **kwargs)
         grads = reduce_gradients(grads, ctx.cfg.op, ctx.cfg.compression,
                                  ctx.cfg.fusion_threshold,
-                                 ctx.cfg.sparse_as_dense)
+                                 ctx.cfg.sparse_as_dense,
+                                 variables=_matching(variables, grads))
+        # A stateful compressor (PowerSGD) is saved with the optimizer.
+        from tfring.gradient_reduction import track_compression
+        track_compression(self, ctx.cfg.compression)
         ctx.reduced += sum(g is not None for g in grads)
         ctx.note(self, variables)
         new_args, new_kwargs = rebuild(grads)
@@ -98,6 +102,12 @@ def _intercept_apply(orig, unpack):
 
     apply._tfring_original = orig
     return apply
+
+
+def _matching(variables, grads):
+    """The variables of the gradients, when there is one per gradient."""
+    variables = list(variables or [])
+    return variables if len(variables) == len(grads) else None
 
 
 def _unpack_grads_and_vars(grads_and_vars, *args, **kwargs):
@@ -140,7 +150,9 @@ def _intercept_gradient(orig):
         flat = tf.nest.flatten(result)
         reduced = reduce_gradients(flat, ctx.cfg.op, ctx.cfg.compression,
                                    ctx.cfg.fusion_threshold,
-                                   ctx.cfg.sparse_as_dense)
+                                   ctx.cfg.sparse_as_dense,
+                                   variables=_matching(
+                                       tf.nest.flatten(sources), flat))
         ctx.reduced += sum(g is not None for g in reduced)
         ctx.note(None, [s for s, g in zip(tf.nest.flatten(sources), reduced)
                         if g is not None])
