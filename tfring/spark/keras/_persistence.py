@@ -174,10 +174,15 @@ class KerasModelReader(MLReader):
             missing = sorted(set(recorded) - set(self.custom_objects))
             if not missing:
                 raise
-            raise type(e)(f"{e}\n(the model was saved with custom objects "
-                          f"{ {k: recorded[k] for k in missing} }: pass them as "
-                          f"KerasModel.load(path, custom_objects={{...}}) unless they are "
-                          f"registered Keras serializables)") from e
+            hint = (f"{e}\n(the model was saved with custom objects "
+                    f"{ {k: recorded[k] for k in missing} }: pass them as "
+                    f"KerasModel.load(path, custom_objects={{...}}) unless they are "
+                    f"registered Keras serializables)")
+            try:
+                error = type(e)(hint)
+            except Exception:
+                error = ValueError(hint)
+            raise error from e
         instance = self.cls()
         instance._resetUid(meta["uid"])
         for source, setter in ((meta.get("defaultParamMap", {}), instance._setDefault),
