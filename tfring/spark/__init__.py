@@ -1,5 +1,7 @@
 """tfring in Spark: a tfring job whose ranks are the tasks of one Spark
-barrier stage, with Horovod's horovod.spark API.
+barrier stage, with Horovod's horovod.spark API. The estimator, which
+trains a Keras model on a DataFrame, is ``tfring.spark.keras``
+(KerasEstimator, KerasModel); this module is the function-level API.
 
     import tfring.spark
 
