@@ -140,14 +140,22 @@ def run_task(job):
     hello = {"rank": rank, "partition": part, "attempt": attempt,
              "task_id": ctx.taskAttemptId(), "stage": ctx.stageId(),
              "host": socket.gethostname(), "pid": os.getpid()}
-    conn = _connect(job.monitor_addr, job.secret, hello, job.start_timeout)
+    store_addr, monitor_addr = job.store_addr, job.monitor_addr
+    if getattr(job, "loopback_on", None) == host:
+        # A Spark Connect client listening on every interface, on this
+        # machine: its advertised address may not route back here.
+        from tfring.run.common import format_addr
+
+        store_addr = format_addr("127.0.0.1", int(store_addr.rsplit(":", 1)[1]))
+        monitor_addr = ("127.0.0.1", monitor_addr[1])
+    conn = _connect(monitor_addr, job.secret, hello, job.start_timeout)
     lock = threading.Lock()
 
     rank_env = {
         "TFRING_RANK": rank, "TFRING_SIZE": job.size,
         "TFRING_LOCAL_RANK": local_rank, "TFRING_LOCAL_SIZE": local_size,
         "TFRING_CROSS_RANK": cross_rank, "TFRING_CROSS_SIZE": cross_size,
-        "TFRING_STORE_ADDR": job.store_addr, "TFRING_SECRET": job.secret,
+        "TFRING_STORE_ADDR": store_addr, "TFRING_SECRET": job.secret,
         "TFRING_HOSTNAME": host,
         "HOROVOD_RANK": rank, "HOROVOD_SIZE": job.size,
         "HOROVOD_LOCAL_RANK": local_rank, "HOROVOD_LOCAL_SIZE": local_size,

@@ -1,13 +1,15 @@
 """tfring.spark.run: a tfring job whose ranks are the tasks of one Spark
 barrier stage (Horovod's horovod.spark.run, same arguments).
 
-The driver (this process, holding the SparkContext):
+The driver (this process, holding the SparkContext, or a Spark Connect
+client: _connect.py):
   * hosts the job's rendezvous store, the same TcpStoreServer tfring-run
     hosts, under a fresh secret, on an address the executors reach;
   * hosts the monitor (_monitor.py): every rank connects to it while ``fn``
     runs, relays its output there, and reports how ``fn`` ended;
   * submits ``num_proc`` tasks as one barrier stage (so Spark starts them
-    together or not at all) in a job group of its own, from a thread, and
+    together or not at all) in a job group (Connect: under a tag) of its
+    own, from a thread, and
     waits for the first of: the job's end, a rank's error, a rank's death,
     a failed Spark task, or start_timeout with ranks missing. On anything
     but the end it cancels the job group (Spark kills the other tasks, and
@@ -27,8 +29,11 @@ import time
 import warnings
 
 from tfring.run.common import ERROR_LINE
+from tfring.spark._connect import ClassicStage, ConnectStage, connect_session, \
+    default_parallelism
+from tfring.spark._connect import driver_address as connect_driver_address
 from tfring.spark._monitor import Monitor
-from tfring.spark._task import run_task
+from tfring.spark._task import host_identity, run_task
 
 DEFAULT_START_TIMEOUT_S = 600
 _job_counter = [0]
@@ -56,15 +61,19 @@ class JobSpec:
         self.__dict__.update(kw)
 
 
-def _active_context():
+def _active_session():
+    """("classic", SparkContext) or ("connect", a Spark Connect session)."""
     import pyspark
 
     sc = pyspark.SparkContext._active_spark_context
-    if sc is None:
-        raise RuntimeError("tfring.spark: no active SparkContext; create a SparkSession "
-                           "(SparkSession.builder.getOrCreate()) before calling run() (a "
-                           "Spark Connect client session has no SparkContext to run it in)")
-    return sc
+    if sc is not None:
+        return "classic", sc
+    session = connect_session()
+    if session is not None:
+        return "connect", session
+    raise RuntimeError("tfring.spark: no active SparkContext or Spark Connect session; create "
+                       "a SparkSession (SparkSession.builder.getOrCreate(), or "
+                       ".remote('sc://...') for Spark Connect) before calling run()")
 
 
 def _driver_address(sc):
@@ -118,18 +127,6 @@ def _launcher_vars():
     hvd = [f"HOROVOD_{n}" for n in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK",
                                      "CROSS_SIZE", "HOSTNAME")]
     return set(RANK_VARS) | {t.name for t in _tunables.PYTHON if t.launcher} | set(hvd)
-
-
-def _failed_tasks(sc, group):
-    tracker = sc.statusTracker()
-    failed = 0
-    for job_id in tracker.getJobIdsForGroup(group):
-        info = tracker.getJobInfo(job_id)
-        for stage_id in (info.stageIds if info else ()):
-            stage = tracker.getStageInfo(stage_id)
-            if stage is not None:
-                failed += stage.numFailedTasks
-    return failed
 
 
 def _spark_task_of(text):
@@ -190,12 +187,13 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
     if extra_mpi_args:
         warnings.warn("tfring.spark.run: extra_mpi_args has no effect (no mpirun is started)",
                       RuntimeWarning, stacklevel=2)
-    sc = _active_context()
-    if num_proc is None:
+    kind, sc = _active_session()
+    inferred = ""
+    if num_proc is None and kind == "connect":
+        num_proc, inferred = default_parallelism(sc)
+    elif num_proc is None:
         num_proc = sc.defaultParallelism
         inferred = " (spark.default.parallelism)"
-    else:
-        inferred = ""
     if not isinstance(num_proc, int) or num_proc < 1:
         raise ValueError(f"tfring.spark.run: num_proc must be a positive int, got {num_proc!r}")
     if start_timeout is None:
@@ -210,7 +208,12 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
     _job_counter[0] += 1
     job_id = f"tfring.spark.run.{os.getpid()}.{_job_counter[0]}"
     secret = secrets.token_hex(16)
-    addr, bind = _driver_address(sc)
+    if kind == "connect":
+        addr, bind, loopback = connect_driver_address(sc)
+        stage = ConnectStage(sc, job_id)
+    else:
+        (addr, bind), loopback = _driver_address(sc), False
+        stage = ClassicStage(sc, job_id)
     server, why = start_store(bind, secret)
     if server is None:
         raise RuntimeError(f"tfring.spark: cannot host the rendezvous store: {why}")
@@ -228,26 +231,25 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
                    payload=payload, size=num_proc, store_addr=format_addr(addr, server.port), secret=secret,
                    monitor_addr=(addr, monitor.port), env=task_env,
                    clear_env=sorted(_launcher_vars() - set(task_env)),
-                   start_timeout=float(start_timeout))
+                   start_timeout=float(start_timeout),
+                   # A task on this machine connects through loopback (Connect).
+                   loopback_on=host_identity() if loopback else None)
     if verbose >= 1:
         stderr.write(f"tfring.spark: running {num_proc} ranks{inferred} as one barrier "
                      f"stage; store at {spec.store_addr}\n")
     try:
-        return _run_job(sc, spec, monitor, verbose, stderr)
+        return _run_job(stage, spec, monitor, verbose, stderr)
     finally:
         monitor.close()
         server.stop()
 
 
-def _run_job(sc, spec, monitor, verbose, stderr):
+def _run_job(stage, spec, monitor, verbose, stderr):
     outcome = {}
 
     def spark_job():
         try:
-            sc.setJobGroup(spec.job_id, f"tfring job of {spec.size} ranks",
-                           interruptOnCancel=True)
-            rdd = sc.parallelize(range(spec.size), spec.size).barrier()
-            outcome["result"] = rdd.mapPartitions(lambda _: run_task(spec)).collect()
+            outcome["result"] = stage.collect(spec, run_task)
         except BaseException as e:  # noqa: BLE001 - reported by the caller
             outcome["error"] = e
         finally:
@@ -256,16 +258,16 @@ def _run_job(sc, spec, monitor, verbose, stderr):
     thread = threading.Thread(target=spark_job, name="tfring-spark-job", daemon=True)
     thread.start()
     try:
-        return _wait(sc, spec, monitor, verbose, stderr, outcome, thread)
+        return _wait(stage, spec, monitor, verbose, stderr, outcome, thread)
     except SparkJobError:
-        raise  # the job group is cancelled already
+        raise  # the job is cancelled already
     except BaseException:
         # Interrupted (Ctrl-C) or broken here: the tasks must not run on.
-        sc.cancelJobGroup(spec.job_id)
+        stage.cancel()
         raise
 
 
-def _wait(sc, spec, monitor, verbose, stderr, outcome, thread):
+def _wait(stage, spec, monitor, verbose, stderr, outcome, thread):
     start_deadline = time.monotonic() + spec.start_timeout
     next_poll = 0.0
     failure = None
@@ -289,14 +291,14 @@ def _wait(sc, spec, monitor, verbose, stderr, outcome, thread):
             failure = ("start-timeout",)
         elif now >= next_poll:
             next_poll = now + 0.5
-            if _failed_tasks(sc, spec.job_id):
+            if stage.failed_tasks():
                 # The task's own report may be on its way: wait for it briefly.
                 failure = _late_event(monitor, 2.0) or ("spark",)
     if failure is None:
         results = sorted(outcome["result"], key=lambda pair: pair[0])
         return [r for _, r in results]
     failure, later = _cause(failure, monitor)
-    sc.cancelJobGroup(spec.job_id)
+    stage.cancel()
     thread.join(60.0)
     raise _job_error(failure, later, monitor, spec, outcome.get("error"))
 
