@@ -183,6 +183,17 @@ class KerasModelReader(MLReader):
             except Exception:
                 error = ValueError(hint)
             raise error from e
+        # The recorded custom objects that Keras found by itself (registered,
+        # or in a custom_object_scope) become the param too: transform ships
+        # them to the executors.
+        import keras
+
+        custom = dict(self.custom_objects)
+        for name in recorded:
+            if name not in custom:
+                found = keras.saving.get_registered_object(name)
+                if found is not None:
+                    custom[name] = found
         instance = self.cls()
         instance._resetUid(meta["uid"])
         for source, setter in ((meta.get("defaultParamMap", {}), instance._setDefault),
@@ -190,5 +201,5 @@ class KerasModelReader(MLReader):
             values = {k: v for k, v in source.items() if instance.hasParam(k)}
             if values:
                 setter(**values)
-        instance._set(model=model, custom_objects=self.custom_objects)
+        instance._set(model=model, custom_objects=custom)
         return instance
