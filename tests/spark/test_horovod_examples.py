@@ -125,8 +125,30 @@ def _ported(text, name, tmp_path):
     return path
 
 
-def _run(script, args, cwd, timeout):
-    """Runs a ported example; returns its output, failing with its tail."""
+@pytest.fixture(scope="module")
+def tensorboard_path(tmp_path_factory):
+    """PYTHONPATH entries that give the MNIST example's TensorBoard callback
+    its package (TensorFlow no longer requires it): none where it is
+    installed, else a folder it is installed into from PyPI, or skips."""
+    check = [sys.executable, "-c", "import tensorboard.summary"]
+    if subprocess.run(check, capture_output=True).returncode == 0:
+        return []
+    target = tmp_path_factory.mktemp("tensorboard")
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                        str(target), "tensorboard"], capture_output=True, text=True,
+                       timeout=300)
+    if r.returncode != 0 or subprocess.run(check, capture_output=True, env=dict(
+            os.environ, PYTHONPATH=str(target))).returncode != 0:
+        pytest.skip("keras_spark_mnist.py's TensorBoard callback needs the tensorboard "
+                    "package, which could not be installed: "
+                    + ((r.stderr or "").strip().splitlines() or ["import failed"])[-1])
+    return [str(target)]
+
+
+def _run(script, args, cwd, timeout, path=()):
+    """Runs a ported example (``path``: PYTHONPATH entries to add, which
+    Spark's Python workers inherit); returns its output, failing with its
+    tail."""
     import pyspark
     from spark_util import _java_home
 
@@ -135,6 +157,8 @@ def _run(script, args, cwd, timeout):
         pytest.skip(f"Spark needs Java 17+: {why}")
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        list(path) + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     if home:
         env["JAVA_HOME"] = home
     log = cwd / "output.log"
@@ -151,14 +175,16 @@ def _run(script, args, cwd, timeout):
     return text
 
 
-def test_keras_spark_mnist(horovod_source, tmp_path):
+def test_keras_spark_mnist(horovod_source, tensorboard_path, tmp_path):
     script = _ported(horovod_source("keras_spark_mnist.py"), "keras_spark_mnist.py", tmp_path)
     data, work = tmp_path / "data", tmp_path / "work"
     data.mkdir()
     work.mkdir()
     horovod_data.write_mnist_libsvm(str(data / "mnist.bz2"))
-    out = _run(script, ["--batch-size", "32", "--epochs", "1", "--work-dir", str(work),
-                        "--data-dir", str(data)], tmp_path, timeout=900)
+    # Batches of 64 on 2 ranks: fewer steps than the TensorBoard callback's
+    # profile_batch=5, so the example profiles nothing.
+    out = _run(script, ["--batch-size", "64", "--epochs", "1", "--work-dir", str(work),
+                        "--data-dir", str(data)], tmp_path, timeout=900, path=tensorboard_path)
     # Trained on two ranks (their output relayed with timestamps), then
     # transform()ed the held-out rows and scored them.
     assert RELAYED.search(out), out[-3000:]
