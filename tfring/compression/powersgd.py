@@ -81,6 +81,14 @@ class _Group(tf.Module):
         self.q_ready = tf.Variable(False, trainable=False, name="q_ready")
 
 
+class _Index:
+    """State by key: slots by gradient key, groups by their keys."""
+
+    def __init__(self):
+        self.slots = {}
+        self.groups = {}
+
+
 class PowerSGD(tf.Module):
     """PowerSGD gradient compression (see the module docstring); made by
     tfring.Compression.powersgd(...). Create it once, outside the training
@@ -123,8 +131,8 @@ class PowerSGD(tf.Module):
         self.epsilon = float(orthogonalization_epsilon)
         self.slots = []
         self.groups = []
-        self._slot_by_key = {}
-        self._group_by_keys = {}
+        # Lookups by key, kept out of checkpoints (which hold the lists).
+        self._index = _Index()
         self._pending_steps = None  # step counters set before they exist
         config = (self.matrix_rank, self.start_iter, self.min_compression_rate,
                   self.warm_start, self.use_error_feedback, self.seed)
@@ -197,13 +205,13 @@ class PowerSGD(tf.Module):
                 s.error.assign(tf.zeros_like(s.error))
 
     def _slot(self, key, n, m, dtype):
-        slot = self._slot_by_key.get(key)
+        slot = self._index.slots.get(key)
         if slot is None:
             rank = min(n, m, self.matrix_rank)
             with tf.init_scope():
                 slot = _Slot(n, m, rank, dtype, self.use_error_feedback, key)
             self.slots.append(slot)
-            self._slot_by_key[key] = slot
+            self._index.slots[key] = slot
         elif slot.shape != (n, m) or slot.q.dtype != dtype:
             raise ValueError(
                 f"tfring: PowerSGD holds state for {key[-1]} as a {slot.shape} "
@@ -212,7 +220,7 @@ class PowerSGD(tf.Module):
         return slot
 
     def _group(self, keys):
-        group = self._group_by_keys.get(keys)
+        group = self._index.groups.get(keys)
         if group is None:
             with tf.init_scope():
                 group = _Group(keys)
@@ -220,7 +228,7 @@ class PowerSGD(tf.Module):
                 if pending and len(pending) > len(self.groups):
                     group.step.assign(pending[len(self.groups)])
             self.groups.append(group)
-            self._group_by_keys[keys] = group
+            self._index.groups[keys] = group
         return group
 
     @staticmethod

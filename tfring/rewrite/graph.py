@@ -245,7 +245,10 @@ def _reroute_gradients(found, order, cfg, report):
     by_name = {r["tensor"].name: r for r in dense}
     compression = cfg.compression
     if is_powersgd(compression):
-        _reroute_powersgd(dense, cfg, report)
+        # In the optimizer's update order (the order the gradients were
+        # found in), which positions PowerSGD's random Q's.
+        _reroute_powersgd([r for r in found.values() if r["kind"] == "dense"],
+                          cfg, report)
         dense, compression = [], Compression.none
     for run in _buckets([r["tensor"] for r in dense], limit):
         consumers = [_consumers(t) for t in run]
