@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -163,6 +164,21 @@ def test_clear_errors_before_any_job(spark):
         km.copy({km.feature_columns: ["vec", "arr"]}).transform(df)
     with pytest.raises(ValueError, match=r"4 output\(s\) but 1 label column"):
         km.copy({km.label_columns: ["score"], km.outputCols: ["s"]}).transform(df)
+
+
+def test_model_key_ignores_the_time_of_saving():
+    # One model saved twice (metadata.json records when) has one cache key,
+    # so its transforms share a broadcast and each worker loads it once.
+    from tfring.spark.keras import _predict
+
+    model = _multi_model()
+    a = _predict.model_bytes(model)
+    time.sleep(1.1)
+    b = _predict.model_bytes(model)
+    assert a != b and _predict.model_key(a, None, None) == _predict.model_key(b, None, None)
+    model.get_layer("count").kernel.assign(model.get_layer("count").kernel + 1.0)
+    assert _predict.model_key(_predict.model_bytes(model), None, None) != \
+        _predict.model_key(a, None, None)
 
 
 def _assert_same_model(a, b):

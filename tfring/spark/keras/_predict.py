@@ -12,8 +12,8 @@ The driver plans, the executors predict:
              one projection then turns into the output columns (vectors
              rebuilt in the JVM by `array_to_vector`).
   executor   each Python worker loads the model once (a module-level
-             cache keyed by the hash of its bytes, so later tasks and later
-             transforms of the same model reuse it), turns every Arrow
+             cache keyed by a hash of its architecture and weights, so later
+             tasks and later transforms of the same model reuse it), turns every Arrow
              batch of rows (spark.sql.execution.arrow.maxRecordsPerBatch,
              10,000 by default) into one array per model input, calls the
              model once on the batch and returns the outputs as Arrow.
@@ -37,6 +37,10 @@ VECTOR, ARRAY, SCALAR = "vector", "array", "scalar"
 # A Python worker keeps this many loaded models (least recently used go).
 _CACHE_SIZE = 4
 _models = collections.OrderedDict()
+# The driver keeps the broadcasts of this many models' bytes, so transforms
+# of one model share one broadcast.
+_BROADCASTS = 8
+_broadcasts = collections.OrderedDict()
 
 _SCALAR_DTYPES = {"byte": "int8", "short": "int16", "integer": "int32", "long": "int64",
                   "float": "float32", "double": "float64", "boolean": "bool"}
@@ -162,7 +166,7 @@ def plan_outputs(label_cols, output_cols, metadata, model):
     None) and the Spark type of each output column, from the label column
     it mirrors (its _metadata entry), else from the model's output."""
     from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql.types import ArrayType, BooleanType, DoubleType, FloatType, \
+    from pyspark.sql.types import ArrayType, DoubleType, FloatType, \
         _parse_datatype_json_string
 
     if len(output_cols) != len(label_cols):
@@ -207,11 +211,7 @@ def plan_outputs(label_cols, output_cols, metadata, model):
         else:
             if dt is None:
                 dt = _from_dtype(meta.get("dtype", "float64"))
-            if isinstance(dt, BooleanType):
-                dtype = "bool"
-            else:
-                dtype = _spark_scalar_dtype(dt, f"label column {label!r}")
-            specs.append((SCALAR, 0, dtype, None))
+            specs.append((SCALAR, 0, _spark_scalar_dtype(dt, f"label column {label!r}"), None))
             types.append(dt)
     return specs, types
 
@@ -279,7 +279,21 @@ def cached_model(key, payload, custom_objects, floatx):
 
 
 def model_key(data, custom_objects, floatx):
-    h = hashlib.sha256(data)
+    """The cache key of a model's `.keras` bytes: a hash of the members
+    but metadata.json (which holds the time of saving, so that one model
+    saved twice has one key), the custom objects' names and floatx."""
+    import io
+    import zipfile
+
+    h = hashlib.sha256()
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            for name in sorted(z.namelist()):
+                if name != "metadata.json":
+                    h.update(name.encode() + b"\0")
+                    h.update(z.read(name))
+    except zipfile.BadZipFile:
+        h.update(data)
     h.update(repr((sorted(custom_objects or {}), floatx)).encode())
     return h.hexdigest()
 
@@ -404,6 +418,18 @@ def predict_batches(batches, key, payload, custom_objects, floatx, inputs, outpu
 # ---------------------------------------------------------------- the plan
 
 
+def _broadcast(sc, key, data):
+    """The broadcast of a model's bytes in this SparkContext, made once."""
+    k = (sc.applicationId, key)
+    bc = _broadcasts.get(k)
+    if bc is None:
+        bc = _broadcasts[k] = sc.broadcast(data)
+        while len(_broadcasts) > _BROADCASTS:
+            _broadcasts.popitem(last=False)
+    _broadcasts.move_to_end(k)
+    return bc
+
+
 def transform(df, model, feature_cols, label_cols, output_cols, metadata, custom_objects=None,
               floatx=None):
     """`df` with one prediction column per label column appended (named by
@@ -431,8 +457,7 @@ def transform(df, model, feature_cols, label_cols, output_cols, metadata, custom
 
     data = model_bytes(model)
     key = model_key(data, custom_objects, floatx)
-    spark = df.sparkSession
-    payload = spark.sparkContext.broadcast(data)
+    payload = _broadcast(df.sparkSession.sparkContext, key, data)
     custom_objects = dict(custom_objects or {})
     label_cols = list(label_cols)
     arrow_type = to_arrow_type(return_type)
