@@ -38,7 +38,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(1, os.path.dirname(HERE))
+sys.path.append(os.path.dirname(HERE))  # tfring from the checkout, unless installed
 from _common import RingSync, import_tf, parse_sizes  # noqa: E402
 
 PATHS = ("core", "op", "fp16", "bf16", "fp16cast", "tape", "powersgd")
@@ -57,7 +57,7 @@ def _matrices(size):
     return shapes
 
 
-def build_paths(tf, tfring, np, size, rank, n, want, powersgd_rank, names):
+def build_paths(tf, tfring, np, size, rank, powersgd_rank, names):
     """{path: (check, call) or an "unavailable: ..." string}; check() returns
     the result as a numpy array (None: not checked), call() is timed."""
     from tfring import _core
@@ -71,23 +71,23 @@ def build_paths(tf, tfring, np, size, rank, n, want, powersgd_rank, names):
         paths["core"] = (lambda: (core(), out)[1], core)
     x = tf.constant(mine)
 
-    def assigned(path, reduce):
+    def assigned(reduce):
         v = tf.Variable(tf.zeros_like(x))
         fn = tf.function(lambda: v.assign(reduce(x)))
         return (lambda: (fn(), v.numpy())[1], fn)
 
     comp = tfring.Compression
     if "op" in names:
-        paths["op"] = assigned("op", lambda t: tfring.allreduce(
+        paths["op"] = assigned(lambda t: tfring.allreduce(
             t, op=tfring.Sum, name=f"op.{size}"))
     for path in ("fp16", "bf16"):
         if path in names:
             c = getattr(comp, path, None)
             paths[path] = (f"unavailable: this build has no Compression.{path}" if c is None
-                           else assigned(path, lambda t, c=c, p=path: tfring.allreduce(
+                           else assigned(lambda t, c=c, p=path: tfring.allreduce(
                                t, op=tfring.Sum, name=f"{p}.{size}", compression=c)))
     if "fp16cast" in names:
-        paths["fp16cast"] = assigned("fp16cast", lambda t: tf.cast(tfring.allreduce(
+        paths["fp16cast"] = assigned(lambda t: tf.cast(tfring.allreduce(
             tf.cast(t, tf.float16), op=tfring.Sum, name=f"fp16cast.{size}"), tf.float32))
     for path in ("tape", "powersgd"):
         if path not in names:
@@ -169,7 +169,7 @@ def main():
     for size in args.sizes:
         count = size // 4
         want = (n * (n + 1) // 2 + n * (np.arange(count) % 13)).astype(np.float32)
-        built = build_paths(tf, tfring, np, size, rank, n, want, args.powersgd_rank, names)
+        built = build_paths(tf, tfring, np, size, rank, args.powersgd_rank, names)
         row = {"size": size, "paths": {}}
         calls = {}
         for path, entry in built.items():

@@ -108,8 +108,13 @@ def run_job(cluster_mod, c, nhosts, argv, timeout, label, env=None):
     namespace hosts, one rank each), launched on host1; ranks on the other
     hosts start over ssh. Raises RuntimeError with the output's tail when
     the job fails."""
+    from _common import tfring_path
+
     hosts = ",".join(f"{h.name}:1" for h in c.hosts[:nhosts])
     env = cluster_mod.launch_env(TFRING_TIMEOUT=300, **(env or {}))
+    # The ranks import the tfring this interpreter imports (a build's
+    # package dir on PYTHONPATH, or the checkout).
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([tfring_path(), cluster_mod.ROOT]))
     cmd = [cluster_mod.PYTHON, "-m", "tfring.run", "-np", str(nhosts), "-H", hosts,
            "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "--timeout", str(int(timeout)),
            *argv]

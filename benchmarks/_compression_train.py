@@ -28,7 +28,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(1, os.path.dirname(HERE))
+sys.path.append(os.path.dirname(HERE))  # tfring from the checkout, unless installed
 from _common import import_tf  # noqa: E402
 
 WIDTH = 4096

@@ -145,7 +145,7 @@ def train_table(train):
            "|:---|---:|---:|---:|---:|---:|---:|"]
     for name, r in train.items():
         if "step_s" not in r:
-            out.append(f"| {name} | failed: {r.get('error', '?')[:80]} | | | | | |")
+            out.append(f"| {name} | failed (below) | | | | | |")
             continue
         rel = (f"{r['step_s'] / base['step_s']:.2f}x" if "step_s" in base else "n/a")
         dacc = (f"{(r['test_accuracy'] - base['test_accuracy']) * 100:+.1f} points"
@@ -261,6 +261,15 @@ def run_all(cluster, args):
     return doc
 
 
+def _error_tail(text, lines=12):
+    """The last lines of a failed job's output that are not TensorFlow's
+    start-up noise (its C++ log lines)."""
+    keep = [x for x in text.splitlines() if x.strip() and not any(
+        m in x for m in ("E0000 ", "W0000 ", "I0000 ", "oneDNN", "cpu_feature_guard",
+                         "TF_ENABLE_ONEDNN_OPTS", "rebuild TensorFlow"))]
+    return "\n".join(keep[-lines:])
+
+
 def report(doc, args):
     lines = []
     if doc["collectives"]:
@@ -274,7 +283,7 @@ def report(doc, args):
                       for p, m in row["paths"].items() if "error" in m}
             if "error" in run:
                 lines.append(f"\n{run['np']} hosts at {run['rate']:g} Mbit/s failed: "
-                             f"{run['error'][-600:]}")
+                             f"{_error_tail(run['error'])}")
             for p, e in errors.items():
                 lines.append(f"\n{run['np']} hosts, {LABELS[p]}: {e}")
         loads = [(r["load_before"]["load1"], r["load_after"]["load1"])
@@ -289,6 +298,9 @@ def report(doc, args):
                   f"{args.epochs} epochs, batch {args.batch} per rank, "
                   f"PowerSGD rank {args.powersgd_rank}:", "", train_table(doc["train"]), ""]
         lines += train_verdicts(doc["train"])
+        for name, r in doc["train"].items():
+            if "error" in r:
+                lines.append(f"\n{name} failed: {_error_tail(r['error'])}")
         loads = {k: (r["load_before"]["load1"], r["load_after"]["load1"])
                  for k, r in doc["train"].items()}
         lines.append(f"load average (1 min) before/after each fit: {loads}")
