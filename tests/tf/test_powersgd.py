@@ -5,7 +5,7 @@ eagerly and in tf.function over warm-up, warm start and error feedback
 (and without them, with op=Sum and an orthogonalization epsilon);
 DistributedGradientTape in a tf.function step; tfring.keras's
 DistributedOptimizer; model.fit with RingAllreduceCallback;
-tf.compat.v1 graphs (DistributedOptimizer and tfring.rewrite()); float16
+tf.compat.v1 graphs (DistributedOptimizer and tfring.rewrite()); sparse and float16
 gradients; checkpoints of the compressor and of the optimizer tracking it
 continue as the uninterrupted run; elastic sync; the errors it raises.
 Every rank must get the same results (equal digests)."""
@@ -82,6 +82,11 @@ def test_tf1_graph_optimizer_and_rewrite():
             assert out["err"] < TOL and out["steps"] == 4, (how, r, out)
             assert out["counts"] == [4], (how, r, out)
         assert len({o["digest"] for o in per_rank}) == 1, how
+
+
+def test_sparse_gradients():
+    for out in _matches_reference("sparse", steps=1):
+        assert out["gathered_ok"] and out["slots"] == 1, out
 
 
 def test_half_gradients_computed_in_float32():

@@ -9,6 +9,7 @@ import hashlib
 import os
 import sys
 import tempfile
+import time
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(TESTS, "workers"))
@@ -74,7 +75,18 @@ def main():
     size = tfring.size()
     rank = tfring.rank()
     results = {}
-    check = checker(results)
+    run_check = checker(results)
+
+    def check(name):
+        """A check that also reports its seconds."""
+        def deco(fn):
+            def timed():
+                start = time.monotonic()
+                out = fn() or {}
+                out["secs"] = round(time.monotonic() - start, 2)
+                return out
+            return run_check(name)(timed)
+        return deco
     variables = [tf.Variable(tf.zeros(s)) for s in SHAPES]
 
     @check("eager")
@@ -318,6 +330,37 @@ def main():
             except (ValueError, TypeError) as e:
                 out[label] = f"{type(e).__name__}: {e}"
         return out
+
+    @check("sparse")
+    def _():
+        # tf.IndexedSlices: allgathered uncompressed (rows of every rank,
+        # averaged), or with sparse_as_dense densified and compressed.
+        c = tfring.Compression.powersgd(rank=4, start_iter=0, seed=5)
+        ref = PowerSGDRef(size, draw(5), rank=4, start_iter=0)
+        rows = [np.random.default_rng(900 + k).standard_normal((3, 20))
+                .astype(np.float32) for k in range(size)]
+        indices = [np.array([k, k + 5, 23], np.int64) for k in range(size)]
+
+        def slices(k):
+            return tf.IndexedSlices(tf.constant(rows[k]),
+                                    tf.constant(indices[k]),
+                                    tf.constant([24, 20], tf.int64))
+
+        got = reduce_step(c, [slices(rank)])[0]
+        gathered_ok = (isinstance(got, tf.IndexedSlices) and np.allclose(
+            got.values.numpy(), np.concatenate(rows) / size) and np.array_equal(
+            got.indices.numpy(), np.concatenate(indices)))
+        dense = []
+        for k in range(size):
+            d = np.zeros((24, 20))
+            np.add.at(d, indices[k], rows[k])
+            dense.append([d])
+        ref.step_count = 1  # the allgather above was this reduction's step 0
+        t = Track()
+        t.add(numpys(reduce_step(c, [slices(rank)], sparse_as_dense=True)),
+              ref.step(dense))
+        return dict(t.out(), gathered_ok=bool(gathered_ok),
+                    slots=len(c.slots))
 
     @check("half")
     def _():
