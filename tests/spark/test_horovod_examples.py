@@ -26,7 +26,8 @@ import tarfile
 
 import pytest
 
-import horovod_data
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # whatever pytest's import mode
+import horovod_data  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -228,7 +228,8 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
         # Pickled here, unpickled only in fn's own process (_exec_fn.py).
         payload, fn, args, kwargs = cloudpickle.dumps((fn, args, kwargs)), None, (), {}
     spec = JobSpec(job_id=job_id, fn=fn, args=args, kwargs=kwargs, executable=executable,
-                   payload=payload, size=num_proc, store_addr=format_addr(addr, server.port), secret=secret,
+                   payload=payload, size=num_proc, store_addr=format_addr(addr, server.port),
+                   secret=secret,
                    monitor_addr=(addr, monitor.port), env=task_env,
                    clear_env=sorted(_launcher_vars() - set(task_env)),
                    start_timeout=float(start_timeout),
