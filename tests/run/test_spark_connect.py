@@ -2,14 +2,15 @@
 SparkContext, whose barrier stage is a DataFrame's mapInArrow(barrier=True).
 
 The test starts a Spark Connect server (pyspark ships its jar and
-SparkConnectServer class) with a local[2] master, and runs a client script
-in a process of its own: a process that holds a classic SparkContext, as
+SparkConnectServer class) with a local[2] master, and runs client scripts
+in processes of their own (a process that holds a classic SparkContext, as
 this pytest process may (tests/spark_util.py), runs jobs through that
-instead. Spark Connect's Python client needs grpcio-status,
-googleapis-common-protos and zstandard (pyspark[connect]); where the
-environment lacks them, the test installs them from PyPI into a folder of
-its own for the client, or skips saying why. Slow: the server's start and
-the client's jobs take a minute or so.
+instead): tfring.spark.run's jobs, a failing one included, and the
+estimator's fit, whose training runs through them. Spark Connect's Python
+client needs grpcio-status, googleapis-common-protos and zstandard
+(pyspark[connect]); where the environment lacks them, the test installs
+them from PyPI into a folder of its own for the clients, or skips saying
+why. Slow: about two minutes.
 """
 
 import json
@@ -72,6 +73,33 @@ except tfring.spark.SparkJobError as e:
                        "took": time.monotonic() - t0}
 report["again"] = tfring.spark.run(fn, args=(2,), num_proc=2, verbose=0)
 print("REPORT " + json.dumps(report))
+'''
+
+# The estimator's fit over Connect: the DataFrame goes to the store through
+# the server, and training runs through tfring.spark.run's Connect stage.
+FIT_CLIENT = r'''
+import json, sys
+import keras
+import numpy as np
+from pyspark.sql import SparkSession
+
+from tfring.spark.common.backend import SparkBackend
+from tfring.spark.common.store import Store
+from tfring.spark.keras import KerasEstimator
+
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+rng = np.random.default_rng(0)
+rows = [(float(a), float(b), float(2 * a - b)) for a, b in rng.standard_normal((64, 2))]
+df = spark.createDataFrame(rows, "x0 double, x1 double, y double")
+inputs = [keras.Input((1,), name="x0"), keras.Input((1,), name="x1")]
+model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Concatenate()(inputs)))
+est = KerasEstimator(backend=SparkBackend(num_proc=2), store=Store.create(sys.argv[2]),
+                     model=model, optimizer=keras.optimizers.SGD(0.1), loss="mse",
+                     feature_cols=["x0", "x1"], label_cols=["y"], batch_size=8, epochs=2,
+                     verbose=0)
+fitted = est.fit(df)
+weights = [np.asarray(w).tolist() for w in fitted.getModel().get_weights()]
+print("REPORT " + json.dumps({"history": fitted.getHistory(), "weights": weights}))
 '''
 
 
@@ -143,17 +171,21 @@ def connect_url(client_path, tmp_path_factory):
             server.wait(30)
 
 
-def test_run_through_spark_connect(connect_url, client_path, tmp_path):
-    path = client_path
+def _client(text, args, client_path, tmp_path, timeout=420):
+    """Runs a client script; returns its REPORT."""
     script = tmp_path / "client.py"
-    script.write_text(CLIENT)
+    script.write_text(text)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        path + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    r = subprocess.run([sys.executable, "-W", "ignore", str(script), connect_url],
-                       capture_output=True, text=True, timeout=420, env=env)
+        client_path + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    r = subprocess.run([sys.executable, "-W", "ignore", str(script)] + args,
+                       capture_output=True, text=True, timeout=timeout, env=env)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("REPORT ")]
     assert r.returncode == 0 and lines, (r.stdout + r.stderr)[-4000:]
-    rep = json.loads(lines[0][len("REPORT "):])
+    return json.loads(lines[0][len("REPORT "):])
+
+
+def test_run_through_spark_connect(connect_url, client_path, tmp_path):
+    rep = _client(CLIENT, [connect_url], client_path, tmp_path)
     assert rep["session"].startswith("pyspark.sql.connect")  # no SparkContext
     # num_proc from the server's local[2] master; results in rank order.
     assert rep["results"] == [[0, 2, [3.0] * 3], [1, 2, [3.0] * 3]]
@@ -165,3 +197,13 @@ def test_run_through_spark_connect(connect_url, client_path, tmp_path):
     assert "ValueError: planted in a Connect job" in err["text"]
     assert err["took"] < 60, err
     assert rep["again"] == [[0, 2, [3.0] * 2], [1, 2, [3.0] * 2]]
+
+
+def test_estimator_fit_through_spark_connect(connect_url, client_path, tmp_path):
+    import numpy as np
+
+    rep = _client(FIT_CLIENT, [connect_url, str(tmp_path / "store")], client_path, tmp_path)
+    loss = rep["history"]["loss"]
+    assert len(loss) == 2 and np.isfinite(loss).all(), rep["history"]
+    weights = np.concatenate([np.ravel(w) for w in rep["weights"]])
+    assert weights.size == 3 and np.isfinite(weights).all(), weights  # Dense(1) on 2 inputs
