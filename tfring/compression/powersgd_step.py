@@ -9,7 +9,8 @@ candidates are allreduced as they are; after it they are compressed. The
 choice is a tf.cond on the reduction's step counter, so one traced graph
 holds both and every rank takes the same branch (they count the same
 steps); eagerly the branch is chosen in Python. The counter advances once
-the step's results exist.
+the step's results exist. The Python here builds the ops as written:
+autograph leaves it unconverted.
 """
 
 import tensorflow as tf
@@ -108,6 +109,7 @@ def _compress(c, group, cands, slots, step, factor, name, kw):
     return out
 
 
+@tf.autograph.experimental.do_not_convert
 def reduce_step(c, grads, variables=None, op="average", prescale_factor=1.0,
                 postscale_factor=1.0, process_set=None, sparse_as_dense=False,
                 name="powersgd"):
