@@ -159,7 +159,9 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
     any tfring script; its stdout and stderr reach ``stdout``/``stderr``
     (default: this process's) line by line as Horovod writes them,
     ``[rank]<stdout>:line``, after the local time with
-    ``prefix_output_with_timestamp``.
+    ``prefix_output_with_timestamp``. From a Spark Connect session (no
+    SparkContext in this process) the stage is a DataFrame's
+    mapInArrow(barrier=True) (_connect.py).
 
     num_proc: ranks (default: the SparkContext's defaultParallelism).
     start_timeout: seconds for all tasks to start and join (default:
