@@ -3,21 +3,24 @@ same DataFrame, same Spark, same run.
 
     python benchmarks/spark_transform_bench.py                 # 100k rows
     python benchmarks/spark_transform_bench.py --rows 20000 --baseline-rows 1000
+    python benchmarks/spark_transform_bench.py --extra-columns 8   # a wider DataFrame
     python benchmarks/spark_transform_bench.py --json out.json
 
-The DataFrame: `--rows` rows of an id and a `--features`-long Spark ML
-vector (generated in the JVM, cached and counted before any timing), in
-`--partitions` partitions. The model: an MLP (`--hidden` units, two
+The DataFrame: `--rows` rows of an id, a `--features`-long Spark ML
+vector and `--extra-columns` doubles (generated in the JVM, cached and
+counted before any timing), in `--partitions` partitions. The model: an MLP (`--hidden` units, two
 layers, one scalar output) whose label is a double. Every method is run
 once on a small slice first (each Python worker imports TensorFlow and
 loads the model then), then timed writing all its rows to Spark's `noop`
-sink, which evaluates every row and keeps none:
+sink, which evaluates every row and keeps none; the batched methods in
+`--rounds` interleaved rounds (best and median reported):
 
   transform        KerasModel.transform: an Arrow UDF over the feature
-                   column, one model call per Arrow batch
-  mapInArrow       the same model calls in DataFrame.mapInArrow, which
-                   also carries every other column through Python
-  predict_batch    pyspark.ml.functions.predict_batch_udf (pandas batches)
+                   column, one predict_on_batch call per Arrow batch
+  mapInArrow       the same calls in DataFrame.mapInArrow, which also
+                   carries every other column through Python
+  predict_batch    pyspark.ml.functions.predict_batch_udf (pandas batches),
+                   the same calls
   per-row          a Python UDF calling model.predict_on_batch on one row
                    at a time, as Horovod's KerasModel predicts; timed on
                    the first `--baseline-rows` rows only (its rows/s is
@@ -50,10 +53,12 @@ def _args():
     p.add_argument("--features", type=int, default=32)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--extra-columns", type=int, default=0,
+                   help="double columns besides id and the features, carried along")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--methods", default="transform,mapInArrow,predict_batch,per-row")
-    p.add_argument("--repeats", type=int, default=2, help="timed runs of the batched methods "
-                   "(best is reported)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of timed runs of the batched "
+                   "methods, each round running every method once (best and median reported)")
     p.add_argument("--json", help="write the results here too")
     return p.parse_args()
 
@@ -70,13 +75,13 @@ def _spark(master):
     return spark
 
 
-def _frame(spark, rows, features, partitions):
+def _frame(spark, rows, features, partitions, extra):
     from pyspark.ml.functions import array_to_vector
     from pyspark.sql import functions as F
 
     df = spark.range(0, rows, 1, partitions).select(
         "id", array_to_vector(F.array(*[F.rand(seed=i) for i in range(features)]))
-        .alias("features"))
+        .alias("features"), *[F.randn(seed=1000 + i).alias(f"x{i}") for i in range(extra)])
     df = df.cache()
     df.count()
     return df
@@ -137,8 +142,10 @@ def map_in_arrow(df, model):
 
     key, data = _loader(model)
     payload = df.sparkSession.sparkContext.broadcast(data)
-    src = df.select("id", vector_to_array("features", "float32").alias("features"))
+    src = df.select(*[vector_to_array(c, "float32").alias(c) if c == "features" else c
+                      for c in df.columns])
     schema = StructType(src.schema.fields + [StructField("label__output", DoubleType())])
+    at = src.columns.index("features")
 
     def predict(batches):
         import pyarrow as pa
@@ -147,8 +154,8 @@ def map_in_arrow(df, model):
 
         m = _predict.cached_model(key, payload, None, None)
         for b in batches:
-            x = _predict.arrow_to_numpy(b.column(1), "features", None, "float32")
-            y = np.asarray(m(x, training=False)).reshape(-1).astype(np.float64)
+            x = _predict.arrow_to_numpy(b.column(at), "features", None, "float32")
+            y = np.asarray(m.predict_on_batch(x)).reshape(-1).astype(np.float64)
             yield pa.RecordBatch.from_arrays(b.columns + [pa.array(y)], names=schema.names)
 
     return src.mapInArrow(predict, schema)
@@ -168,7 +175,7 @@ def predict_batch(df, model):
         m = _predict.cached_model(key, payload, None, None)
 
         def fn(x):
-            return np.asarray(m(x, training=False)).reshape(-1).astype(np.float64)
+            return np.asarray(m.predict_on_batch(x)).reshape(-1).astype(np.float64)
 
         return fn
 
@@ -187,7 +194,7 @@ def _run(out):
 def main():
     args = _args()
     spark = _spark(args.master)
-    df = _frame(spark, args.rows, args.features, args.partitions)
+    df = _frame(spark, args.rows, args.features, args.partitions, args.extra_columns)
     model = _model(args.features, args.hidden)
     km = _keras_model(model, df)
     methods = {"transform": km.transform, "mapInArrow": lambda d: map_in_arrow(d, model),
@@ -196,27 +203,35 @@ def main():
     chosen = [m for m in args.methods.split(",") if m]
     warm = df.limit(args.partitions * 100).repartition(args.partitions).cache()
     warm.count()
+    # Warm every method first (each Python worker imports TensorFlow and
+    # loads the model), then time the batched ones in interleaved rounds,
+    # so a change in the machine's load hits them alike.
+    warmup = {name: _run(methods[name](warm)) for name in chosen}
+    times = {name: [] for name in chosen}
+    for _ in range(args.rounds):
+        for name in chosen:
+            if name != "per-row":
+                times[name].append(_run(methods[name](df)))
+    counts = {name: args.rows for name in chosen}
+    if "per-row" in chosen:
+        sub = df.limit(args.baseline_rows).repartition(args.partitions).cache()
+        counts["per-row"] = sub.count()
+        times["per-row"].append(_run(per_row(sub, model)))
     results = {}
     for name in chosen:
-        build = methods[name]
-        cold = _run(build(warm))  # each worker: TensorFlow imported, the model loaded
-        if name == "per-row":
-            sub = df.limit(args.baseline_rows).repartition(args.partitions).cache()
-            rows = sub.count()
-            times = [_run(build(sub))]
-        else:
-            rows = args.rows
-            times = [_run(build(df)) for _ in range(args.repeats)]
-        best = min(times)
+        rows, best = counts[name], min(times[name])
+        med = sorted(times[name])[len(times[name]) // 2]
         results[name] = {"rows": rows, "seconds": best, "rows_per_s": rows / best,
-                         "warmup_s": cold, "all_seconds": times}
+                         "median_rows_per_s": rows / med, "warmup_s": warmup[name],
+                         "all_seconds": times[name]}
         print(f"{name:14s} {rows:8d} rows in {best:8.2f} s  {rows / best:12,.0f} rows/s  "
-              f"(warm-up {cold:.1f} s)", flush=True)
+              f"(median {rows / med:,.0f}; warm-up {warmup[name]:.1f} s)", flush=True)
     if "transform" in results and "per-row" in results:
         ratio = results["transform"]["rows_per_s"] / results["per-row"]["rows_per_s"]
         results["speedup_transform_over_per_row"] = ratio
         print(f"transform / per-row: {ratio:.1f}x")
     info = {"rows": args.rows, "features": args.features, "hidden": args.hidden,
+            "extra_columns": args.extra_columns, "rounds": args.rounds,
             "partitions": args.partitions, "master": args.master,
             "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
             "python": platform.python_version(), "pyspark": spark.version}

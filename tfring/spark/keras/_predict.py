@@ -15,8 +15,11 @@ The driver plans, the executors predict:
              cache keyed by a hash of its architecture and weights, so later
              tasks and later transforms of the same model reuse it), turns every Arrow
              batch of rows (spark.sql.execution.arrow.maxRecordsPerBatch,
-             10,000 by default) into one array per model input, calls the
-             model once on the batch and returns the outputs as Arrow.
+             10,000 by default) into one array per model input, runs the
+             model once on the batch (predict_on_batch: Keras' compiled
+             predict step, traced once or twice per worker, with none of
+             model.predict's per-call setup) and returns the outputs as
+             Arrow.
 
 Only the feature columns cross into Python; every other column stays in
 the JVM, and Spark's projection keeps each partition's rows in order.
@@ -272,6 +275,10 @@ def cached_model(key, payload, custom_objects, floatx):
     data = payload.value if hasattr(payload, "value") else payload
     with tf.device("/CPU:0"):
         model = load_model_bytes(data, custom_objects, compile=False, safe_mode=False)
+    try:
+        model.jit_compile = False  # (an XLA compile per worker would not pay off on a CPU)
+    except (AttributeError, ValueError):
+        pass
     _models[key] = model
     while len(_models) > _CACHE_SIZE:
         _models.popitem(last=False)
@@ -405,7 +412,7 @@ def predict_batches(batches, key, payload, custom_objects, floatx, inputs, outpu
             yield pa.array([], type=arrow_type)
             continue
         with tf.device("/CPU:0"):
-            y = model(xs[0] if len(xs) == 1 else xs, training=False)
+            y = model.predict_on_batch(xs[0] if len(xs) == 1 else xs)
         preds = _outputs(y, label_cols)
         if len(preds) != len(outputs):
             raise ValueError(f"the model returned {len(preds)} output(s) for "
