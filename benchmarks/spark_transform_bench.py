@@ -12,8 +12,8 @@ counted before any timing), in `--partitions` partitions. The model: an MLP (`--
 layers, one scalar output) whose label is a double. Every method is run
 once on a small slice first (each Python worker imports TensorFlow and
 loads the model then), then timed writing all its rows to Spark's `noop`
-sink, which evaluates every row and keeps none; the batched methods in
-`--rounds` interleaved rounds (best and median reported):
+sink, which evaluates every row and keeps none, in `--rounds` interleaved
+rounds (best and median reported):
 
   transform        KerasModel.transform: an Arrow UDF over the feature
                    column, one predict_on_batch call per Arrow batch
@@ -57,8 +57,8 @@ def _args():
                    help="double columns besides id and the features, carried along")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--methods", default="transform,mapInArrow,predict_batch,per-row")
-    p.add_argument("--rounds", type=int, default=3, help="rounds of timed runs of the batched "
-                   "methods, each round running every method once (best and median reported)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of timed runs, each round "
+                   "running every method once (best and median reported)")
     p.add_argument("--json", help="write the results here too")
     return p.parse_args()
 
@@ -204,19 +204,19 @@ def main():
     warm = df.limit(args.partitions * 100).repartition(args.partitions).cache()
     warm.count()
     # Warm every method first (each Python worker imports TensorFlow and
-    # loads the model), then time the batched ones in interleaved rounds,
-    # so a change in the machine's load hits them alike.
+    # loads the model), then time them in interleaved rounds, so a change
+    # in the machine's load hits them alike.
     warmup = {name: _run(methods[name](warm)) for name in chosen}
-    times = {name: [] for name in chosen}
-    for _ in range(args.rounds):
-        for name in chosen:
-            if name != "per-row":
-                times[name].append(_run(methods[name](df)))
     counts = {name: args.rows for name in chosen}
+    frames = {name: df for name in chosen}
     if "per-row" in chosen:
         sub = df.limit(args.baseline_rows).repartition(args.partitions).cache()
         counts["per-row"] = sub.count()
-        times["per-row"].append(_run(per_row(sub, model)))
+        frames["per-row"] = sub
+    times = {name: [] for name in chosen}
+    for _ in range(args.rounds):
+        for name in chosen:
+            times[name].append(_run(methods[name](frames[name])))
     results = {}
     for name in chosen:
         rows, best = counts[name], min(times[name])
@@ -227,9 +227,12 @@ def main():
         print(f"{name:14s} {rows:8d} rows in {best:8.2f} s  {rows / best:12,.0f} rows/s  "
               f"(median {rows / med:,.0f}; warm-up {warmup[name]:.1f} s)", flush=True)
     if "transform" in results and "per-row" in results:
-        ratio = results["transform"]["rows_per_s"] / results["per-row"]["rows_per_s"]
+        t, b = results["transform"], results["per-row"]
+        ratio = t["rows_per_s"] / b["rows_per_s"]
+        median = t["median_rows_per_s"] / b["median_rows_per_s"]
         results["speedup_transform_over_per_row"] = ratio
-        print(f"transform / per-row: {ratio:.1f}x")
+        results["median_speedup_transform_over_per_row"] = median
+        print(f"transform / per-row: {ratio:.1f}x best, {median:.1f}x median")
     info = {"rows": args.rows, "features": args.features, "hidden": args.hidden,
             "extra_columns": args.extra_columns, "rounds": args.rounds,
             "partitions": args.partitions, "master": args.master,
