@@ -18,6 +18,11 @@ from tensorflow.python.ops import control_flow_util as _cf_util
 from tfring import Adasum, Average, Max, Min, Product, Sum
 from tfring._op_lib import lib, xla_build_state
 from tfring.compression import Compression
+from tfring.compression.wire import (
+    from_wire_output,
+    to_wire_input,
+    wire_dtype_of,
+)
 from tfring.process_sets import _rank_size
 
 # ------------------------------------------------------------ reduce ops ----
@@ -208,15 +213,34 @@ def _inline_consumers(outputs):
 # ----------------------------------------------------------- collectives ----
 # Raw collectives on process set `ps_id` (0: every rank).
 
+def wire_of(compression):
+    """The 16-bit wire `compression` asks the op for (wire.py), or None
+    where the op cannot take it: under XLA the custom call has no wire, and
+    the compressor casts around the collective instead."""
+    wire = wire_dtype_of(compression)
+    if wire and not tf.executing_eagerly() and in_xla_context(
+            tf.compat.v1.get_default_graph()):
+        return None
+    return wire
+
+
+def _wire_attrs(wire):
+    return {"wire_dtype": wire} if wire else {}
+
+
 def allreduce(tensor, op="average", name=None, prescale_factor=1.0,
-              postscale_factor=1.0, ignore_name_scope=False, ps_id=0):
-    """A dense allreduce (no Adasum)."""
-    return run_op(lib.ring_allreduce, "RingAllreduce", name,
-                  ignore_name_scope, tensor=tensor,
-                  reduce_op=reduce_op_name(op),
-                  prescale_factor=float(prescale_factor),
-                  postscale_factor=float(postscale_factor),
-                  process_set_id=ps_id)
+              postscale_factor=1.0, ignore_name_scope=False, ps_id=0,
+              wire=None):
+    """A dense allreduce (no Adasum). `wire` ("float16", "bfloat16"):
+    16-bit words between ranks, float32 sums (float64 goes as float32)."""
+    tensor, back = to_wire_input(tf.convert_to_tensor(tensor), wire)
+    out = run_op(lib.ring_allreduce, "RingAllreduce", name,
+                 ignore_name_scope, tensor=tensor,
+                 reduce_op=reduce_op_name(op),
+                 prescale_factor=float(prescale_factor),
+                 postscale_factor=float(postscale_factor),
+                 process_set_id=ps_id, **_wire_attrs(wire))
+    return from_wire_output(out, back)
 
 
 def check_indexed_slices_op(op_name):
@@ -269,13 +293,19 @@ def grouped_allreduce(tensors, op_name, name=None, prescale_factor=1.0,
     allgathered, each on its own); no Adasum."""
     results = [None] * len(tensors)
     dense, dense_idx, ctxs = [], [], []
+    wire = wire_of(compression)
     for i, t in enumerate(tensors):
         if isinstance(t, tf.IndexedSlices):
             results[i] = allreduce_indexed_slices(
                 t, op_name, f"{name}.{i}" if name else None, compression,
                 prescale_factor * postscale_factor, ignore_name_scope, ps_id)
             continue
-        c, ctx = compression.compress(tf.convert_to_tensor(t))
+        if wire:  # narrowed in the ring; float64 travels as float32
+            c, back = to_wire_input(tf.convert_to_tensor(t), wire)
+            ctx = (from_wire_output, back)
+        else:
+            c, ctx = compression.compress(tf.convert_to_tensor(t))
+            ctx = (compression.decompress, ctx)
         dense.append(c)
         dense_idx.append(i)
         ctxs.append(ctx)
@@ -285,10 +315,10 @@ def grouped_allreduce(tensors, op_name, name=None, prescale_factor=1.0,
                          reduce_op=op_name,
                          prescale_factor=float(prescale_factor),
                          postscale_factor=float(postscale_factor),
-                         process_set_id=ps_id)
+                         process_set_id=ps_id, **_wire_attrs(wire))
         reduced = _inline_consumers(reduced)
-        for i, r, ctx in zip(dense_idx, reduced, ctxs):
-            results[i] = compression.decompress(r, ctx)
+        for i, r, (undo, ctx) in zip(dense_idx, reduced, ctxs):
+            results[i] = undo(r, ctx)
     return results
 
 

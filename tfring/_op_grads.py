@@ -18,6 +18,7 @@ from tfring._collectives import (
     grouped_allreduce,
     in_xla_context,
 )
+from tfring.compression import Compression
 from tfring.process_sets import _process_set_arg, _rank_size, process_set_by_id
 
 
@@ -66,13 +67,27 @@ def _reduce_grad(op_name, x, y_full, g_full, pre, post, ps_id):
     raise NotImplementedError(f"tfring: no gradient for reduce op {op_name}")
 
 
+def _wire_of(op):
+    """The op's 16-bit wire (Compression.fp16/bf16), or None: a sum's
+    gradient travels on the same wire."""
+    try:
+        wire = _attr_str(op, "wire_dtype")
+    except ValueError:  # graphs built before the attribute existed
+        return None
+    return None if wire == "none" else wire
+
+
+_WIRES = {"float16": Compression.fp16, "bfloat16": Compression.bf16}
+
+
 def _allreduce_grad(op, grad):
     op_name = _attr_str(op, "reduce_op")
     pre = op.get_attr("prescale_factor")
     post = op.get_attr("postscale_factor")
     ps_id = _ps_of(op)
     if op_name in ("sum", "average"):
-        return allreduce(grad, op_name, None, pre, post, ps_id=ps_id)
+        return allreduce(grad, op_name, None, pre, post, ps_id=ps_id,
+                         wire=_wire_of(op))
     return _reduce_grad(op_name, op.inputs[0], op.outputs[0],
                         allreduce(grad, "sum", ps_id=ps_id), pre, post, ps_id)
 
@@ -85,9 +100,12 @@ def _grouped_allreduce_grad(op, *grads):
     out = [None] * len(grads)
     ps_id = _ps_of(op)
     if op_name in ("sum", "average"):
+        wire = _wire_of(op)
         reduced = grouped_allreduce([grads[i] for i in present], op_name,
                                     prescale_factor=pre, postscale_factor=post,
-                                    ps_id=ps_id)
+                                    ps_id=ps_id,
+                                    compression=_WIRES.get(wire,
+                                                           Compression.none))
         for i, r in zip(present, reduced):
             out[i] = r
         return out

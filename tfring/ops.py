@@ -83,6 +83,11 @@ def allreduce(tensor, op=None, name=None, compression=Compression.none,
                                            prescale_factor * postscale_factor,
                                            ignore_name_scope, ps_id)
     tensor = tf.convert_to_tensor(tensor)
+    wire = _c.wire_of(compression)
+    if wire and op_name != "adasum":  # 16-bit words in the ring, float32 sums
+        return _c.allreduce(tensor, op_name, name, prescale_factor,
+                            postscale_factor, ignore_name_scope, ps_id,
+                            wire=wire)
     compressed, ctx = compression.compress(tensor)
     if op_name == "adasum":
         reduced = adasum.allreduce(compressed, name, prescale_factor,

@@ -23,7 +23,10 @@
 //            scale.
 //   rabenseifner  recursive-halving reduce-scatter, recursive-doubling
 //            allgather (allreduce_rabenseifner.cc): 2 log2(N) steps (+2),
-//            ring-like bytes; for medium buffers at scale.
+//            ring-like bytes; for medium buffers at scale. On a 16-bit
+//            wire (allreduce_rabenseifner_wire.cc) it rounds an element's
+//            partial log2(p) times where the ring rounds it N-1 times, so
+//            its error stays near one rounding at any N.
 //
 // auto: on one host, oneshot up to the threshold, ring above it. Across
 // hosts, when the job has at least 8 ranks and either at least 4 hosts or
@@ -34,6 +37,14 @@
 // when every host has the same number (> 1) of ranks, else ring (see
 // docs/benchmarks.md, "Allreduce at scale", for the measurements). Every
 // algorithm gives bitwise identical results on every rank.
+//
+// A 16-bit wire (`wire`, float32 buffers only; docs/compression.md) is a
+// property of the links: the ring, hier's cross-host ring and rabenseifner
+// carry 16-bit words and accumulate in float32, and their result is the
+// 16-bit rounding of the float32 reduction. oneshot reduces in shared
+// memory, where no link is involved, and small and recdbl serve buffers
+// whose cost is latency: they reduce at float32 and ignore the wire. Either
+// way every rank ends with the same bits.
 #pragma once
 
 #include <cstddef>
@@ -77,6 +88,7 @@ struct AllreduceStats {
   uint64_t bytes = 0;  // the buffer
   uint64_t hops = 0;
   uint64_t bytes_sent = 0;
+  WireType wire = WireType::kNone;  // what the links carried
 };
 // The last allreduce() or allreduceSpans() of a communicator.
 AllreduceStats lastAllreduceStats(const CommStats& s);
@@ -87,7 +99,7 @@ uint64_t allreduceBytesSent(const CommStats& s, AllreduceAlgo a);
 // Same contract as ringAllreduce (ring.h): `out` may alias `in`; `out` ends
 // with op over every rank's `in`, times `postscale`.
 void allreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
-               ReduceOp op, double postscale);
+               ReduceOp op, double postscale, WireType wire = WireType::kNone);
 
 // Fused tensors (see ringAllreduceSpans): the ring runs on them in place;
 // the other algorithms run on copies packed into *pack, in pieces of
@@ -96,17 +108,23 @@ void allreduce(RingComm& c, const void* in, void* out, size_t count, DataType dt
 // a buffer its size. The algorithm is chosen by the whole size, and for
 // each piece by its own.
 void allreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dtype, ReduceOp op,
-                    double postscale, std::vector<char>* pack, size_t max_pack);
+                    double postscale, std::vector<char>* pack, size_t max_pack,
+                    WireType wire = WireType::kNone);
 
 // The algorithms themselves; callers go through allreduce().
 void oneshotAllreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
                       ReduceOp op, double postscale);
 void hierAllreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
-                   ReduceOp op, double postscale, bool small);
+                   ReduceOp op, double postscale, bool small,
+                   WireType wire = WireType::kNone);
 void recdblAllreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
                      ReduceOp op, double postscale, AllreduceStats* st);
 void rabenseifnerAllreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
                            ReduceOp op, double postscale, AllreduceStats* st);
+// float32 buffers on a 16-bit wire (allreduce_rabenseifner_wire.cc).
+void rabenseifnerWireAllreduce(RingComm& c, const void* in, void* out, size_t count,
+                               ReduceOp op, double postscale, WireType wire,
+                               AllreduceStats* st);
 // op(lower rank's buffer, higher rank's buffer) into `mine`; `theirs` is
 // scratch (allreduce_recdbl.cc).
 void combineOrdered(char* mine, char* theirs, size_t count, DataType dtype, ReduceOp op,

@@ -17,7 +17,11 @@
 //               only latency on the wire), then every host reduces them in
 //               host order.
 //      Both leave bitwise identical shares on every host. The share's owner
-//      applies the postscale and publishes ready = s.
+//      applies the postscale and publishes ready = s. With a 16-bit wire
+//      (float32 buffers), hier's cross-host ring carries 16-bit words and
+//      accumulates in float32 (allreduce_ring.cc); small, whose few bytes
+//      cost latency rather than bandwidth, and the shared memory stay at
+//      float32.
 //   4. Allgather through memory: wait until every local rank is ready, copy
 //      the whole result slot to my output, publish done = s.
 // A host with a single rank has no segment: its one rank owns the whole
@@ -36,7 +40,7 @@ namespace {
 // Step 3: combine `count` elements at `share` with the same share on every
 // other host; the result replaces `share` on every host.
 void crossHosts(RingComm& X, transport::HostLinks& H, char* share, size_t count,
-                DataType dtype, ReduceOp op, double postscale, bool small) {
+                DataType dtype, ReduceOp op, double postscale, bool small, WireType wire) {
   const int nh = X.size;
   const size_t es = dtypeSize(dtype), bytes = count * es;
   if (nh == 1 || count == 0) {
@@ -44,7 +48,7 @@ void crossHosts(RingComm& X, transport::HostLinks& H, char* share, size_t count,
     return;
   }
   if (!small) {
-    ringAllreduce(X, share, share, count, dtype, op, postscale);
+    ringAllreduce(X, share, share, count, dtype, op, postscale, wire);
     return;
   }
   if (H.scratch.size() < bytes * nh) H.scratch.resize(bytes * nh);
@@ -59,7 +63,7 @@ void crossHosts(RingComm& X, transport::HostLinks& H, char* share, size_t count,
 }  // namespace
 
 void hierAllreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
-                   ReduceOp op, double postscale, bool small) {
+                   ReduceOp op, double postscale, bool small, WireType wire) {
   transport::HostLinks& H = *c.host;
   transport::HostSegment* S = H.segment.get();
   using W = transport::HostRankWords;
@@ -89,7 +93,7 @@ void hierAllreduce(RingComm& c, const void* in, void* out, size_t count, DataTyp
     char* piece_out = dst + off * es;
     if (!S) {  // one rank on this host: it owns the whole piece
       if (piece_out != piece_in) std::memcpy(piece_out, piece_in, n * es);
-      crossHosts(X, H, piece_out, n, dtype, op, postscale, small);
+      crossHosts(X, H, piece_out, n, dtype, op, postscale, small, wire);
       continue;
     }
     const uint64_t s = ++H.step;
@@ -107,7 +111,7 @@ void hierAllreduce(RingComm& c, const void* in, void* out, size_t count, DataTyp
       kernels::reduce3(mine, S->slot(b, 0) + sh_off, S->slot(b, 1) + sh_off, sh_n, dtype, op);
       for (int q = 2; q < L; ++q) kernels::reduce(mine, S->slot(b, q) + sh_off, sh_n, dtype, op);
     }
-    crossHosts(X, H, result + sh_off, sh_n, dtype, op, postscale, small);
+    crossHosts(X, H, result + sh_off, sh_n, dtype, op, postscale, small, wire);
     S->publish(S->words(me).ready, s);
     S->waitAll(&W::ready, s, deadline, what, H.local_ranks);
     std::memcpy(piece_out, result, n * es);

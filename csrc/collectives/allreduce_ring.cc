@@ -12,6 +12,20 @@
 // to the previous receive step and the whole 2(N-1)-step exchange runs as
 // one pipeline. Each rank moves 2(N-1)/N of the buffer in and out, which is
 // the bandwidth lower bound for allreduce.
+//
+// A 16-bit wire (float32 buffers; docs/compression.md) halves those bytes
+// and keeps every addition in float32. A reduce-scatter step receives 16-bit
+// words, widens them and folds them into this rank's float32 input, and the
+// next send narrows that float32 partial again, chunk by chunk in the same
+// pipeline; the partial of a segment is rounded to 16 bits once per hop and
+// never summed in 16 bits. The segment's owner completes it in float32 and
+// replaces it by its 16-bit rounding, which is exactly what the allgather
+// then carries to every other rank, so all ranks end with the same float32
+// bits. Sum and Average fold the postscale (Average's 1/N) into each
+// rank's input before it is first narrowed: partials of an average stay
+// within the inputs' range, where float16 does not overflow; min, max and
+// product scale the final value instead (a prescale would not commute
+// with them).
 #include <algorithm>
 #include <cstring>
 
@@ -68,13 +82,13 @@ struct SpanMap {
 }  // namespace
 
 void ringAllreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
-                   ReduceOp op, double postscale) {
+                   ReduceOp op, double postscale, WireType wire) {
   std::vector<Span> one{{static_cast<const char*>(in), static_cast<char*>(out), count}};
-  ringAllreduceSpans(c, one, dtype, op, postscale);
+  ringAllreduceSpans(c, one, dtype, op, postscale, wire);
 }
 
 void ringAllreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dtype,
-                        ReduceOp op, double postscale) {
+                        ReduceOp op, double postscale, WireType wire) {
   const int N = c.size;
   const size_t es = dtypeSize(dtype);
   size_t count = 0;
@@ -91,20 +105,29 @@ void ringAllreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dt
   RingProgram prog;
   prog.dtype = dtype;
   prog.op = op;
+  prog.wire = effectiveWire(wire, dtype);
+  const bool narrow = prog.wire != WireType::kNone;
+  // On a 16-bit wire a sum scales every input as it is first read (see
+  // above); otherwise the last reduce-scatter step scales the result.
+  const bool prescale = narrow && (op == ReduceOp::kSum || op == ReduceOp::kAverage);
+  const double in_scale = prescale ? postscale : 1.0;
+  const double final_scale = prescale ? 1.0 : postscale;
   // Each logical step becomes one step per tensor it touches. A chained
   // send covers exactly the range its producing receive step covered, so
   // its pieces chain one to one to that step's pieces.
-  auto addRecv = [&](std::pair<size_t, size_t> r, bool reduce, double scale) {
+  auto addRecv = [&](std::pair<size_t, size_t> r, bool reduce, bool last) {
     int first = static_cast<int>(prog.recvs.size());
     map.pieces(r.first, r.second, [&](const char* i, char* o, size_t b) {
-      prog.recvs.push_back({o, b, reduce, scale, reduce ? i : nullptr});
+      prog.recvs.push_back({o, b, reduce, last ? final_scale : 1.0, reduce ? i : nullptr,
+                            reduce ? in_scale : 1.0, last && narrow});
     });
     return first;
   };
   auto addSend = [&](std::pair<size_t, size_t> s, bool from_input, int chained_first) {
     int j = 0;
     map.pieces(s.first, s.second, [&](const char* i, char* o, size_t b) {
-      prog.sends.push_back({from_input ? i : o, b, chained_first < 0 ? -1 : chained_first + j});
+      prog.sends.push_back({from_input ? i : o, b, chained_first < 0 ? -1 : chained_first + j,
+                            from_input ? in_scale : 1.0});
       ++j;
     });
   };
@@ -120,11 +143,11 @@ void ringAllreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dt
       // Step 0 sends straight from the input; each receive folds the
       // input's copy of its segment with what arrived, writing the output.
       addSend(seg(p - k), k == 0, k == 0 ? -1 : prev);
-      prev = addRecv(seg(p - k - 1), true, k == N - 2 ? postscale : 1.0);
+      prev = addRecv(seg(p - k - 1), true, k == N - 2);
     }
     for (int k = 0; k < N - 1; ++k) {  // allgather
       addSend(seg(p + 1 - k), false, prev);
-      prev = addRecv(seg(p - k), false, 1.0);
+      prev = addRecv(seg(p - k), false, false);
     }
   };
   // A large buffer on one host runs as rounds of N chunks, one after the

@@ -10,6 +10,7 @@
 #include "collectives/allreduce.h"
 #include "collectives/collective_stats.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/wire16.h"
 
 namespace tfring {
 namespace collectives {
@@ -31,14 +32,25 @@ uint64_t ringSent(int n, int pos, size_t count, size_t es) {
   return 2 * count * es - seg(pos + 1) - seg(pos + 2);
 }
 
+// The wire an algorithm puts on its links for a request of `wire` (see
+// allreduce.h): only the rings narrow.
+WireType algoWire(AllreduceAlgo a, WireType wire) {
+  return a == AllreduceAlgo::kRing || a == AllreduceAlgo::kHier ||
+                 a == AllreduceAlgo::kRabenseifner
+             ? wire
+             : WireType::kNone;
+}
+
 // The counts of the algorithms that do not report their own (see
-// AllreduceStats): they follow from the sizes every rank knows.
+// AllreduceStats): they follow from the sizes every rank knows. `es` is
+// the buffer's element size; the rings send st->wire's words.
 void formulaStats(const RingComm& c, AllreduceAlgo a, size_t count, size_t es,
                   AllreduceStats* st) {
   const int N = c.size;
+  const size_t ws = st->wire == WireType::kNone ? es : kernels::wireWordBytes(st->wire);
   if (a == AllreduceAlgo::kRing) {
     st->hops = N > 1 ? 2 * static_cast<uint64_t>(N - 1) : 0;
-    st->bytes_sent = ringSent(N, c.pos, count, es);
+    st->bytes_sent = ringSent(N, c.pos, count, ws);
     return;
   }
   const transport::HostLinks& H = *c.host;
@@ -62,7 +74,7 @@ void formulaStats(const RingComm& c, AllreduceAlgo a, size_t count, size_t es,
       st->bytes_sent += sh ? sh * es * (nh - 1) : 0;
     } else {
       st->hops += seg_hops + 2 * (nh - 1);
-      st->bytes_sent += ringSent(nh, H.cross_rank, sh, es);
+      st->bytes_sent += ringSent(nh, H.cross_rank, sh, ws);
     }
   }
 }
@@ -75,6 +87,7 @@ void record(RingComm& c, const AllreduceStats& st) {
   cs.bytes = st.bytes;
   cs.hops = st.hops;
   cs.bytes_sent = st.bytes_sent;
+  cs.wire = wireTypeName(st.wire);
   if (!c.stats) return;
   recordCollective(c.stats.get(), cs);
   const int i = static_cast<int>(st.algo);
@@ -102,6 +115,7 @@ AllreduceStats lastAllreduceStats(const CommStats& s) {
   st.bytes = cs.bytes;
   st.hops = cs.hops;
   st.bytes_sent = cs.bytes_sent;
+  parseWireType(cs.wire, &st.wire);
   return st;
 }
 
@@ -160,13 +174,14 @@ AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes) {
 }
 
 void allreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
-               ReduceOp op, double postscale) {
+               ReduceOp op, double postscale, WireType wire) {
   if (count == 0) return;
   const size_t es = dtypeSize(dtype);
   AllreduceStats st;
   st.algo = chooseAllreduce(c, count * es);
   st.size = c.size;
   st.bytes = count * es;
+  st.wire = c.size > 1 ? algoWire(st.algo, effectiveWire(wire, dtype)) : WireType::kNone;
   switch (st.algo) {
     case AllreduceAlgo::kOneShot:
       oneshotAllreduce(c, in, out, count, dtype, op, postscale);
@@ -175,16 +190,19 @@ void allreduce(RingComm& c, const void* in, void* out, size_t count, DataType dt
       hierAllreduce(c, in, out, count, dtype, op, postscale, true);
       break;
     case AllreduceAlgo::kHier:
-      hierAllreduce(c, in, out, count, dtype, op, postscale, false);
+      hierAllreduce(c, in, out, count, dtype, op, postscale, false, st.wire);
       break;
     case AllreduceAlgo::kRecDbl:
       recdblAllreduce(c, in, out, count, dtype, op, postscale, &st);
       break;
     case AllreduceAlgo::kRabenseifner:
-      rabenseifnerAllreduce(c, in, out, count, dtype, op, postscale, &st);
+      if (st.wire != WireType::kNone)
+        rabenseifnerWireAllreduce(c, in, out, count, op, postscale, st.wire, &st);
+      else
+        rabenseifnerAllreduce(c, in, out, count, dtype, op, postscale, &st);
       break;
     case AllreduceAlgo::kRing:
-      ringAllreduce(c, in, out, count, dtype, op, postscale);
+      ringAllreduce(c, in, out, count, dtype, op, postscale, st.wire);
       break;
   }
   if (st.algo != AllreduceAlgo::kRecDbl && st.algo != AllreduceAlgo::kRabenseifner)
@@ -193,15 +211,17 @@ void allreduce(RingComm& c, const void* in, void* out, size_t count, DataType dt
 }
 
 void allreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dtype, ReduceOp op,
-                    double postscale, std::vector<char>* pack, size_t max_pack) {
+                    double postscale, std::vector<char>* pack, size_t max_pack,
+                    WireType wire) {
   const size_t es = dtypeSize(dtype);
   size_t count = 0;
   for (auto& s : spans) count += s.count;
   if (count == 0) return;
   const AllreduceAlgo a = chooseAllreduce(c, count * es);
   if (a == AllreduceAlgo::kRing) {
-    ringAllreduceSpans(c, spans, dtype, op, postscale);
     AllreduceStats st;
+    st.wire = c.size > 1 ? effectiveWire(wire, dtype) : WireType::kNone;
+    ringAllreduceSpans(c, spans, dtype, op, postscale, st.wire);
     st.size = c.size;
     st.bytes = count * es;
     formulaStats(c, a, count, es, &st);
@@ -214,7 +234,7 @@ void allreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dtype,
   const size_t limit = std::max(max_pack, es);
   for (size_t i = 0; i < spans.size();) {
     if (spans[i].count * es >= limit) {
-      allreduce(c, spans[i].in, spans[i].out, spans[i].count, dtype, op, postscale);
+      allreduce(c, spans[i].in, spans[i].out, spans[i].count, dtype, op, postscale, wire);
       ++i;
       continue;
     }
@@ -226,7 +246,7 @@ void allreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dtype,
       if (spans[k].count) std::memcpy(pack->data() + off, spans[k].in, spans[k].count * es);
       off += spans[k].count * es;
     }
-    allreduce(c, pack->data(), pack->data(), bytes / es, dtype, op, postscale);
+    allreduce(c, pack->data(), pack->data(), bytes / es, dtype, op, postscale, wire);
     off = 0;
     for (size_t k = i; k < j; ++k) {
       if (spans[k].count) std::memcpy(spans[k].out, pack->data() + off, spans[k].count * es);

@@ -30,6 +30,7 @@ struct CollectiveStats {
   uint64_t bytes = 0;  // the buffer: the whole output of an allgather
   uint64_t hops = 0;
   uint64_t bytes_sent = 0;
+  const char* wire = "none";  // an allreduce's words on its links (types.h)
 };
 
 // One collective kind's totals per algorithm (N algorithms, indexed by the

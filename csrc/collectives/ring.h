@@ -64,9 +64,12 @@ std::vector<size_t> evenSplit(size_t count, int parts);
 // is only read: the first reduction of each segment reads it and writes
 // `out`, so no up-front copy is needed. The result is bitwise identical on
 // every rank: each segment is reduced along one chain of ranks and then
-// copied, never recomputed.
+// copied, never recomputed. `wire` (float32 buffers only; other dtypes
+// ignore it) puts 16-bit words on the links and accumulates in float32
+// (allreduce_ring.cc); the result is then the 16-bit rounding of the
+// float32 reduction, widened, on every rank.
 void ringAllreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
-                   ReduceOp op, double postscale);
+                   ReduceOp op, double postscale, WireType wire = WireType::kNone);
 
 // A tensor of a fused allreduce: `count` elements read from `in` and
 // written to `out` (which may alias `in`).
@@ -81,7 +84,7 @@ struct Span {
 // read the inputs and write the outputs in place. All ranks must pass the
 // same counts in the same order.
 void ringAllreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dtype,
-                        ReduceOp op, double postscale);
+                        ReduceOp op, double postscale, WireType wire = WireType::kNone);
 
 // `out` holds every rank's block in rank order; block r is rank_bytes[r]
 // bytes. This rank's block must already be in place in `out`.

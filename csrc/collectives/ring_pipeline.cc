@@ -6,6 +6,7 @@
 #include "common/clock.h"
 #include "kernels/cpu/copy.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/wire16.h"
 
 namespace tfring {
 namespace collectives {
@@ -87,9 +88,148 @@ void forwardPiece(const RingProgram& prog, const RecvStep& r, size_t ro, const v
   if (stream_out || stream_link) kernels::streamFence();
 }
 
+// runRing over a 16-bit wire (RingProgram). Sends narrow what is ready
+// straight into the right link's free space where the channel lends it
+// (shared memory), else into a staging block of at most one pass's words
+// offered to the channel until all of it is taken (TCP). Receives widen the
+// words where the channel holds them and fold them into float32 in place;
+// when the current send is chained to that receive and waits exactly
+// there (the next hop of the same segment), the finished float32 piece is
+// narrowed into the right link at once, while it is in cache. Pass budgets
+// count words' bytes on the link.
+void runRingWire(RingComm& c, const RingProgram& prog, const char* what) {
+  const WireType w = prog.wire;
+  constexpr size_t es = sizeof(float);
+  const size_t ws = kernels::wireWordBytes(w);
+  const size_t chunk = std::max<size_t>(c.chunk_bytes - c.chunk_bytes % 8, 8);
+  const size_t ns = prog.sends.size(), nr = prog.recvs.size();
+  static thread_local std::vector<char> stage;
+  if (stage.size() < chunk) stage.resize(chunk);
+  size_t si = 0, so = 0;  // current send step and float bytes sent in it
+  size_t staged = 0, staged_sent = 0;  // words' bytes in the stage, and sent
+  size_t ri = 0, ro = 0;  // current recv step and float bytes completed in it
+  auto skipEmpty = [&]() {
+    while (si < ns && so == prog.sends[si].bytes) { ++si; so = 0; }
+    while (ri < nr && ro == prog.recvs[ri].bytes) { ++ri; ro = 0; }
+  };
+  skipEmpty();
+  if (si < ns || ri < nr) c.waiter->begin(Deadline::in(c.timeout_s), what);
+
+  while (si < ns || ri < nr) {
+    uint32_t ticket = c.waiter->ticket();
+    bool moved = false;
+    bool send_waits_on_channel = false;
+
+    Publisher<transport::SendChannel> sent(c.right);
+    for (size_t budget = chunk; si < ns && budget > 0;) {
+      const SendStep& s = prog.sends[si];
+      if (staged == 0) {
+        size_t ready = s.bytes;
+        if (s.chained_to >= 0) {
+          size_t src = static_cast<size_t>(s.chained_to);
+          ready = ri > src ? s.bytes : (ri == src ? std::min(ro, s.bytes) : 0);
+        }
+        if (ready <= so) break;
+        size_t k = std::min((ready - so) / es, budget / ws);
+        if (!k) break;
+        void* q = nullptr;
+        const size_t room = c.right->reserve(&q, k * ws) / ws;
+        if (room) {  // narrowed into the link itself
+          k = std::min(k, room);
+          kernels::narrow(q, reinterpret_cast<const float*>(s.data + so), k, w, s.scale);
+          c.right->commitDeferred(k * ws);
+          so += k * es;
+          budget -= k * ws;
+          moved = true;
+          sent.moved(k * ws);
+          skipEmpty();
+          continue;
+        }
+        k = std::min((ready - so) / es, chunk / ws);
+        kernels::narrow(stage.data(), reinterpret_cast<const float*>(s.data + so), k, w,
+                        s.scale);
+        staged = k * ws;
+        staged_sent = 0;
+      }
+      const size_t n =
+          c.right->trySendDeferred(stage.data() + staged_sent, std::min(staged - staged_sent, budget));
+      if (!n) {
+        send_waits_on_channel = true;
+        break;
+      }
+      staged_sent += n;
+      budget -= n;
+      moved = true;
+      sent.moved(n);
+      if (staged_sent < staged) break;  // the channel is full
+      so += staged / ws * es;
+      staged = 0;
+      skipEmpty();
+    }
+    sent.flush();
+
+    Publisher<transport::RecvChannel> received(c.left);
+    for (size_t budget = chunk; ri < nr && budget > 0;) {
+      const RecvStep& r = prog.recvs[ri];
+      const void* p = nullptr;
+      size_t n = c.left->peek(&p, std::min((r.bytes - ro) / es * ws, budget));
+      n -= n % ws;
+      if (!n) break;
+      size_t k = n / ws;
+      float* dst = reinterpret_cast<float*>(r.data + ro);
+      // Forwarding: the next send is this piece, narrowed, at this place.
+      void* q = nullptr;
+      size_t room = 0;
+      const SendStep* fwd = nullptr;
+      if (si < ns && staged == 0 && prog.sends[si].chained_to == static_cast<int>(ri) &&
+          prog.sends[si].data + so == r.data + ro) {
+        fwd = &prog.sends[si];
+        room = c.right->reserve(&q, std::min(k, (fwd->bytes - so) / es) * ws) / ws;
+        if (room) k = std::min(k, room);
+        n = k * ws;
+      }
+      if (r.reduce) {
+        const float* a = r.src ? reinterpret_cast<const float*>(r.src + ro) : dst;
+        kernels::widenReduce(dst, a, p, k, w, prog.op, r.src_scale);
+      } else {
+        kernels::widen(dst, p, k, w);
+      }
+      c.left->consumeDeferred(n);
+      if (r.scale != 1.0) kernels::scale(dst, k, DataType::kFloat32, r.scale);
+      if (r.round_trip) kernels::roundTrip(dst, k, w);
+      if (room) {
+        kernels::narrow(q, dst, k, w, fwd->scale);
+        c.right->commitDeferred(k * ws);
+        so += k * es;
+        sent.moved(k * ws);
+      }
+      ro += k * es;
+      budget -= n;
+      moved = true;
+      received.moved(n);
+      if (ro < r.bytes) break;  // nothing more has arrived yet
+      skipEmpty();
+    }
+    received.flush();
+    sent.flush();
+
+    skipEmpty();
+    if (moved) {
+      c.waiter->progressed();
+    } else if (si < ns || ri < nr) {
+      c.waiter->idle(ticket, send_waits_on_channel, ri < nr);
+    }
+  }
+  if (c.size > 1) {
+    c.right->align();
+    c.left->align();
+  }
+}
+
 }  // namespace
 
 void runRing(RingComm& c, const RingProgram& prog, const char* what) {
+  if (prog.wire != WireType::kNone) return runRingWire(c, prog, what);
   const size_t esize = dtypeSize(prog.dtype);
   const size_t chunk = std::max<size_t>(c.chunk_bytes - c.chunk_bytes % 8, 8);
   const size_t ns = prog.sends.size(), nr = prog.recvs.size();

@@ -24,6 +24,7 @@ struct SendStep {
   const char* data = nullptr;
   size_t bytes = 0;
   int chained_to = -1;  // index of the recv step producing these bytes
+  double scale = 1.0;   // 16-bit wire: words are narrowed from data * scale
 };
 
 struct RecvStep {
@@ -32,13 +33,23 @@ struct RecvStep {
   bool reduce = false;   // data = op(src, received), else data = received
   double scale = 1.0;    // applied to each reduced piece (final RS step)
   const char* src = nullptr;  // reduce operand; null means data itself
+  // 16-bit wire: the reduce operand is src * src_scale, and round_trip
+  // replaces each finished piece by its 16-bit rounding (what the owner of a
+  // segment sends on in the allgather), so every rank ends with that value.
+  double src_scale = 1.0;
+  bool round_trip = false;
 };
 
+// With wire == kNone the links carry the buffers' own bytes. With a 16-bit
+// wire the buffers are float32 (dtype kFloat32), step sizes count float32
+// bytes, and the links carry half of them: runRing narrows each send and
+// widens each receive, folding it into float32 (kernels/cpu/wire16.h).
 struct RingProgram {
   std::vector<SendStep> sends;
   std::vector<RecvStep> recvs;
   DataType dtype = DataType::kUInt8;
   ReduceOp op = ReduceOp::kSum;
+  WireType wire = WireType::kNone;
 };
 
 void runRing(RingComm& c, const RingProgram& prog, const char* what);

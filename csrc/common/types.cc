@@ -55,6 +55,30 @@ bool isFloating(DataType t) {
          t == DataType::kFloat32 || t == DataType::kFloat64;
 }
 
+static const char* const kWireNames[kNumWireTypes] = {"none", "float16", "bfloat16"};
+
+const char* wireTypeName(WireType w) {
+  auto i = static_cast<int>(w);
+  return i < kNumWireTypes ? kWireNames[i] : "unknown";
+}
+
+WireType effectiveWire(WireType wire, DataType dtype) {
+  return dtype == DataType::kFloat32 ? wire : WireType::kNone;
+}
+
+bool parseWireType(const std::string& s, WireType* out) {
+  if (s.empty()) {
+    *out = WireType::kNone;
+    return true;
+  }
+  for (int i = 0; i < kNumWireTypes; ++i)
+    if (s == kWireNames[i]) {
+      *out = static_cast<WireType>(i);
+      return true;
+    }
+  return false;
+}
+
 bool parseDataType(const std::string& s, DataType* out) {
   for (int i = 0; i < kNumDataTypes; ++i)
     if (s == kDtypeNames[i]) {

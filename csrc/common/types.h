@@ -33,6 +33,17 @@ enum class ReduceOp : uint8_t {
 };
 constexpr int kNumReduceOps = 5;
 
+// The words an allreduce of float32 buffers puts on its links: its own
+// (kNone) or 16-bit floats, accumulated in float32 on every rank
+// (collectives/ring.h, docs/compression.md). Part of the negotiation
+// messages like DataType.
+enum class WireType : uint8_t {
+  kNone = 0,
+  kFloat16 = 1,
+  kBFloat16 = 2,
+};
+constexpr int kNumWireTypes = 3;
+
 enum class CollectiveType : uint8_t {
   kAllreduce = 0,
   kAllgather = 1,
@@ -48,9 +59,17 @@ const char* dtypeName(DataType t);
 const char* reduceOpName(ReduceOp op);
 const char* collectiveName(CollectiveType t);
 bool isFloating(DataType t);
+// "none", "float16", "bfloat16".
+const char* wireTypeName(WireType w);
+// The wire type a request for `wire` gets on a `dtype` buffer: only float32
+// buffers narrow onto a 16-bit wire; every other dtype (integers, and the
+// floats already 16 bits wide or kept at float64) travels as it is.
+WireType effectiveWire(WireType wire, DataType dtype);
 
 // Parses names as the Python layer spells them ("float32", "sum", ...).
 bool parseDataType(const std::string& s, DataType* out);
 bool parseReduceOp(const std::string& s, ReduceOp* out);
+// "none" (or ""), "float16", "bfloat16".
+bool parseWireType(const std::string& s, WireType* out);
 
 }  // namespace tfring

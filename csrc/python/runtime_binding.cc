@@ -135,7 +135,7 @@ namespace {
 std::unique_ptr<Handle> submit(CollectiveType type, py::array input, const std::string& name,
                                ReduceOp op, int root, double prescale, double postscale,
                                const py::object& dtype_override, py::object out,
-                               int process_set, bool blocking = false) {
+                               int process_set, WireType wire, bool blocking = false) {
   py::array in = py::array::ensure(input, py::array::c_style);
   if (!in) throw py::type_error("expected an array-like input");
   DataType dt = resolveDtype(in, dtype_override);
@@ -151,6 +151,7 @@ std::unique_ptr<Handle> submit(CollectiveType type, py::array input, const std::
   req.root = root;
   req.prescale = prescale;
   req.postscale = postscale;
+  req.wire = wire;
   req.input = in.data();
   req.caller_drives = blocking;
   py::object output = py::none();
@@ -194,7 +195,10 @@ std::unique_ptr<Handle> submit(CollectiveType type, py::array input, const std::
 
 // A collective's arguments, in the order of its signature:
 //   (array, op="sum", name=None, root=0, prescale=1.0, postscale=1.0,
-//    dtype=None, out=None, process_set=0)
+//    dtype=None, out=None, process_set=0, wire=None)
+// wire: "float16" or "bfloat16" puts 16-bit words on the links of a float32
+// allreduce, accumulating in float32 (docs/compression.md); other dtypes
+// ignore it.
 // parsed by hand. pybind11 matches keywords by building a Python string per
 // parameter on every call, which cost about 0.9 us of a 2.9 us call (a 4 KiB
 // allreduce at one rank); here each keyword is compared once, in place.
@@ -203,14 +207,15 @@ struct CollArgs {
   std::string op = "sum";
   int root = 0, process_set = 0;
   double prescale = 1.0, postscale = 1.0;
+  WireType wire = WireType::kNone;
 };
 
 constexpr const char* kCollParams[] = {"array",     "op",    "name", "root",       "prescale",
-                                       "postscale", "dtype", "out",  "process_set"};
+                                       "postscale", "dtype", "out",  "process_set", "wire"};
 constexpr int kNumCollParams = sizeof(kCollParams) / sizeof(kCollParams[0]);
 const char kCollSignature[] =
     "(array, op='sum', name=None, root=0, prescale=1.0, postscale=1.0, dtype=None, "
-    "out=None, process_set=0)";
+    "out=None, process_set=0, wire=None)";
 
 template <typename T>
 T argAs(const char* fn, int i, PyObject* v, const char* want) {
@@ -252,6 +257,12 @@ CollArgs parseCollArgs(const char* fn, const py::args& args, const py::kwargs& k
   if (v[6]) a.dtype = py::reinterpret_borrow<py::object>(v[6]);
   if (v[7]) a.out = py::reinterpret_borrow<py::object>(v[7]);
   if (v[8]) a.process_set = argAs<int>(fn, 8, v[8], "int");
+  if (v[9] && v[9] != Py_None) {
+    const std::string w = argAs<std::string>(fn, 9, v[9], "str or None");
+    if (!parseWireType(w, &a.wire))
+      throw py::value_error(strCat(fn, "(): unknown wire '", w,
+                                   "' (expected None, 'float16' or 'bfloat16')"));
+  }
   return a;
 }
 
@@ -261,6 +272,13 @@ void cudaProcessSetCheck(int process_set) {
   if (process_set != 0)
     throw py::value_error("tfring._core: CUDA arrays run on the global process set only; use "
                           "the TensorFlow ops for GPU tensors on other process sets");
+}
+
+// A 16-bit wire is an allreduce's: the other collectives move data, not sums.
+void wireCheck(const char* fn, CollectiveType type, WireType wire) {
+  if (wire != WireType::kNone && type != CollectiveType::kAllreduce)
+    throw py::value_error(strCat(fn, "(): wire='", wireTypeName(wire),
+                                 "' applies to allreduce only"));
 }
 
 }  // namespace
@@ -351,13 +369,15 @@ void bindRuntime(py::module_& m) {
   auto arOpts = [](const char* kind, CollectiveType type, const char* fn) {
     return [kind, type, fn](py::args args, py::kwargs kwargs) -> py::object {
       CollArgs a = parseCollArgs(fn, args, kwargs);
+      wireCheck(fn, type, a.wire);
       if (isCudaArray(a.array)) {  // gpu_arrays.cc
         cudaProcessSetCheck(a.process_set);
         return submitCuda(type, a.array, autoName(kind, a.name), resolveOp(a.op), a.root,
                           a.prescale, a.postscale, a.dtype, a.out);
       }
       return py::cast(submit(type, py::array(a.array), autoName(kind, a.name), resolveOp(a.op),
-                             a.root, a.prescale, a.postscale, a.dtype, a.out, a.process_set));
+                             a.root, a.prescale, a.postscale, a.dtype, a.out, a.process_set,
+                             a.wire));
     };
   };
   // The blocking form waits in C++ on the handle it made, without a Python
@@ -365,6 +385,7 @@ void bindRuntime(py::module_& m) {
   auto blocking = [](const char* kind, CollectiveType type, const char* fn) {
     return [kind, type, fn](py::args args, py::kwargs kwargs) -> py::object {
       CollArgs a = parseCollArgs(fn, args, kwargs);
+      wireCheck(fn, type, a.wire);
       if (isCudaArray(a.array)) {
         cudaProcessSetCheck(a.process_set);
         return submitCuda(type, a.array, autoName(kind, a.name), resolveOp(a.op), a.root,
@@ -375,7 +396,7 @@ void bindRuntime(py::module_& m) {
                           ? py::reinterpret_borrow<py::array>(a.array)
                           : py::array(a.array);
       auto h = submit(type, arr, autoName(kind, a.name), resolveOp(a.op), a.root, a.prescale,
-                      a.postscale, a.dtype, a.out, a.process_set, /*blocking=*/true);
+                      a.postscale, a.dtype, a.out, a.process_set, a.wire, /*blocking=*/true);
       return h->wait(-1.0);
     };
   };

@@ -18,6 +18,7 @@ inline pybind11::dict collectiveDict(const collectives::CollectiveStats& st) {
   d["bytes"] = st.bytes;
   d["hops"] = st.hops;
   d["bytes_sent"] = st.bytes_sent;
+  d["wire"] = st.wire;
   return d;
 }
 

@@ -61,6 +61,7 @@ std::shared_ptr<Entry> joinFillEntry(const Meta& m) {
   r.root = m.root;
   r.prescale = m.prescale;
   r.postscale = m.postscale;
+  r.wire = m.wire;
   // One zeroed buffer is both input and output (allreduce may run in place).
   auto buf = std::make_shared<std::vector<char>>(
       static_cast<size_t>(m.numElements()) * dtypeSize(m.dtype) + 1, 0);

@@ -406,7 +406,8 @@ void Coordinator::maybeEmit() {
       for (size_t j = i + 1; j < ready_.size(); ++j) {
         const Meta& b = ready_[j].meta;
         if (used[j] || b.type != a.type || b.dtype != a.dtype || b.op != a.op ||
-            b.prescale != a.prescale || b.postscale != a.postscale || b.device != a.device)
+            b.prescale != a.prescale || b.postscale != a.postscale || b.device != a.device ||
+            b.wire != a.wire)
           continue;
         int64_t bb = b.numElements() * dtypeSize(b.dtype);
         if (bytes + bb > cfg_.fusion_threshold) continue;

@@ -81,12 +81,16 @@ std::string describeMismatch(const std::vector<Meta>& m, size_t first_bad, const
   if (a.prescale != b.prescale || a.postscale != b.postscale)
     return strCat("scale factors (", a.prescale, ", ", a.postscale, ")", r0, "(",
                   b.prescale, ", ", b.postscale, ")", rb);
+  if (a.wire != b.wire)
+    return strCat("wire dtype ", wireTypeName(a.wire), r0, wireTypeName(b.wire), rb,
+                  " (compression must agree on every rank)");
   return "metadata";
 }
 
 bool sameExceptDim0(const Meta& a, const Meta& b) {
   if (a.type != b.type || a.dtype != b.dtype || a.op != b.op || a.root != b.root ||
-      a.prescale != b.prescale || a.postscale != b.postscale || a.device != b.device)
+      a.prescale != b.prescale || a.postscale != b.postscale || a.device != b.device ||
+      a.wire != b.wire)
     return false;
   // Splits: alltoall's differ by rank; a grouped allreduce's part layout
   // (Request::parts) must agree.

@@ -74,6 +74,11 @@ Status Engine::enqueue(std::vector<Request> reqs, std::vector<DoneCallback> done
     m.postscale = req.postscale;
     // Ranks agree on host vs GPU; GPU ordinals legitimately differ per rank.
     m.device = req.device < 0 ? -1 : 0;
+    // Only float32 host allreduces narrow; the others ignore the wire (GPU
+    // tensors reduce on the device at their own precision).
+    m.wire = req.type == CollectiveType::kAllreduce && req.device < 0
+                 ? effectiveWire(req.wire, req.dtype)
+                 : WireType::kNone;
     m.splits = std::move(req.splits);
     // A request this rank can judge invalid alone is still queued: it
     // reaches the coordinator, which fails it on every rank (validate.cc).

@@ -135,7 +135,7 @@ void HostExecutor::allreduce(const Entries& es) {
       kernels::scale(e.req.output, n, dt, m0.prescale);
       in = e.req.output;
     }
-    collectives::allreduce(comm_, in, e.req.output, n, dt, kernelOp(m0.op), post);
+    collectives::allreduce(comm_, in, e.req.output, n, dt, kernelOp(m0.op), post, m0.wire);
     traceAllreduce(timeline_, *comm_.stats, es);
     return;
   }
@@ -158,7 +158,7 @@ void HostExecutor::allreduce(const Entries& es) {
     for (auto& e : es) timeline_.end(e->meta.name);
   }
   collectives::allreduceSpans(comm_, spans, dt, kernelOp(m0.op), post, &fusion_,
-                              static_cast<size_t>(fusion_threshold_));
+                              static_cast<size_t>(fusion_threshold_), m0.wire);
   traceAllreduce(timeline_, *comm_.stats, es);
 }
 

@@ -11,7 +11,8 @@ namespace {
 
 bool fusable(const Meta& a, const Meta& b) {
   return b.type == CollectiveType::kAllreduce && b.dtype == a.dtype && b.op == a.op &&
-         b.prescale == a.prescale && b.postscale == a.postscale && b.device == a.device;
+         b.prescale == a.prescale && b.postscale == a.postscale && b.device == a.device &&
+         b.wire == a.wire;
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 // one function, so a given ordered list of tensors always fuses the same way
 // on every rank. Allreduces that agree on dtype, op, scale factors and device
 // are packed, in order of readiness, into one buffer of at most `threshold`
-// bytes; every other collective runs alone.
+// bytes; every other collective runs alone. Tensors on different wires
+// (Meta::wire) never share a buffer: a fused buffer has one wire.
 #pragma once
 
 #include <cstdint>

@@ -6,7 +6,7 @@ namespace runtime {
 bool Meta::operator==(const Meta& o) const {
   return name == o.name && type == o.type && dtype == o.dtype && shape == o.shape &&
          op == o.op && root == o.root && prescale == o.prescale &&
-         postscale == o.postscale && device == o.device && splits == o.splits &&
+         postscale == o.postscale && device == o.device && wire == o.wire && splits == o.splits &&
          error == o.error;
 }
 
@@ -59,6 +59,7 @@ void Meta::write(wire::Writer& w) const {
   w.put<double>(prescale);
   w.put<double>(postscale);
   w.put<int32_t>(device);
+  w.put<uint8_t>(static_cast<uint8_t>(wire));
   w.putI64s(splits);
   w.putStr(error);
 }
@@ -81,6 +82,11 @@ Meta Meta::read(wire::Reader& r) {
   m.prescale = r.get<double>();
   m.postscale = r.get<double>();
   m.device = r.get<int32_t>();
+  const uint8_t wire = r.get<uint8_t>();
+  if (wire >= kNumWireTypes)
+    fail(Code::kInternal, "malformed tensor description for '", m.name, "' (wire ",
+         unsigned(wire), ")");
+  m.wire = static_cast<WireType>(wire);
   m.splits = r.getI64s();
   m.error = r.getStr();
   return m;

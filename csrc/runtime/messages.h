@@ -22,6 +22,7 @@ struct Meta {
   int32_t root = 0;
   double prescale = 1.0, postscale = 1.0;
   int32_t device = -1;
+  WireType wire = WireType::kNone;  // allreduce: Request::wire
   // alltoall: rows of dim 0 sent to each rank, in rank order; empty means
   // an even split. An allreduce of several parts (Request::parts): their
   // shapes, as partLayout() writes them.

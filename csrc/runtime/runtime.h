@@ -80,6 +80,10 @@ struct Request {
   int root = 0;                  // broadcast
   double prescale = 1.0;         // allreduce, reducescatter
   double postscale = 1.0;
+  // allreduce: the words on the links (docs/compression.md). Only float32
+  // host tensors narrow onto a 16-bit wire; other requests carry kNone
+  // whatever was asked, so ranks agree on what their bytes are.
+  WireType wire = WireType::kNone;
   const void* input = nullptr;
   // allreduce/broadcast: preallocated with the input's shape (may alias
   // input). allgather/reducescatter: leave null and set `allocate`.

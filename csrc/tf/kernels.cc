@@ -51,6 +51,10 @@ class ReduceKernel : public RingOpKernel {
   explicit ReduceKernel(tfw::OpKernelConstruction* c)
       : RingOpKernel(c, CollectiveType::kAllreduce) {
     reduceAttrs(c, &op_, &prescale_, &postscale_);
+    std::string w;
+    OP_REQUIRES_OK(c, c->GetAttr("wire_dtype", &w));
+    OP_REQUIRES(c, parseWireType(w, &wire_),
+                absl::InvalidArgumentError("tfring: unknown wire_dtype '" + w + "'"));
   }
 
  protected:
@@ -68,17 +72,20 @@ class ReduceKernel : public RingOpKernel {
     req->op = op_;
     req->prescale = prescale_;
     req->postscale = postscale_;
+    req->wire = wire_;
     return true;
   }
 
  protected:
   ReduceOp op() const { return op_; }
+  WireType wire() const { return wire_; }
   double prescale() const { return prescale_; }
   double postscale() const { return postscale_; }
 
  private:
   ReduceOp op_ = ReduceOp::kSum;
   double prescale_ = 1.0, postscale_ = 1.0;
+  WireType wire_ = WireType::kNone;
 };
 
 class RingAllreduceOp : public ReduceKernel {
@@ -187,6 +194,7 @@ class RingGroupedAllreduceOp : public ReduceKernel {
     req->op = op();
     req->prescale = prescale();
     req->postscale = postscale();
+    req->wire = wire();
     runtime::setParts(req, std::move(parts), shapes);
     return true;
   }

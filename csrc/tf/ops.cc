@@ -53,6 +53,7 @@ REGISTER_OP("RingAllreduce")
     .Attr("postscale_factor: float = 1.0")
     .Attr("tensor_name: string = ''")
     .Attr("process_set_id: int = 0")
+    .Attr("wire_dtype: {'none', 'float16', 'bfloat16'} = 'none'")
     .Input("tensor: T")
     .Output("reduced: T")
     .SetIsStateful()
@@ -61,7 +62,9 @@ REGISTER_OP("RingAllreduce")
     .Doc(R"doc(
 Reduces `tensor` element-wise across all ranks; every rank receives the result
 `postscale_factor * reduce_op(prescale_factor * tensor)`. 'average' sums then
-divides by the number of ranks.
+divides by the number of ranks. `wire_dtype` float16 or bfloat16 sends a float
+tensor's words between ranks in 16 bits while every rank accumulates in float32
+(docs/compression.md); other dtypes ignore it.
 )doc");
 
 REGISTER_OP("RingGroupedAllreduce")
@@ -71,6 +74,7 @@ REGISTER_OP("RingGroupedAllreduce")
     .Attr("postscale_factor: float = 1.0")
     .Attr("tensor_name: string = ''")
     .Attr("process_set_id: int = 0")
+    .Attr("wire_dtype: {'none', 'float16', 'bfloat16'} = 'none'")
     .Input("tensors: T")
     .Output("reduced: T")
     .SetIsStateful()

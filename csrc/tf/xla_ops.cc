@@ -179,6 +179,17 @@ class RingXlaOp : public tfw::XlaOpKernel {
       prescale_ = pre;
       postscale_ = post;
     }
+    if (type == CollectiveType::kAllreduce) {
+      // The custom call has no wire attribute: a 16-bit wire runs outside
+      // XLA only (tfring.allreduce falls back to casting under jit_compile).
+      std::string wire;
+      OP_REQUIRES_OK(c, c->GetAttr("wire_dtype", &wire));
+      OP_REQUIRES(c, wire == "none",
+                  absl::UnimplementedError(absl::StrCat(
+                      "tfring: allreduce of '", tensor_name_, "' with wire_dtype ", wire,
+                      " cannot be compiled by XLA (jit_compile); tfring.allreduce with "
+                      "compression= casts the tensor instead there")));
+    }
     if (type == CollectiveType::kBroadcast) OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_));
     std::string bad_order;
     chained_ = chainCalls(c->device_type().type_string(), &bad_order);

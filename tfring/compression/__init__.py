@@ -1,6 +1,9 @@
 """Gradient compression applied around a collective: `compress` before the
 tensor goes on the wire, `decompress` after. Horovod-compatible:
-`Compression.none` and `Compression.fp16`."""
+`Compression.none` and `Compression.fp16`; `Compression.bf16` too. fp16 and
+bf16 put 16-bit words on the wire and sum in float32 inside the ring
+(tfring/compression/wire.py); `Compression.fp16_cast` is Horovod's cast
+around the collective, which sums in float16."""
 
 import tensorflow as tf
 
@@ -40,7 +43,7 @@ class Compression:
     """The compressors a collective accepts as `compression=`."""
 
     none = NoneCompressor
-    fp16 = FP16Compressor
+    fp16_cast = FP16Compressor  # fp16 and bf16: set below from wire.py
 
     @staticmethod
     def powersgd(rank=4, start_iter=10, min_compression_rate=2,
@@ -54,3 +57,12 @@ class Compression:
         return PowerSGD(rank, start_iter, min_compression_rate, warm_start,
                         use_error_feedback, seed, orthogonalization_epsilon,
                         name)
+
+
+from tfring.compression.wire import (  # noqa: E402  (wire.py imports the above)
+    BF16WireCompressor as _BF16Wire,
+    FP16WireCompressor as _FP16Wire,
+)
+
+Compression.fp16 = _FP16Wire
+Compression.bf16 = _BF16Wire

@@ -250,9 +250,16 @@ const KernelTable& active() {
 
 namespace detail {
 const KernelTable* scalarKernels() {
-  static const KernelTable table = makeTable<ScalarVecFor>("scalar");
+  static const WireTable wire = makeWireTable<ScalarVecFor>();
+  static const KernelTable table = [] {
+    KernelTable t = makeTable<ScalarVecFor>("scalar");
+    t.wire = &wire;
+    return t;
+  }();
   return &table;
 }
+
+const WireTable& activeWire() { return *active().wire; }
 }  // namespace detail
 
 void reduce(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op) {

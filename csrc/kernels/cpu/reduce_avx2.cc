@@ -12,7 +12,12 @@ namespace kernels {
 namespace detail {
 
 const KernelTable* avx2Kernels() {
-  static const KernelTable table = makeTable<Vec256>("avx2");
+  static const WireTable wire = makeWireTable<Vec256>();
+  static const KernelTable table = [] {
+    KernelTable t = makeTable<Vec256>("avx2");
+    t.wire = &wire;
+    return t;
+  }();
   return &table;
 }
 

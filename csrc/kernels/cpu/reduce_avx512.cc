@@ -103,7 +103,13 @@ struct Avx512Vec<BFloat16> {
 
 namespace detail {
 const KernelTable* avx512Kernels() {
-  static const KernelTable table = makeTable<Avx512Vec>("avx512");
+  // The wire kernels keep to 256 bits: the AVX-512 bfloat16 Vec holds 16
+  // lanes and the float32 one 8.
+  static const KernelTable table = [] {
+    KernelTable t = makeTable<Avx512Vec>("avx512");
+    t.wire = avx2Kernels()->wire;
+    return t;
+  }();
   return &table;
 }
 }  // namespace detail

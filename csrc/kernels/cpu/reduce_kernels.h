@@ -61,16 +61,37 @@ using BinaryFn = void (*)(void* dst, const void* a, const void* b, size_t count)
 // data *= factor over count elements.
 using ScaleFn = void (*)(void* data, size_t count, double factor);
 
+// Between float32 buffers and 16-bit wire words (kernels/cpu/wire16.h); the
+// first index is the wire format, WireType - 1 (float16, bfloat16).
+//   narrow  dst16 = round(src * scale)
+//   widen   dst = src16
+//   reduce  dst = op(a * scale, b16)   (dst may be exactly a)
+//   round   data = widen(narrow(data))
+using NarrowFn = void (*)(void* dst, const float* src, size_t count, float scale);
+using WidenFn = void (*)(float* dst, const void* src, size_t count);
+using WidenReduceFn = void (*)(float* dst, const float* a, const void* b, size_t count,
+                               float scale);
+using RoundTripFn = void (*)(float* data, size_t count);
+struct WireTable {
+  NarrowFn narrow[2];
+  WidenFn widen[2];
+  WidenReduceFn reduce[2][kNumReduceOps];  // kAverage holds the sum
+  RoundTripFn round[2];
+};
+
 struct KernelTable {
   const char* name;
   BinaryFn binary[kNumDataTypes][kNumReduceOps];  // kAverage holds the sum
   ScaleFn scale[kNumDataTypes];
+  const WireTable* wire;  // the same lanes for float32 and 16-bit words
 };
 
 // The kernel sets; avx2/avx512 exist only in x86-64 builds.
 const KernelTable* scalarKernels();
 const KernelTable* avx2Kernels();
 const KernelTable* avx512Kernels();
+// The wire kernels of the kernel set in use (reduce.cc).
+const WireTable& activeWire();
 
 // Everything below has internal linkage on purpose: each kernel set's
 // translation unit is compiled with its own -m flags, and an inline function
@@ -224,6 +245,95 @@ KernelTable makeTable(const char* name) {
   fillRow<VecOf, Bool>(&t, DataType::kBool);
   fillRow<VecOf, int16_t>(&t, DataType::kInt16);
   fillRow<VecOf, uint16_t>(&t, DataType::kUInt16);
+  return t;
+}
+
+// ---------------------------------------------------------- wire words ----
+// F is the float32 Vec and H the 16-bit one; both hold the same lanes in the
+// same Reg, so a 16-bit load is a widening and a 16-bit store a rounding to
+// nearest even, exactly as reduce() does for float16 / bfloat16 buffers.
+
+template <class F, class H>
+void narrowLoop(void* dst, const float* src, size_t n, float scale) {
+  static_assert(F::kLanes == H::kLanes, "float32 and 16-bit Vecs must share lanes");
+  constexpr size_t L = F::kLanes;
+  auto* d = static_cast<typename H::Storage*>(dst);
+  const auto f = F::splat(scale);
+  const bool mul = scale != 1.0f;
+  size_t i = 0;
+  for (; i + L <= n; i += L) {
+    auto v = F::load(src + i);
+    H::store(d + i, mul ? F::mul(v, f) : v);
+  }
+  if (i < n) {
+    auto v = F::loadPartial(src + i, n - i);
+    H::storePartial(d + i, mul ? F::mul(v, f) : v, n - i);
+  }
+}
+
+template <class F, class H>
+void widenLoop(float* dst, const void* src, size_t n) {
+  constexpr size_t L = F::kLanes;
+  const auto* s = static_cast<const typename H::Storage*>(src);
+  size_t i = 0;
+  for (; i + L <= n; i += L) F::store(dst + i, H::load(s + i));
+  if (i < n) F::storePartial(dst + i, H::loadPartial(s + i, n - i), n - i);
+}
+
+template <class F, class H, class Op>
+void widenReduceLoop(float* dst, const float* a, const void* b, size_t n, float scale) {
+  constexpr size_t L = F::kLanes;
+  const auto* w = static_cast<const typename H::Storage*>(b);
+  const auto f = F::splat(scale);
+  const bool mul = scale != 1.0f;
+  size_t i = 0;
+  for (; i + L <= n; i += L) {
+    auto x = F::load(a + i);
+    F::store(dst + i, Op::template apply<F>(mul ? F::mul(x, f) : x, H::load(w + i)));
+  }
+  if (i < n) {
+    auto x = F::loadPartial(a + i, n - i);
+    F::storePartial(dst + i,
+                    Op::template apply<F>(mul ? F::mul(x, f) : x, H::loadPartial(w + i, n - i)),
+                    n - i);
+  }
+}
+
+template <class F, class H>
+void roundTripLoop(float* data, size_t n) {
+  constexpr size_t L = F::kLanes;
+  typename H::Storage tmp[L];
+  size_t i = 0;
+  for (; i + L <= n; i += L) {
+    H::store(tmp, F::load(data + i));
+    F::store(data + i, H::load(tmp));
+  }
+  if (i < n) {
+    H::storePartial(tmp, F::loadPartial(data + i, n - i), n - i);
+    F::storePartial(data + i, H::loadPartial(tmp, n - i), n - i);
+  }
+}
+
+template <template <class> class VecOf, class S>
+void fillWire(WireTable* t, int w) {
+  using F = VecOf<float>;
+  using H = VecOf<S>;
+  t->narrow[w] = &narrowLoop<F, H>;
+  t->widen[w] = &widenLoop<F, H>;
+  WidenReduceFn* row = t->reduce[w];
+  row[static_cast<int>(ReduceOp::kSum)] = &widenReduceLoop<F, H, OpSum>;
+  row[static_cast<int>(ReduceOp::kAverage)] = &widenReduceLoop<F, H, OpSum>;
+  row[static_cast<int>(ReduceOp::kMin)] = &widenReduceLoop<F, H, OpMin>;
+  row[static_cast<int>(ReduceOp::kMax)] = &widenReduceLoop<F, H, OpMax>;
+  row[static_cast<int>(ReduceOp::kProduct)] = &widenReduceLoop<F, H, OpProduct>;
+  t->round[w] = &roundTripLoop<F, H>;
+}
+
+template <template <class> class VecOf>
+WireTable makeWireTable() {
+  WireTable t{};
+  fillWire<VecOf, Half>(&t, 0);
+  fillWire<VecOf, BFloat16>(&t, 1);
   return t;
 }
 

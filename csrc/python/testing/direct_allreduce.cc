@@ -5,7 +5,10 @@
 //       connects this rank's own ring links and host segment through `store`
 //       (a tfring._core store; TFRING_* tunables read as at init), with no
 //       engine or coordinator.
-//     .allreduce(arr, algo="auto")   in-place float32 sum allreduce
+//     .allreduce(arr, algo="auto", wire=None, op="sum", postscale=1.0)
+//                                    in-place float32 allreduce; wire
+//                                    "float16"/"bfloat16": 16-bit words on
+//                                    the links, float32 sums
 //     .allgather(arr, algo="auto")   uint8 blocks of every rank, in rank
 //                                    order (ragged: sizes exchanged first)
 //     .broadcast(arr, root, algo="auto") in place, from rank `root`
@@ -63,10 +66,14 @@ class DirectAllreduce {
     return collectives::lastCollectiveStats(*comm_.stats);
   }
 
-  void run(float* data, size_t count, const std::string& algo) {
+  void run(float* data, size_t count, const std::string& algo,
+           WireType wire = WireType::kNone, ReduceOp op = ReduceOp::kSum,
+           double postscale = 1.0) {
     live();
     comm_.host->policy.allreduce_algo = algo == "auto" ? default_algo_ : algo;
-    collectives::allreduce(comm_, data, data, count, DataType::kFloat32, ReduceOp::kSum, 1.0);
+    collectives::allreduce(comm_, data, data, count, DataType::kFloat32,
+                           op == ReduceOp::kAverage ? ReduceOp::kSum : op,
+                           op == ReduceOp::kAverage ? postscale / comm_.size : postscale, wire);
     comm_.host->policy.allreduce_algo = default_algo_;
   }
 
@@ -181,13 +188,20 @@ void bindDirectAllreduce(py::module_& m) {
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("secret"), Release())
       .def("allreduce",
            [](DirectAllreduce& d, py::array_t<float, py::array::c_style> arr,
-              const std::string& algo) {
+              const std::string& algo, const py::object& wire, const std::string& op,
+              double postscale) {
+             WireType w = WireType::kNone;
+             if (!wire.is_none() && !parseWireType(py::str(wire), &w))
+               throw py::value_error("unknown wire '" + std::string(py::str(wire)) + "'");
+             ReduceOp o;
+             if (!parseReduceOp(op, &o)) throw py::value_error("unknown op '" + op + "'");
              float* p = arr.mutable_data();
              size_t n = static_cast<size_t>(arr.size());
              py::gil_scoped_release nogil;
-             d.run(p, n, algo);
+             d.run(p, n, algo, w, o, postscale);
            },
-           py::arg("arr"), py::arg("algo") = "auto")
+           py::arg("arr"), py::arg("algo") = "auto", py::arg("wire") = py::none(),
+           py::arg("op") = "sum", py::arg("postscale") = 1.0)
       .def("allgather",
            [](DirectAllreduce& d, py::array_t<uint8_t, py::array::c_style> arr,
               const std::string& algo) {

@@ -1,0 +1,36 @@
+"""The 16-bit wire through the engine on 2 processes (tests/workers/wire16.py):
+float16 and bfloat16 sums against the core's own cast-then-sum path, an
+average near float16's limit, integers left alone, tensors on different
+wires submitted together, and ranks that disagree on the wire. One launch,
+two passes: the pipelined ring with a tiny chunk, and TCP links."""
+
+from multiproc import run_passes
+
+PASSES = [{"TFRING_CHUNK_SIZE": "256", "TFRING_SHM_BUFFER": "8192",
+           "TFRING_ALLREDUCE_ALGO": "ring"},
+          {"TFRING_TRANSPORT": "tcp", "TFRING_ALLREDUCE_ALGO": "ring"}]
+
+
+def test_wire16_engine():
+    per_pass = run_passes(2, "wire16.py", PASSES, timeout=90)
+    for p, ranks in enumerate(per_pass):
+        r0 = ranks[0]
+        for wire in ("float16", "bfloat16"):
+            assert ranks[1][wire]["digest"] == r0[wire]["digest"], (p, wire)
+            assert r0[wire]["emulated"], (p, wire)
+            assert r0[wire]["stats"]["wire"] == wire, r0[wire]["stats"]
+            assert r0[wire]["stats"]["bytes_sent"] == 100_003 * 2, r0[wire]["stats"]
+            assert r0[wire]["in_ring"][0] <= 2.0, (p, r0[wire])  # 2 roundings
+        fp16 = r0["float16"]
+        assert fp16["in_ring"][0] < fp16["cast_then_sum"][0], fp16
+        assert fp16["in_ring"][1] < fp16["cast_then_sum"][1], fp16
+        avg = r0["average"]
+        assert avg["finite"] and avg["within"] and not avg["cast_finite"], avg
+        assert ranks[1]["average"]["digest"] == avg["digest"]
+        assert r0["ints"], r0
+        assert all(r0["fused"].values()), r0["fused"]
+        for rank, out in enumerate(ranks):
+            msg = out["mismatch"]
+            assert msg and "wire dtype" in msg and "'mismatch'" in msg, (rank, msg)
+            assert "float16 on rank 0" in msg and "bfloat16 on rank 1" in msg, msg
+            assert "allreduce only" in out["allgather"], out["allgather"]
