@@ -115,7 +115,9 @@ def run_job(cluster_mod, c, nhosts, argv, timeout, label, env=None):
     # The ranks import the tfring this interpreter imports (a build's
     # package dir on PYTHONPATH, or the checkout).
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([tfring_path(), cluster_mod.ROOT]))
-    cmd = [cluster_mod.PYTHON, "-m", "tfring.run", "-np", str(nhosts), "-H", hosts,
+    # -P: the working directory (the checkout) does not go first on sys.path,
+    # so the launcher imports the same tfring as the ranks.
+    cmd = [cluster_mod.PYTHON, "-P", "-m", "tfring.run", "-np", str(nhosts), "-H", hosts,
            "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "--timeout", str(int(timeout)),
            *argv]
     t0 = time.monotonic()
