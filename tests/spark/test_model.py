@@ -287,3 +287,39 @@ def test_null_feature_is_named(spark):
     holes = df.withColumn("num", F.when(df["id"] == 3, None).otherwise(df["num"]))
     with pytest.raises(Exception, match=r"feature column 'num' holds null values"):
         km.transform(holes).collect()
+
+
+@pytest.mark.slow
+def test_fit_then_transform_and_save(spark, tmp_path):
+    # The KerasModel that KerasEstimator.fit returns (a compiled model, its
+    # _metadata from the training DataFrame) predicts as its Keras model
+    # does, and saves and loads with its optimizer.
+    from pyspark.ml.feature import VectorAssembler
+    from pyspark.sql import functions as F
+
+    from tfring.spark.common.store import Store
+    from tfring.spark.keras import KerasEstimator
+
+    i = F.col("id")
+    df = spark.range(128).select(i, F.sin(i * 0.3).alias("p"), F.cos(i * 0.2).alias("q"),
+                                 (F.sin(i * 0.3) * 2 + 1).alias("y"))
+    df = VectorAssembler(inputCols=["p", "q"], outputCol="vec").transform(df).select(
+        "id", "vec", "y", F.array("p", "q").alias("pq"))
+    keras.utils.set_random_seed(1)
+    inp = keras.Input((2,))
+    est = KerasEstimator(num_proc=2, store=Store.create(str(tmp_path / "store")),
+                         model=keras.Model(inp, keras.layers.Dense(1)(inp)),
+                         optimizer=keras.optimizers.Adam(0.01), loss="mse",
+                         feature_cols=["vec"], label_cols=["y"], batch_size=16, epochs=2,
+                         verbose=0)
+    km = est.fit(df)
+    rows = km.transform(df).orderBy("id").collect()
+    x = np.array([r["vec"].toArray() for r in rows])
+    got = np.array([r["y__output"] for r in rows])
+    assert km.transform(df).schema["y__output"].dataType == T.DoubleType()
+    np.testing.assert_allclose(got, km.getModel().predict(x, verbose=0)[:, 0], rtol=1e-6,
+                               atol=1e-6)
+    km.save(str(tmp_path / "km"))
+    loaded = KerasModel.load(str(tmp_path / "km"))
+    assert loaded.getModel().optimizer is not None
+    _assert_same_model(km, loaded)

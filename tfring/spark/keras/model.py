@@ -112,14 +112,14 @@ class KerasModel(Model, HasOutputCols, MLReadable, MLWritable):
     def getCustomObjects(self):
         return self.getOrDefault(self.custom_objects)
 
-    def _get_metadata(self):
-        return self.getOrDefault(self._metadata) if self.isDefined(self._metadata) else None
-
-    def _get_floatx(self):
-        return self.getOrDefault(self._floatx) if self.isDefined(self._floatx) else None
-
     def _param(self, param):
         return self.getOrDefault(param) if self.isDefined(param) else None
+
+    def _get_metadata(self):
+        return self._param(self._metadata)
+
+    def _get_floatx(self):
+        return self._param(self._floatx)
 
     # Transformer.
 
