@@ -216,7 +216,21 @@ def main():
         t = Track()
         t.add([model.layers[0].kernel.numpy(), model.layers[0].bias.numpy()],
               [w, b])
-        return dict(t.out(), counts=c.step_counts())
+        # ResumableCheckpointCallback's files carry the step counters to a
+        # new compressor, which the callback gets only when fit starts.
+        from tfring.keras.checkpoint import restore_checkpoint, save_checkpoint
+        directory = tempfile.mkdtemp()
+        save_checkpoint(model, directory, 1)
+        again = keras.Sequential([keras.Input((D,)), keras.layers.Dense(U)])
+        again.compile(optimizer=keras.optimizers.SGD(lr), loss="mse")
+        epoch = restore_checkpoint(again, directory)
+        c2 = tfring.Compression.powersgd(rank=2, start_iter=1)
+        again.fit(xs[rank][:B], ys[rank][:B], batch_size=B, epochs=1,
+                  verbose=0, callbacks=[
+                      tfring.keras.callbacks.RingAllreduceCallback(
+                          compression=c2)])
+        return dict(t.out(), counts=c.step_counts(), resumed_epoch=epoch,
+                    resumed_counts=c2.step_counts())
 
     @check("checkpoint")
     def _():

@@ -55,6 +55,16 @@ def is_powersgd(compression):
     return isinstance(compression, PowerSGD)
 
 
+def attached(optimizer):
+    """The PowerSGD compressor a tfring optimizer reduces with, or None."""
+    for holder in (getattr(optimizer, "_tfring_config", None),
+                   getattr(optimizer, "_reducer", None)):
+        c = getattr(holder, "compression", None)
+        if is_powersgd(c):
+            return c
+    return None
+
+
 class _Slot(tf.Module):
     """The state of one compressed gradient: error E and warm-start Q."""
 

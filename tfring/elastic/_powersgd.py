@@ -21,7 +21,7 @@ and fresh Q's drawn alike on every rank from the shared step counter.
 import numpy as np
 
 from tfring import _core, basics
-from tfring.compression.powersgd import is_powersgd
+from tfring.compression.powersgd import attached, is_powersgd
 
 
 def find(compression=None, optimizer=None):
@@ -30,12 +30,7 @@ def find(compression=None, optimizer=None):
         return compression
     if compression is not None:
         return None
-    for holder in (getattr(optimizer, "_tfring_config", None),
-                   getattr(optimizer, "_reducer", None)):
-        c = getattr(holder, "compression", None)
-        if is_powersgd(c):
-            return c
-    return None
+    return attached(optimizer)
 
 
 def _manifest(c):

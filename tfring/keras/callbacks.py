@@ -23,7 +23,10 @@ from tfring.keras._state import (
     broadcast_model,
     distribute_instance,
 )
-from tfring.keras.checkpoint import _ResumableCheckpoint
+from tfring.keras.checkpoint import (
+    _ResumableCheckpoint,
+    set_pending_powersgd_steps,
+)
 from tfring.gradient_reduction import var_keys
 
 __all__ = [
@@ -315,6 +318,7 @@ class _RingAllreduce:
             raise ValueError("RingAllreduceCallback: compile the model with "
                              "an optimizer before fit")
         distribute_instance(model.optimizer, self.gradient_config)
+        set_pending_powersgd_steps(model.optimizer)
         # The train function may have been traced before the optimizer
         # reduced gradients (an earlier fit without this callback): trace it
         # again, but only then. A function traced for this configuration

@@ -38,6 +38,7 @@ import re
 import numpy as np
 
 from tfring import basics
+from tfring.compression.powersgd import attached
 from tfring.keras._state import broadcast_model, optimizer_variables
 
 _NAME = re.compile(r"^epoch-(\d+)\.npz$")
@@ -81,6 +82,11 @@ def save_checkpoint(model, directory, epoch):
     path."""
     model_vars, opt_vars = _state_variables(model, build_optimizer=False)
     arrays = {"epoch": np.array(epoch, np.int64)}
+    psgd = attached(getattr(model, "optimizer", None))
+    if psgd is not None:
+        # PowerSGD's step counters (its warm-up is counted in steps); its
+        # errors are each rank's own and start again from zero.
+        arrays["powersgd.steps"] = np.array(psgd.step_counts(), np.int64)
     for prefix, variables in (("model", model_vars), ("optimizer", opt_vars)):
         arrays[f"{prefix}.count"] = np.array(len(variables), np.int64)
         for i, v in enumerate(variables):
@@ -179,7 +185,46 @@ def restore_checkpoint(model, directory, root_rank=0):
             f"tfring.keras: rank {root} could not load its checkpoint of "
             f"epoch {epoch} in {directory!r} (its error says why)")
     broadcast_model(model, root)
+    _restore_powersgd_steps(model, arrays, root)
     return epoch
+
+
+def _restore_powersgd_steps(model, arrays, root):
+    """root's saved PowerSGD step counters, on every rank: set on the
+    optimizer's compressor, or kept on the optimizer until
+    RingAllreduceCallback gives it one (set_pending_powersgd_steps)."""
+    from tfring import _core
+
+    steps = np.zeros(0, np.int64)
+    if arrays is not None and "powersgd.steps" in arrays:
+        steps = np.asarray(arrays["powersgd.steps"], np.int64).reshape(-1)
+    if basics.size() > 1:
+        n = int(_core.broadcast(np.array([steps.size], np.int64), root=root,
+                                name="tfring.keras.checkpoint.psgd_n")[0])
+        if basics.rank() != root:
+            steps = np.zeros(n, np.int64)
+        if n:
+            steps = _core.broadcast(steps, root=root,
+                                    name="tfring.keras.checkpoint.psgd")
+    opt = getattr(model, "optimizer", None)
+    if not steps.size or opt is None:
+        return
+    psgd = attached(opt)
+    if psgd is not None:
+        psgd.set_step_counts([int(x) for x in steps])
+    else:
+        object.__setattr__(opt, "_tfring_powersgd_steps",
+                           [int(x) for x in steps])
+
+
+def set_pending_powersgd_steps(optimizer):
+    """Hands step counters restored before fit to the optimizer's PowerSGD
+    compressor, once it has one."""
+    steps = getattr(optimizer, "_tfring_powersgd_steps", None)
+    psgd = attached(optimizer)
+    if steps is not None and psgd is not None:
+        psgd.set_step_counts(steps)
+        object.__delattr__(optimizer, "_tfring_powersgd_steps")
 
 
 class _ResumableCheckpoint:
