@@ -2,9 +2,10 @@
 float16 and bfloat16 sums against the core's own cast-then-sum path, an
 average near float16's limit, integers left alone, tensors on different
 wires submitted together, and ranks that disagree on the wire. One launch,
-two passes: the pipelined ring with a tiny chunk, and TCP links."""
+two passes: the pipelined ring with a tiny chunk, and TCP links. Then the
+hierarchical algorithm on 4 ranks over 2 pretend hosts."""
 
-from multiproc import run_passes
+from multiproc import check_ok, run_passes, run_ranks
 
 PASSES = [{"TFRING_CHUNK_SIZE": "256", "TFRING_SHM_BUFFER": "8192",
            "TFRING_ALLREDUCE_ALGO": "ring"},
@@ -34,3 +35,16 @@ def test_wire16_engine():
             assert msg and "wire dtype" in msg and "'mismatch'" in msg, (rank, msg)
             assert "float16 on rank 0" in msg and "bfloat16 on rank 1" in msg, msg
             assert "allreduce only" in out["allgather"], out["allgather"]
+
+
+def test_wire16_hier():
+    """Two pretend hosts of two ranks: hier's cross-host ring carries the
+    16-bit words (half the bytes), shared memory sums at float32."""
+    ranks = check_ok(run_ranks(4, "wire16_hier.py", env={"TFRING_ALLREDUCE_ALGO": "hier"},
+                               per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r // 2}"},
+                               timeout=90))
+    for out in ranks:
+        assert out["digest"] == ranks[0]["digest"]
+        assert out["wired"]["algo"] == "hier" and out["wired"]["wire"] == "float16", out
+        assert out["wired"]["bytes_sent"] * 2 == out["plain"]["bytes_sent"], out
+        assert out["within"] and out["error"][0] <= 2.0, out
