@@ -150,7 +150,7 @@ setup(
         # tfring.ray: RayExecutor and the Ray Train backend (docs/ray.md).
         "ray": ["ray[train]>=2.60,<3"],
         # tfring.spark: run in a barrier stage, Parquet shards (docs/spark.md).
-        "spark": ["pyspark>=3.5", "pyarrow>=12"],
+        "spark": ["pyspark>=4.1", "pyarrow>=12"],
         "test": _requirements("requirements/test.txt"),
     },
     entry_points={"console_scripts": ["tfring-run=tfring.run:main"]},

@@ -437,6 +437,17 @@ def _broadcast(sc, key, data):
     return bc
 
 
+def _payload(session, key, data):
+    """What the UDF carries to the workers: a broadcast of the bytes in a
+    classic session; the bytes themselves through Spark Connect, whose
+    client has no SparkContext to broadcast from (the plan ships them)."""
+    try:
+        sc = session.sparkContext
+    except Exception:  # Connect: PySparkAttributeError JVM_ATTRIBUTE_NOT_SUPPORTED
+        return data
+    return _broadcast(sc, key, data)
+
+
 def transform(df, model, feature_cols, label_cols, output_cols, metadata, custom_objects=None,
               floatx=None):
     """`df` with one prediction column per label column appended (named by
@@ -464,7 +475,7 @@ def transform(df, model, feature_cols, label_cols, output_cols, metadata, custom
 
     data = model_bytes(model)
     key = model_key(data, custom_objects, floatx)
-    payload = _broadcast(df.sparkSession.sparkContext, key, data)
+    payload = _payload(df.sparkSession, key, data)
     custom_objects = dict(custom_objects or {})
     label_cols = list(label_cols)
     arrow_type = to_arrow_type(return_type)
