@@ -169,11 +169,11 @@ def main(argv):
             fn, args, kwargs = pickle.load(f)
         report = ("done", fn(*args, **kwargs))
     except BaseException as e:  # noqa: BLE001 - reported to the driver
-        from tfring.spark._task import _is_secondary
+        from tfring.spark._protocol import is_secondary
 
         report = ("error", {"error": f"{type(e).__name__}: {e}",
                             "traceback": traceback.format_exc(),
-                            "secondary": _is_secondary(e)})
+                            "secondary": is_secondary(e)})
     _leave()
     try:
         data = _dumps(report)

@@ -26,6 +26,7 @@ neither side takes a stranger for the other.
 import hashlib
 import hmac
 import json
+import sys
 
 MAX_LINE = 1 << 20  # a longer line (a huge traceback) is cut, not refused
 
@@ -65,3 +66,17 @@ def recv_line(conn, reader=None):
         return json.loads(line)
     except ValueError:
         return None
+
+
+def is_secondary(e):
+    """Whether ``e`` is how tfring tells a rank that the job failed elsewhere:
+    a core error (a peer died, shut down or timed out) or the TensorFlow op
+    error that carries one. The driver names a rank whose error is not,
+    or a rank that died, before these."""
+    from tfring import _core
+
+    if isinstance(e, _core.TfringError):
+        return True
+    tf = sys.modules.get("tensorflow")
+    errors = getattr(tf, "errors", None) if tf is not None else None
+    return errors is not None and isinstance(e, errors.OpError)

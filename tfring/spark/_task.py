@@ -36,7 +36,7 @@ import traceback
 from tfring.run import affinity
 from tfring.run.affinity import machine_identity as host_identity
 from tfring.spark._exec_fn import FnEnded, run_fn_process
-from tfring.spark._protocol import auth_token, recv_line, send_line
+from tfring.spark._protocol import auth_token, is_secondary, recv_line, send_line
 
 _LINE_END = re.compile("([\r\n])")
 
@@ -189,7 +189,7 @@ def run_task(job):
         err.close_line()
         _report(conn, lock, {"error": f"{type(e).__name__}: {e}",
                              "traceback": traceback.format_exc(),
-                             "secondary": _is_secondary(e)})
+                             "secondary": is_secondary(e)})
         _leave()
         _close(conn)
         raise
@@ -233,19 +233,6 @@ def _bind(local_rank, local_size, env):
         return None
     return affinity.bind_process(affinity.slice_for(local_rank, local_size))
 
-
-def _is_secondary(e):
-    """Whether ``e`` is how tfring tells a rank that the job failed elsewhere:
-    a core error (a peer died, shut down or timed out) or the TensorFlow op
-    error that carries one. The driver names a rank whose error is not,
-    or a rank that died, before these."""
-    from tfring import _core
-
-    if isinstance(e, _core.TfringError):
-        return True
-    tf = sys.modules.get("tensorflow")
-    errors = getattr(tf, "errors", None) if tf is not None else None
-    return errors is not None and isinstance(e, errors.OpError)
 
 
 def _leave():
