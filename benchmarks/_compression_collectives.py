@@ -25,7 +25,8 @@ path is checked exactly. Paths, size by size, in the same processes:
 Timing: one warm-up call per path (two below 16 MiB), whose slowest rank
 sets the loop length (about --loop-s seconds, at least one call); then
 --reps repetitions in which the paths take turns, each a barrier-started
-loop; the median loop's seconds per call, slowest rank.
+loop; the median loop's seconds per call, slowest rank. Each path also
+records the allreduce algorithms its checked call ran (rank 0's counts).
 """
 
 import argparse
@@ -171,13 +172,14 @@ def main():
         want = (n * (n + 1) // 2 + n * (np.arange(count) % 13)).astype(np.float32)
         built = build_paths(tf, tfring, np, size, rank, args.powersgd_rank, names)
         row = {"size": size, "paths": {}}
-        calls = {}
+        calls, ran = {}, {}
         for path, entry in built.items():
             if isinstance(entry, str):
                 row["paths"][path] = {"error": entry}
                 continue
             check, call = entry
             error = None
+            before = _core.allreduce_algorithm_counts()
             try:
                 got = check()
                 if got is not None and not np.array_equal(got, want):
@@ -185,6 +187,8 @@ def main():
                     error = f"rank {rank}: wrong sum at element {i}: {got[i]} != {want[i]}"
             except Exception as e:  # noqa: BLE001 - reported in the table
                 error = f"rank {rank}: {type(e).__name__}: {str(e)[-600:]}"
+            after = _core.allreduce_algorithm_counts()  # before sync's own allreduce
+            ran[path] = sorted(k for k in after if after[k] > before.get(k, 0))
             if not sync.all(error is None):
                 row["paths"][path] = {"error": error or "failed on another rank"}
                 print(f"{path} at {size} B: {error}", file=sys.stderr, flush=True)
@@ -194,7 +198,7 @@ def main():
         timed = time_paths(sync, calls, args.reps, args.loop_s, args.max_iters,
                            1 if large else 2)
         for path, m in timed.items():
-            row["paths"][path] = m
+            row["paths"][path] = dict(m, ran=ran[path])
         rows.append(row)
         if rank == 0:
             print(f"size {size}: " + ", ".join(

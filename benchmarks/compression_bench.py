@@ -286,6 +286,13 @@ def report(doc, args):
                              f"{_error_tail(run['error'])}")
             for p, e in errors.items():
                 lines.append(f"\n{run['np']} hosts, {LABELS[p]}: {e}")
+        other = [f"{run['np']} hosts at {run['rate']:g} Mbit/s, {human_size(row['size'])}: "
+                 + ", ".join(f"{LABELS[p]} {'+'.join(m['ran'])}"
+                             for p, m in row["paths"].items() if m.get("ran"))
+                 for run in doc["collectives"] for row in run.get("rows", [])
+                 if any(m.get("ran", ["ring"]) != ["ring"] for m in row["paths"].values())]
+        if other:
+            lines += ["\nallreduce algorithms that ran, where not the ring alone:", *other]
         loads = [(r["load_before"]["load1"], r["load_after"]["load1"])
                  for r in doc["collectives"]]
         lines.append(f"\nload average (1 min) before/after each job: {loads} "
