@@ -322,7 +322,10 @@ def main(argv=None):
     if why:
         print(f"compression_bench: skipped: {why}", file=sys.stderr)
         return 0
-    signal.signal(signal.SIGTERM, _terminate)
+    # Ctrl-C raises KeyboardInterrupt; SIGTERM and a closed terminal unwind
+    # the same way, through Cluster.close() in run_all().
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _terminate)
     cluster.cleanup_leftovers()
     doc = run_all(cluster, args)
     print(report(doc, args))
