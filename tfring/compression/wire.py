@@ -16,7 +16,7 @@ for code that calls them around a collective of its own; that path sums in
 
 import tensorflow as tf
 
-from tfring.compression import Compressor, FP16Compressor
+from tfring.compression.base import Compressor, FP16Compressor
 
 
 class WireCompressor(Compressor):

@@ -27,6 +27,8 @@ class LocalStore(Store):
     executor must see the path under the same name: a shared mount (NFS,
     a cluster file system), or one host."""
 
+    schemes = ("file",)
+
     def get_full_path(self, path):
         return "file://" + self._local(path)
 
@@ -59,6 +61,8 @@ class FilesystemStore(Store):
     metadata). ``storage_options`` (Horovod's) are fsspec's options, so
     giving them, or a scheme pyarrow lacks, uses the fsspec implementation
     (s3fs, gcsfs, adlfs, ...), which must be installed."""
+
+    schemes = ("*",)
 
     def __init__(self, prefix_path, *args, storage_options=None, **kwargs):
         prefix_path = os.fspath(prefix_path)

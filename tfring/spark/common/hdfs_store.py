@@ -20,6 +20,8 @@ class HDFSStore(Store):
     else the URL, else 'default' and 0: fs.defaultFS of the Hadoop
     configuration). The connection opens on first use, in each process."""
 
+    schemes = ("hdfs",)
+
     FS_PREFIX = "hdfs://"
     URL_PATTERN = r"^(?:(.+://))?(?:([^/:]+))?(?:[:]([0-9]+))?(?:(.+))?$"
 

@@ -73,16 +73,20 @@ class Store:
         file:// URL, HDFSStore for hdfs://, otherwise FilesystemStore (any
         scheme pyarrow.fs or an installed fsspec implementation opens; an
         unknown one is an error naming the package to install)."""
-        from tfring.spark.common.fs_store import FilesystemStore, LocalStore
-        from tfring.spark.common.hdfs_store import HDFSStore
-
+        # The subclasses register their schemes as they are defined
+        # (__init_subclass__); the package's __init__ imports them all.
         prefix_path = os.fspath(prefix_path)
         scheme = url_scheme(prefix_path)
-        if scheme == "file":
-            return LocalStore(prefix_path, *args, **kwargs)
-        if scheme == "hdfs":
-            return HDFSStore(prefix_path, *args, **kwargs)
-        return FilesystemStore(prefix_path, *args, **kwargs)
+        cls = Store._by_scheme.get(scheme) or Store._by_scheme["*"]
+        return cls(prefix_path, *args, **kwargs)
+
+    _by_scheme = {}
+    schemes = ()  # URL schemes a subclass serves; "*" for any other
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for scheme in cls.__dict__.get("schemes", ()):
+            Store._by_scheme[scheme] = cls
 
     # --- what a subclass gives --------------------------------------------
 
