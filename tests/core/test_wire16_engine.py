@@ -2,19 +2,26 @@
 float16 and bfloat16 sums against the core's own cast-then-sum path, an
 average near float16's limit, integers left alone, tensors on different
 wires submitted together, and ranks that disagree on the wire. One launch,
-two passes: the pipelined ring with a tiny chunk, and TCP links. Then the
+three passes: the pipelined ring with a tiny chunk, TCP links, and auto on
+one host's shared memory (the wire served at float32). Then the
 hierarchical algorithm on 4 ranks over 2 pretend hosts."""
 
 from multiproc import check_ok, run_passes, run_ranks
 
 PASSES = [{"TFRING_CHUNK_SIZE": "256", "TFRING_SHM_BUFFER": "8192",
            "TFRING_ALLREDUCE_ALGO": "ring"},
-          {"TFRING_TRANSPORT": "tcp", "TFRING_ALLREDUCE_ALGO": "ring"}]
+          {"TFRING_TRANSPORT": "tcp", "TFRING_ALLREDUCE_ALGO": "ring"},
+          {"TFRING_ALLREDUCE_ALGO": "auto"}]
 
 
 def test_wire16_engine():
     per_pass = run_passes(2, "wire16.py", PASSES, timeout=90)
-    for p, ranks in enumerate(per_pass):
+    # auto on one host's shared memory: no link to save, the sum at float32.
+    for rank in per_pass[-1]:
+        auto = rank["auto"]
+        assert auto["same_as_plain"] and auto["wire"] == "none", auto
+        assert auto["algo"] == "ring" and auto["digest"] == per_pass[-1][0]["auto"]["digest"]
+    for p, ranks in enumerate(per_pass[:-1]):
         r0 = ranks[0]
         for wire in ("float16", "bfloat16"):
             assert ranks[1][wire]["digest"] == r0[wire]["digest"], (p, wire)
