@@ -29,10 +29,10 @@ executor, and each would otherwise claim a whole GPU's memory.
 
 import collections
 import hashlib
-import os
-import tempfile
 
 import numpy as np
+
+from tfring.spark.keras import _serialize
 
 # Kinds of output column, by the label column each one mirrors.
 VECTOR, ARRAY, SCALAR = "vector", "array", "scalar"
@@ -51,23 +51,13 @@ _SCALAR_DTYPES = {"byte": "int8", "short": "int16", "integer": "int32", "long": 
 
 def model_bytes(model):
     """The Keras model as the bytes of a `.keras` file."""
-    with tempfile.TemporaryDirectory(prefix="tfring-keras-") as tmp:
-        path = os.path.join(tmp, "model.keras")
-        model.save(path)
-        with open(path, "rb") as f:
-            return f.read()
+    return _serialize.model_to_bytes(model)
 
 
 def load_model_bytes(data, custom_objects=None, compile=False, safe_mode=True):
     """A Keras model from the bytes of a `.keras` file."""
-    import keras
-
-    with tempfile.TemporaryDirectory(prefix="tfring-keras-") as tmp:
-        path = os.path.join(tmp, "model.keras")
-        with open(path, "wb") as f:
-            f.write(data)
-        return keras.saving.load_model(path, custom_objects=custom_objects or None,
-                                       compile=compile, safe_mode=safe_mode)
+    return _serialize.bytes_to_model(data, custom_objects, compile=compile,
+                                     safe_mode=safe_mode)
 
 
 # ---------------------------------------------------------------- driver side

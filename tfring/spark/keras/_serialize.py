@@ -34,7 +34,7 @@ def model_to_bytes(model):
             return f.read()
 
 
-def bytes_to_model(data, custom_objects=None, compile=True, directory=None):
+def bytes_to_model(data, custom_objects=None, compile=True, directory=None, safe_mode=True):
     """A Keras model from .keras bytes (written to a temporary file)."""
     import keras
 
@@ -43,7 +43,7 @@ def bytes_to_model(data, custom_objects=None, compile=True, directory=None):
         with open(path, "wb") as f:
             f.write(data)
         return keras.saving.load_model(path, custom_objects=custom_objects or None,
-                                       compile=compile)
+                                       compile=compile, safe_mode=safe_mode)
 
 
 def tag_checkpoint(src, dst, info):
