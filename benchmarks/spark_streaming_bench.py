@@ -369,7 +369,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rows": rows_per_file * len(files),
-                       "disk_bytes": disk_bytes, "files": len(files), "steps": steps,
+                       "disk_bytes": disk_bytes, "write_s": write_s, "files": len(files),
+                       "steps": steps,
                        "runs": results, "reader_alone": reader, "summary": summary,
                        "time": time.strftime("%Y-%m-%d %H:%M"), "host_cpus": os.cpu_count()},
                       f, indent=1)
