@@ -201,7 +201,8 @@ def _meta(name=b"w", shape=(2, 3)):
     return (struct.pack("<I", len(name)) + name + bytes([0, 2]) +
             struct.pack("<I", len(shape)) + b"".join(struct.pack("<q", d) for d in shape) +
             bytes([0]) + struct.pack("<i", 0) + struct.pack("<dd", 1.0, 1.0) +
-            struct.pack("<i", -1) + struct.pack("<I", 0) +  # no alltoall splits
+            struct.pack("<i", -1) + bytes([0]) +  # device, wire (none)
+            struct.pack("<I", 0) +  # no alltoall splits
             struct.pack("<I", 0))  # valid: no error of its own
 
 
@@ -239,6 +240,8 @@ def test_parsers_accept_valid_input(kind):
     ("meta", struct.pack("<I", 1) + b"w" + bytes([0, 2]) + struct.pack("<I", 0x7FFFFFFF), "count"),
     ("meta", _meta()[:-1], "malformed"),
     ("meta", _meta().replace(bytes([0, 2]), bytes([0, 200]), 1), "dtype 200"),
+    ("meta", _meta().replace(struct.pack("<i", -1) + bytes([0]),
+                             struct.pack("<i", -1) + bytes([9]), 1), "wire 9"),
     ("store", bytes([5]) + struct.pack("<I", 0xFFFFFFFF), "count"),
     ("store", _store_request() + b"x", "trailing"),
     ("store", bytes([99]), "unknown store request"),
