@@ -25,9 +25,11 @@ growth, and its step time against the same model fed from memory.
      stream-shuffle  the same with shuffle=True (its default row buffer);
      memory          tfring.spark.run of a function that reads the rank's
                      shard (the same files) into numpy, then fits the same
-                     model on tf.data.Dataset.from_tensor_slices of it, with
-                     DistributedOptimizer and the estimator's two tfring
-                     callbacks.
+                     model on tf.data.Dataset.from_tensor_slices of it
+                     (.batch(--batch); --memory-feed batches: of the arrays
+                     viewed as (batches, batch, ...), one slice per step),
+                     with DistributedOptimizer and the estimator's two
+                     tfring callbacks.
    A RankProbe callback rides along in every rank. It is unpickled when the
    rank's Spark task starts (before the rank's function runs), notes the
    process's RSS then and resets the kernel's peak RSS (VmHWM, through
@@ -42,7 +44,26 @@ growth, and its step time against the same model fed from memory.
 
 Targets: every rank's peak within 1 GiB of its RSS at the task start
 (stream), and stream's median step at most 1.2x memory's. Prints a table,
-the load average before and after each run, and writes JSON with --json.
+the load average before and its highest during each run, and writes JSON
+with --json.
+
+Measured on 2026-12-02 (2-vCPU VM, load average 3-5 during the runs, each
+rank bound to one core), `python benchmarks/spark_streaming_bench.py`
+(2.00 GiB, 2,088,980 rows, 4080 steps of 256 per rank, --memory-feed rows):
+
+  run             growth MiB (start->peak)  step median / mean ms  ratio median / mean
+  stream-first    176 (740 -> 916)          1.34 / 1.62            (60 steps)
+  stream          80-112 (898 -> 978-1010)  1.33 / 2.11            0.84x / 1.04x
+  stream-shuffle  289 (949 -> 1238)         1.53 / 4.04            0.97x / 2.00x
+  memory          4444-4565 (-> 5400)       1.57 / 2.02
+
+The reader alone streamed rank 0's shard at 501 MB/s (0.53 ms a batch).
+Shuffling's row buffer (about 64 MiB, concatenated and permuted for every
+chunk read) costs about 1.1 ms a batch on one core (165 MB/s against 523
+without), which is the whole of stream-shuffle's extra mean step; its CPU
+time was 16 s against stream's 8.4 s for the same steps. The memory run's
+rows-then-batch feed costs about 0.3 ms a batch more than a pre-batched one
+(--memory-feed batches, not measured at this size).
 """
 
 import argparse
@@ -164,7 +185,7 @@ def warm_up():
     return tk.rank()
 
 
-def from_memory(files, features, batch, steps, lr, probe, model_fn):
+def from_memory(files, features, batch, steps, lr, probe, model_fn, feed="rows"):
     """The rank's shard read into numpy, then model.fit on it (module
     docstring, step 3, memory)."""
     import pyarrow.parquet as pq
@@ -186,7 +207,12 @@ def from_memory(files, features, batch, steps, lr, probe, model_fn):
     model = model_fn(features)
     model.compile(optimizer=tk.DistributedOptimizer(keras.optimizers.SGD(lr * tk.size())),
                   loss="mse")
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
+    if feed == "rows":  # tf.data slices rows and batches them again: about 0.3 ms a batch
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
+    else:  # one slice per batch of a (batches, batch, ...) view
+        n = len(x) // batch * batch
+        ds = tf.data.Dataset.from_tensor_slices((x[:n].reshape(-1, batch, features),
+                                                 y[:n].reshape(-1, batch, 1)))
     ds = ds.prefetch(tf.data.AUTOTUNE)
     model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False,
               callbacks=[probe, tk.callbacks.BroadcastGlobalVariablesCallback(0),
@@ -248,6 +274,9 @@ def main():
     parser.add_argument("--skip", type=int, default=20, help="first steps left out of timing")
     parser.add_argument("--runs", default="stream,stream-shuffle,memory",
                         help="comma list of stream, stream-shuffle, memory (in that order)")
+    parser.add_argument("--memory-feed", choices=["rows", "batches"], default="rows",
+                        help="memory run: from_tensor_slices of rows then .batch(), or of "
+                             "pre-batched arrays")
     parser.add_argument("--compression", default="snappy")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--work-dir", default=None)
@@ -302,7 +331,7 @@ def main():
         load, t = LoadSampler(), time.monotonic()
         if run == "memory":
             tfring.spark.run(from_memory, args=(files, args.features, args.batch, steps, lr,
-                                                probe, overhead._model),
+                                                probe, overhead._model, args.memory_feed),
                              num_proc=args.num_proc, verbose=0)
         else:
             est = KerasEstimator(num_proc=args.num_proc, store=store,
