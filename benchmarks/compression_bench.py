@@ -178,18 +178,9 @@ def collectives_job(cluster, c, nhosts, rate, link, args, tmp):
             "--sizes", ",".join(map(str, args.sizes)), "--paths", ",".join(args.paths),
             "--reps", str(args.reps), "--loop-s", str(args.loop_s),
             "--powersgd-rank", str(args.powersgd_rank)]
-    before = net.load()
-    run = {"rate": rate, "link": link, "np": nhosts, "load_before": before}
-    try:
-        net.run_job(cluster, c, nhosts, argv, args.timeout,
-                    f"collectives, {nhosts} hosts at {rate:g} Mbit/s")
-        with open(result) as f:
-            run.update(json.load(f))
-    except (RuntimeError, AssertionError, OSError, ValueError) as e:
-        run["error"] = str(e)
-        print(f"compression_bench: {e}", file=sys.stderr, flush=True)
-    run["load_after"] = net.load()
-    return run
+    run = {"rate": rate, "link": link, "np": nhosts}
+    return recorded_job(cluster, c, nhosts, argv, args.timeout,
+                        f"collectives, {nhosts} hosts at {rate:g} Mbit/s", result, run)
 
 
 def train_job(cluster, c, compression, args, tmp):
@@ -197,17 +188,23 @@ def train_job(cluster, c, compression, args, tmp):
     argv = [cluster.PYTHON, TRAIN_WORKER, "--result", result, "--compression", compression,
             "--epochs", str(args.epochs), "--batch", str(args.batch), "--lr", str(args.lr),
             "--powersgd-rank", str(args.powersgd_rank), "--start-iter", str(args.start_iter)]
-    r = {"load_before": net.load()}
+    return recorded_job(cluster, c, args.train_hosts, argv, args.timeout,
+                        f"model.fit with compression {compression}", result, {})
+
+
+def recorded_job(cluster, c, nhosts, argv, timeout, what, result, record):
+    """Runs one job and returns `record` with the job's JSON result (or its
+    error) and the load average before and after it."""
+    record["load_before"] = net.load()
     try:
-        net.run_job(cluster, c, args.train_hosts, argv, args.timeout,
-                    f"model.fit with compression {compression}")
+        net.run_job(cluster, c, nhosts, argv, timeout, what)
         with open(result) as f:
-            r.update(json.load(f))
+            record.update(json.load(f))
     except (RuntimeError, AssertionError, OSError, ValueError) as e:
-        r["error"] = str(e)
+        record["error"] = str(e)
         print(f"compression_bench: {e}", file=sys.stderr, flush=True)
-    r["load_after"] = net.load()
-    return r
+    record["load_after"] = net.load()
+    return record
 
 
 def why_not(cluster, args):
