@@ -17,9 +17,9 @@ then:
      a few MiB each), converts the columns to numpy (arrays and vectors to
      (rows, *shape) arrays) and applies ``transformation_fn`` to each one
      (a pandas DataFrame in, one out, as Horovod's);
-  3. with shuffling, mixes rows in a buffer of ``buffer_rows`` rows: each
-     chunk read joins the rows held back, and a random part of them all,
-     beyond the buffer's size, goes on;
+  3. with shuffling, mixes rows in a buffer of ``buffer_rows`` rows: once
+     it is full, each row read takes the place of a random buffer row,
+     which goes on;
   4. cuts whole batches of ``batch_size`` rows, in order, and stops after
      the agreed steps.
 
@@ -223,21 +223,39 @@ class ShardReader:
         return {c: pandas_to_numpy(out[c], c, shape) for c, shape in self.columns.items()}
 
     def _shuffled(self, chunks, epoch, pass_idx):
-        """Rows through the shuffle buffer (module docstring, step 3)."""
+        """Rows through the shuffle buffer (module docstring, step 3).
+
+        The buffer is ``buffer_rows`` preallocated rows. Once it is full,
+        each row read takes the slot of a buffer row drawn at random
+        (without replacement within a chunk), and that row goes on: every
+        byte read is copied twice (into the buffer, out of it), whatever
+        the buffer's size. At the end of the pass the rows still held go
+        on in a random order."""
         rng = self._rng(epoch, pass_idx, 2)
-        held = None
+        cap = self.buffer_rows
+        buf, filled = None, 0
         for chunk in chunks:
-            pool = chunk if held is None else _concat([held, chunk])
-            n = _rows(pool)
-            if n <= self.buffer_rows:
-                held = pool
-                continue
-            perm = rng.permutation(n)
-            out = n - self.buffer_rows
-            yield _take(pool, perm[:out])
-            held = _take(pool, perm[out:])
-        if held is not None and _rows(held):
-            yield _take(held, rng.permutation(_rows(held)))
+            n = _rows(chunk)
+            if buf is None:
+                buf = {k: np.empty((cap,) + v.shape[1:], v.dtype) for k, v in chunk.items()}
+            for k, v in chunk.items():
+                if v.dtype != buf[k].dtype:
+                    buf[k] = buf[k].astype(np.result_type(buf[k].dtype, v.dtype))
+            start = min(cap - filled, n)
+            if start:
+                for k, v in chunk.items():
+                    buf[k][filled:filled + start] = v[:start]
+                filled += start
+            while start < n:
+                m = min(n - start, cap)
+                slots = rng.choice(cap, m, replace=False) if m < cap else rng.permutation(cap)
+                yield {k: b[slots] for k, b in buf.items()}
+                for k, v in chunk.items():
+                    buf[k][slots] = v[start:start + m]
+                start += m
+        if filled:
+            order = rng.permutation(filled)
+            yield {k: b[:filled][order] for k, b in buf.items()}
 
     def _load_cache(self):
         if self._cache is None:
