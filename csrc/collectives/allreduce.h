@@ -44,7 +44,10 @@
 // 16-bit rounding of the float32 reduction. oneshot reduces in shared
 // memory, where no link is involved, and small and recdbl serve buffers
 // whose cost is latency: they reduce at float32 and ignore the wire. Either
-// way every rank ends with the same bits.
+// way every rank ends with the same bits. Under auto, a request on a wire
+// that would run the ring above the threshold runs rabenseifner instead
+// where the point-to-point links exist (across hosts): the same bytes,
+// log2(p) roundings of an element's partial instead of N-1.
 #pragma once
 
 #include <cstddef>
@@ -68,7 +71,9 @@ const char* allreduceAlgoName(AllreduceAlgo a);
 // cross-host schemes cannot serve. allgather() and broadcast() use the
 // same rule.
 bool recursiveAtScale(const RingComm& c);
-AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes);
+// `wire`: the 16-bit wire the request would carry (after linkWire and
+// effectiveWire), which steers auto from the ring to rabenseifner.
+AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes, WireType wire = WireType::kNone);
 // How many allreduce() calls of a communicator (its CommStats) ran each
 // algorithm.
 uint64_t allreduceCalls(const CommStats& s, AllreduceAlgo a);
@@ -122,6 +127,12 @@ void recdblAllreduce(RingComm& c, const void* in, void* out, size_t count, DataT
 void rabenseifnerAllreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
                            ReduceOp op, double postscale, AllreduceStats* st);
 // float32 buffers on a 16-bit wire (allreduce_rabenseifner_wire.cc).
+// Its last wireTailSteps(p) reduce-scatter steps carry 24-bit words (p: the
+// largest power of two <= N): the most t with 2^t - 1 <= (p-1)/4, so those
+// steps' partials, the largest, lose almost nothing, for at most 1/16 more
+// bytes than 16-bit words throughout (t = 0 up to p = 4, 1 at 8, 2 at 16,
+// 3 at 32, 4 at 64).
+int wireTailSteps(int p);
 void rabenseifnerWireAllreduce(RingComm& c, const void* in, void* out, size_t count,
                                ReduceOp op, double postscale, WireType wire,
                                AllreduceStats* st);

@@ -155,7 +155,10 @@ bool recursiveAtScale(const RingComm& c) {
   return H->num_hosts >= 4 || !cross;
 }
 
-AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes) {
+namespace {
+
+// The choice without regard to a wire (see allreduce.h).
+AllreduceAlgo chooseFloat(const RingComm& c, size_t bytes) {
   const transport::HostLinks* H = c.host;
   if (!H || c.size == 1) return AllreduceAlgo::kRing;
   const bool spans = H->num_hosts > 1;
@@ -188,16 +191,36 @@ AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes) {
   return hier ? AllreduceAlgo::kHier : AllreduceAlgo::kRing;
 }
 
+}  // namespace
+
+// On a 16-bit wire, auto trades the ring for Rabenseifner wherever the
+// point-to-point links exist: both send 2(N-1)/N of the buffer in words,
+// but the ring rounds an element's partial N-1 times as it grows to the
+// whole sum, Rabenseifner log2(p) times, its largest partials in float32
+// (allreduce_rabenseifner_wire.cc; docs/compression.md measures both).
+// hier keeps its cross-host ring. The wire is the job's for this tensor
+// (ranks that disagree on it get an error first), so every rank chooses
+// alike.
+AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes, WireType wire) {
+  const AllreduceAlgo a = chooseFloat(c, bytes);
+  if (wire == WireType::kNone || a != AllreduceAlgo::kRing || !c.host) return a;
+  const transport::HostLinks& H = *c.host;
+  const bool latency = bytes <= static_cast<uint64_t>(H.policy.small_threshold);
+  return H.policy.allreduce_algo == "auto" && H.want_peers && !latency
+             ? AllreduceAlgo::kRabenseifner
+             : a;
+}
+
 void allreduce(RingComm& c, const void* in, void* out, size_t count, DataType dtype,
                ReduceOp op, double postscale, WireType wire) {
   if (count == 0) return;
   const size_t es = dtypeSize(dtype);
   AllreduceStats st;
-  st.algo = chooseAllreduce(c, count * es);
+  const WireType want = c.size > 1 ? effectiveWire(linkWire(c, wire), dtype) : WireType::kNone;
+  st.algo = chooseAllreduce(c, count * es, want);
   st.size = c.size;
   st.bytes = count * es;
-  st.wire = c.size > 1 ? algoWire(st.algo, effectiveWire(linkWire(c, wire), dtype))
-                       : WireType::kNone;
+  st.wire = algoWire(st.algo, want);
   switch (st.algo) {
     case AllreduceAlgo::kOneShot:
       oneshotAllreduce(c, in, out, count, dtype, op, postscale);
@@ -233,10 +256,11 @@ void allreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dtype,
   size_t count = 0;
   for (auto& s : spans) count += s.count;
   if (count == 0) return;
-  const AllreduceAlgo a = chooseAllreduce(c, count * es);
+  const WireType want = c.size > 1 ? effectiveWire(linkWire(c, wire), dtype) : WireType::kNone;
+  const AllreduceAlgo a = chooseAllreduce(c, count * es, want);
   if (a == AllreduceAlgo::kRing) {
     AllreduceStats st;
-    st.wire = c.size > 1 ? effectiveWire(linkWire(c, wire), dtype) : WireType::kNone;
+    st.wire = want;
     ringAllreduceSpans(c, spans, dtype, op, postscale, st.wire);
     st.size = c.size;
     st.bytes = count * es;
@@ -246,7 +270,8 @@ void allreduceSpans(RingComm& c, const std::vector<Span>& spans, DataType dtype,
   }
   // Pieces of consecutive spans up to max_pack bytes, each packed, reduced
   // and unpacked; a span larger than that alone is reduced where it lies.
-  // Every rank holds the same spans, so every rank cuts the same pieces.
+  // Every rank holds the same spans, so every rank cuts the same pieces
+  // (and, on a wire, Rabenseifner rounds each piece's elements alike).
   const size_t limit = std::max(max_pack, es);
   for (size_t i = 0; i < spans.size();) {
     if (spans[i].count * es >= limit) {
