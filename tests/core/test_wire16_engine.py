@@ -3,8 +3,10 @@ float16 and bfloat16 sums against the core's own cast-then-sum path, an
 average near float16's limit, integers left alone, tensors on different
 wires submitted together, and ranks that disagree on the wire. One launch,
 three passes: the pipelined ring with a tiny chunk, TCP links, and auto on
-one host's shared memory (the wire served at float32). Then the
-hierarchical algorithm on 4 ranks over 2 pretend hosts."""
+one host's shared memory (the wire served at float32). Then 3 ranks on 3
+pretend hosts, where auto runs Rabenseifner on the wire (and
+TFRING_ALLREDUCE_ALGO=ring the ring), and the hierarchical algorithm on 4
+ranks over 2 pretend hosts."""
 
 from multiproc import check_ok, run_passes, run_ranks
 
@@ -42,6 +44,27 @@ def test_wire16_engine():
             assert msg and "wire dtype" in msg and "'mismatch'" in msg, (rank, msg)
             assert "float16 on rank 0" in msg and "bfloat16 on rank 1" in msg, msg
             assert "allreduce only" in out["allgather"], out["allgather"]
+
+
+def test_wire16_hosts():
+    """One rank per pretend host: auto trades the ring for Rabenseifner on
+    the wire (a fold: 3 ranks), bit for bit its emulation, the bytes that
+    scheme sends, identical on every rank, fused tensors too; naming the
+    ring still runs the ring."""
+    per_pass = run_passes(3, "wire16_hosts.py", [{}, {"TFRING_ALLREDUCE_ALGO": "ring"}],
+                          per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r}"}, timeout=90)
+    for p, algo in enumerate(("rabenseifner", "ring")):
+        ranks = per_pass[p]
+        for key in ("float16", "bfloat16", "group"):
+            assert all(r[key]["digest"] == ranks[0][key]["digest"] for r in ranks), (p, key)
+        for rank, out in enumerate(ranks):
+            for wire in ("float16", "bfloat16"):
+                got = out[wire]
+                assert got["stats"]["algo"] == algo and got["stats"]["wire"] == wire, got
+                assert got["emulated"], (p, rank, wire)
+                if algo == "rabenseifner":
+                    assert got["stats"]["bytes_sent"] == got["bytes"], (rank, got)
+            assert out["group"]["emulated"] and out["group"]["algo"] == algo, out["group"]
 
 
 def test_wire16_hier():
