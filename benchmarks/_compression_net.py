@@ -111,6 +111,7 @@ def run_job(cluster_mod, c, nhosts, argv, timeout, label, env=None):
     from _common import tfring_path
 
     hosts = ",".join(f"{h.name}:1" for h in c.hosts[:nhosts])
+    env_extra = env
     env = cluster_mod.launch_env(TFRING_TIMEOUT=300, **(env or {}))
     # The ranks import the tfring this interpreter imports (a build's
     # package dir on PYTHONPATH, or the checkout).
@@ -118,8 +119,10 @@ def run_job(cluster_mod, c, nhosts, argv, timeout, label, env=None):
     # -P: the working directory (the checkout) does not go first on sys.path,
     # so the launcher imports the same tfring as the ranks.
     cmd = [cluster_mod.PYTHON, "-P", "-m", "tfring.run", "-np", str(nhosts), "-H", hosts,
-           "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "--timeout", str(int(timeout)),
-           *argv]
+           "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "--timeout", str(int(timeout))]
+    for k in sorted(env_extra or {}):
+        cmd += ["-x", k]
+    cmd += argv
     t0 = time.monotonic()
     out = c.hosts[0].run(cmd, env=env, cwd=cluster_mod.ROOT, timeout=timeout + 60)
     if out.returncode != 0:

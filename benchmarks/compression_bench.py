@@ -6,6 +6,7 @@ PowerSGD gain over the float32 ring where the link is the bound.
     sudo python benchmarks/compression_bench.py --hosts 4 --sizes 64M --parts collectives
     sudo python benchmarks/compression_bench.py --rates 300,1000 --json compression.json
     sudo python benchmarks/compression_bench.py --parts train --train-compressions none,powersgd
+    sudo python benchmarks/compression_bench.py --parts collectives --algo ring   # the wire on the ring
 
 The hosts are network namespaces on a bridge (tests/cluster.py), one rank
 per host, each host's link capped at --rate Mbit/s in both directions with
@@ -99,6 +100,9 @@ def parse_args(argv=None):
                    help="PowerSGD's uncompressed warm-up steps in training")
     p.add_argument("--probe-s", type=float, default=3.0, help="seconds per link-probe stream")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per job")
+    p.add_argument("--algo", default=None,
+                   help="TFRING_ALLREDUCE_ALGO of the collective jobs (default: unset, auto; "
+                        "ring runs the 16-bit wire on the ring instead of Rabenseifner)")
     p.add_argument("--json", help="also write every result to this file")
     return p.parse_args(argv)
 
@@ -178,9 +182,10 @@ def collectives_job(cluster, c, nhosts, rate, link, args, tmp):
             "--sizes", ",".join(map(str, args.sizes)), "--paths", ",".join(args.paths),
             "--reps", str(args.reps), "--loop-s", str(args.loop_s),
             "--powersgd-rank", str(args.powersgd_rank)]
-    run = {"rate": rate, "link": link, "np": nhosts}
+    run = {"rate": rate, "link": link, "np": nhosts, "algo": args.algo or "auto"}
+    env = {"TFRING_ALLREDUCE_ALGO": args.algo} if args.algo else None
     return recorded_job(cluster, c, nhosts, argv, args.timeout,
-                        f"collectives, {nhosts} hosts at {rate:g} Mbit/s", result, run)
+                        f"collectives, {nhosts} hosts at {rate:g} Mbit/s", result, run, env)
 
 
 def train_job(cluster, c, compression, args, tmp):
@@ -192,12 +197,13 @@ def train_job(cluster, c, compression, args, tmp):
                         f"model.fit with compression {compression}", result, {})
 
 
-def recorded_job(cluster, c, nhosts, argv, timeout, what, result, record):
-    """Runs one job and returns `record` with the job's JSON result (or its
-    error) and the load average before and after it."""
+def recorded_job(cluster, c, nhosts, argv, timeout, what, result, record, env=None):
+    """Runs one job (`env`: variables for every rank) and returns `record`
+    with the job's JSON result (or its error) and the load average before
+    and after it."""
     record["load_before"] = net.load()
     try:
-        net.run_job(cluster, c, nhosts, argv, timeout, what)
+        net.run_job(cluster, c, nhosts, argv, timeout, what, env)
         with open(result) as f:
             record.update(json.load(f))
     except (RuntimeError, AssertionError, OSError, ValueError) as e:
@@ -273,7 +279,8 @@ def report(doc, args):
         ratio, detail = collective_tables(doc["collectives"], args.paths)
         lines += ["One rank per host, links capped both ways (tc tbf); link = plain TCP "
                   "goodput (Mbit/s, lower direction).",
-                  "busbw = S/t * 2(N-1)/N with S the float32 size for every path.", "",
+                  "busbw = S/t * 2(N-1)/N with S the float32 size for every path; "
+                  f"TFRING_ALLREDUCE_ALGO={args.algo or 'auto'}.", "",
                   "busbw / link:", "", ratio, "", "time per call, busbw (Mbit/s):", "", detail]
         for run in doc["collectives"]:
             errors = {p: m["error"] for row in run.get("rows", [])
