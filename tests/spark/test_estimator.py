@@ -82,17 +82,23 @@ def _rank_rows(store_dir, size, cols=("x", "y"), kind="train", d=None):
     return out
 
 
-def _reference(shards, lr, batch, epochs, weights=None, steps=None):
+def _reference(shards, lr, batch, epochs, weights=None, steps=None, scale=None):
     """Data-parallel SGD in float64: per step, each rank's MSE gradient on
-    its batch, averaged, applied with lr * size. Returns (W, b, per-epoch
-    loss averaged over ranks and steps)."""
+    its batch, averaged, applied with lr * scale (default: the number of
+    ranks). ``lr`` is a float or a function of the step (counted over the
+    whole run from 0, as Keras' optimizer.iterations). Returns (W, b,
+    per-epoch loss averaged over ranks and steps)."""
     size = len(shards)
+    scale = size if scale is None else scale
     steps = steps or min(len(s["y"]) // batch for s in shards)
     w, b = W0.copy(), B0.copy()
     history = []
+    step = 0
     for _ in range(epochs):
         losses = []
         for k in range(steps):
+            rate = (lr(step) if callable(lr) else lr) * scale
+            step += 1
             gw, gb = np.zeros_like(w), np.zeros_like(b)
             for s in shards:
                 sl = slice(k * batch, (k + 1) * batch)
@@ -102,8 +108,8 @@ def _reference(shards, lr, batch, epochs, weights=None, steps=None):
                 losses.append(float(np.mean(sw * err ** 2)))
                 gw += 2.0 / batch * x.T @ (sw * err)
                 gb += 2.0 / batch * np.sum(sw * err, axis=0)
-            w -= lr * size * gw / size
-            b -= lr * size * gb / size
+            w -= rate * gw / size
+            b -= rate * gb / size
         history.append(float(np.mean(losses)))
     return w, b, history
 
@@ -140,6 +146,98 @@ def test_fit_matches_data_parallel_sgd_in_numpy(spark, tmp_path):
     assert meta["y"]["spark_type"] == "scalar" and meta["y"]["shape"] == []
     # Rank 0's checkpoint after the last epoch is in the run's folder.
     assert store.get_checkpoints("ref") == [store.get_run_path("ref") + "/checkpoint.keras"]
+
+
+def _decay(step):
+    """ExponentialDecay(0.05, decay_steps=4, decay_rate=0.5) in float64."""
+    return 0.05 * 0.5 ** (step / 4)
+
+
+def _decay_schedule():
+    return keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=4, decay_rate=0.5)
+
+
+def test_a_learning_rate_schedule_is_scaled_by_the_ranks(spark, tmp_path):
+    """SGD with ExponentialDecay on 2 ranks: the ranks step with
+    schedule(step) * 2 (the numpy reference; the unscaled schedule ends
+    elsewhere). The checkpoint holds the scaled schedule; the returned
+    model, and the model of the finished run fit again, the user's own."""
+    from tfring.spark.keras import _serialize
+
+    root = tmp_path / "store"
+    store = Store.create(str(root))
+    df = _frame(spark, n=64)
+    est = _estimator(store, optimizer=keras.optimizers.SGD(_decay_schedule()), epochs=1,
+                     run_id="sched")
+    km = est.fit(df)
+
+    shards = _rank_rows(str(root), 2)
+    steps = min(len(s["y"]) for s in shards) // 8
+    assert steps >= 3  # the schedule decays within the epoch
+    w, b, history = _reference(shards, _decay, batch=8, epochs=1)
+    got_w, got_b = km.getModel().get_weights()
+    np.testing.assert_allclose(got_w, w, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(got_b, b, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(km.getHistory()["loss"], history, rtol=1e-4)
+    unscaled_w, _, _ = _reference(shards, _decay, batch=8, epochs=1, scale=1)
+    assert not np.allclose(got_w, unscaled_w, rtol=1e-3, atol=1e-5)
+
+    user = keras.optimizers.schedules.serialize(_decay_schedule())
+    opt = km.getModel().optimizer
+    assert opt.get_config()["learning_rate"] == user
+    assert int(opt.iterations) == steps
+    assert float(opt.learning_rate) == pytest.approx(_decay(steps), rel=1e-6)
+
+    ckpt = _serialize.bytes_to_model(store.read(store.get_checkpoints("sched")[0]))
+    scaled = ckpt.optimizer.get_config()["learning_rate"]
+    assert scaled["class_name"] == "ScaledLearningRateSchedule"
+    assert scaled["config"] == {"schedule": user, "multiplier": 2.0}
+    assert float(ckpt.optimizer.learning_rate) == pytest.approx(2 * _decay(steps), rel=1e-6)
+
+    again = est.fit(df)  # the run is complete: its checkpoint, without training
+    assert again.getModel().optimizer.get_config()["learning_rate"] == user
+    np.testing.assert_array_equal(again.getModel().get_weights()[0], got_w)
+
+
+class _InverseTime(keras.optimizers.schedules.LearningRateSchedule):
+    """A custom schedule, not registered: base / (1 + step)."""
+
+    def __init__(self, base=0.1):
+        self.base = base
+
+    def __call__(self, step):
+        return self.base / (1.0 + keras.ops.cast(step, "float32"))
+
+    def get_config(self):
+        return {"base": self.base}
+
+
+def test_the_ranks_scale_a_custom_schedule_given_in_custom_objects():
+    """What each rank compiles (remote._compile, no Spark): the user's
+    custom schedule, found through custom_objects, times the number of
+    ranks; saved and loaded as the driver loads rank 0's model, the
+    schedule unwraps to the user's."""
+    from tfring.spark.keras import _schedule, _serialize, remote
+
+    co = {"_InverseTime": _InverseTime}
+    config, base_lr = _serialize.serialize_optimizer(keras.optimizers.SGD(_InverseTime(0.1)))
+    assert base_lr is None
+    spec = remote.TrainSpec(optimizer=config, base_lr=None, backward_passes_per_step=1,
+                            gradient_compression=None, custom_objects=co, loss="mse",
+                            loss_weights=None, metrics=[])
+    model = _linear()
+    assert remote._compile(spec, model, 3) == (None, True)
+    for step in (0, 5):
+        model.optimizer.iterations.assign(step)
+        assert float(model.optimizer.learning_rate) == pytest.approx(0.3 / (1 + step))
+
+    loaded = _serialize.bytes_to_model(_serialize.model_to_bytes(model), co)
+    loaded.optimizer.iterations.assign(4)
+    assert float(loaded.optimizer.learning_rate) == pytest.approx(0.3 / 5)
+    assert _schedule.unscale_optimizer(loaded.optimizer)
+    assert float(loaded.optimizer.learning_rate) == pytest.approx(0.1 / 5)
+    assert loaded.optimizer.get_config()["learning_rate"]["config"] == {"base": 0.1}
+    assert not _schedule.unscale_optimizer(loaded.optimizer)  # one wrapper, unwrapped once
 
 
 def _no_job_in(spark, group, fn):
@@ -232,6 +330,30 @@ def test_resume_with_the_same_run_id(spark, tmp_path):
     again = _estimator(store, optimizer=opt, run_id="r", epochs=4).fit(df)
     np.testing.assert_array_equal(again.getModel().get_weights()[0],
                                   resumed.getModel().get_weights()[0])
+
+
+@pytest.mark.slow
+def test_a_resumed_schedule_is_scaled_once(spark, tmp_path):
+    """One epoch with a schedule, then the same run_id asked for two: the
+    ranks go on from the checkpoint's step count with the schedule scaled
+    once (not the checkpoint's scaled schedule scaled again), and end at
+    the float64 reference of two epochs."""
+    df = _frame(spark, n=64)
+    root = tmp_path / "store"
+    store = Store.create(str(root))
+    opt = keras.optimizers.SGD(_decay_schedule())
+    first = _estimator(store, optimizer=opt, run_id="s", epochs=1).fit(df)
+    resumed = _estimator(store, optimizer=opt, run_id="s", epochs=2).fit(df)
+    shards = _rank_rows(str(root), 2)
+    w, b, history = _reference(shards, _decay, batch=8, epochs=2)
+    np.testing.assert_allclose(resumed.getModel().get_weights()[0], w, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(resumed.getModel().get_weights()[1], b, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(resumed.getHistory()["loss"], history, rtol=1e-4)
+    np.testing.assert_allclose(resumed.getHistory()["loss"][:1], first.getHistory()["loss"])
+    opt = resumed.getModel().optimizer
+    assert opt.get_config()["learning_rate"] == keras.optimizers.schedules.serialize(
+        _decay_schedule())
+    assert float(opt.learning_rate) == pytest.approx(_decay(int(opt.iterations)), rel=1e-6)
 
 
 @pytest.mark.slow

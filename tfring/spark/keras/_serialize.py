@@ -14,6 +14,7 @@ count cannot disagree with the weights (one file, published by one
 rename).
 """
 
+import copy
 import io
 import json
 import os
@@ -35,8 +36,12 @@ def model_to_bytes(model):
 
 
 def bytes_to_model(data, custom_objects=None, compile=True, directory=None, safe_mode=True):
-    """A Keras model from .keras bytes (written to a temporary file)."""
+    """A Keras model from .keras bytes (written to a temporary file). The
+    checkpoints of a run with a learning-rate schedule hold tfring's
+    ScaledLearningRateSchedule: importing _schedule registers it."""
     import keras
+
+    from tfring.spark.keras import _schedule  # noqa: F401 - registers the schedule
 
     with tempfile.TemporaryDirectory(prefix="tfring-model-", dir=directory) as tmp:
         path = os.path.join(tmp, "model.keras")
@@ -75,9 +80,9 @@ def serialize_compile_arg(value, custom_objects=None, what="loss"):
         return {k: serialize_compile_arg(v, custom_objects, what) for k, v in value.items()}
     if isinstance(value, (keras.losses.Loss, keras.metrics.Metric)):
         config = keras.saving.serialize_keras_object(value)
-        try:
+        try:  # (a copy: from_config may replace parts of the config it is given)
             with keras.saving.custom_object_scope(custom_objects or {}):
-                keras.saving.deserialize_keras_object(config)
+                keras.saving.deserialize_keras_object(copy.deepcopy(config))
         except Exception as e:  # noqa: BLE001 - reported with the object's name
             if isinstance(value, keras.losses.Loss):
                 return value  # a Loss holds no variables: it pickles

@@ -24,7 +24,8 @@ fit(df), in order:
      remote.train on num_proc ranks (remote.py); rank 0 publishes a
      checkpoint and TensorBoard logs to the run's folder every epoch;
   4. the driver loads rank 0's model (learning rate divided back by the
-     number of ranks, as Horovod does) and returns a KerasModel with the
+     number of ranks, as Horovod does; a schedule unwrapped back to the
+     user's) and returns a KerasModel with the
      history (the ranks' average per epoch, from the start of the run).
 A rank that fails raises tfring.spark.SparkJobError naming it; temporary
 files the run left in the store are removed. docs/spark-estimator.md has
@@ -59,8 +60,8 @@ class KerasEstimator(Estimator, EstimatorParams):
         store: the Store for the data, checkpoints and logs (required).
         custom_objects: Keras custom objects the model, loss or metrics need.
         optimizer: a Keras optimizer (or its name), unscaled: its learning rate
-            is multiplied by the number of ranks. Default: the compiled
-            model's optimizer.
+            (or LearningRateSchedule) is multiplied by the number of ranks.
+            Default: the compiled model's optimizer.
         loss, loss_weights, metrics: as for model.compile.
         sample_weight_col: a column of per-row weights.
         gradient_compression: a tfring.Compression for the gradient allreduce.
@@ -378,9 +379,12 @@ class KerasEstimator(Estimator, EstimatorParams):
 
     def _model_from(self, model_bytes, history, run_id, info, size, base_lr):
         """The KerasModel of rank 0's model: its learning rate divided by the
-        number of ranks (the unscaled rate, as Horovod returns it)."""
+        number of ranks (the unscaled rate, as Horovod returns it), or its
+        schedule the user's own again (unwrapped from the ranks'
+        ScaledLearningRateSchedule)."""
         import keras
 
+        from tfring.spark.keras import _schedule
         from tfring.spark.keras.model import KerasModel
 
         co = self.getCustomObjects()
@@ -391,6 +395,8 @@ class KerasEstimator(Estimator, EstimatorParams):
                           UserWarning, stacklevel=3)
             model = ser.bytes_to_model(model_bytes, co, compile=False)
         opt = getattr(model, "optimizer", None)
+        if opt is not None:
+            _schedule.unscale_optimizer(opt)
         if opt is not None and base_lr is not None and size and size > 1:
             try:
                 opt.learning_rate = float(keras.ops.convert_to_numpy(opt.learning_rate)) / size

@@ -6,8 +6,10 @@ On every rank:
      there are GPUs) or hide them; seed Keras (random_seed);
   2. load the model from its .keras bytes, compile it with
      tfring.keras.DistributedOptimizer around the optimizer rebuilt from its
-     config, the learning rate scaled by the number of ranks; when
-     resuming, load the checkpoint's weights and optimizer state;
+     config, the learning rate scaled by the number of ranks (a schedule
+     wrapped in a ScaledLearningRateSchedule); when resuming, load the
+     checkpoint's weights and optimizer state (the step count included),
+     the rate scaled afresh from the user's unscaled one;
   3. open its shard of the training (and validation) Parquet files and agree
      with the other ranks on the steps per epoch (reader.py);
   4. model.fit with BroadcastGlobalVariablesCallback(0) (every rank starts
@@ -127,26 +129,34 @@ class _Element:
 
 def _compile(spec, model, size):
     """Compiles the model with a DistributedOptimizer, the learning rate
-    scaled by size. Returns the scaled learning rate (None for a
-    schedule)."""
+    scaled by size: a float rate becomes rate * size, a
+    LearningRateSchedule is wrapped in a ScaledLearningRateSchedule
+    (_schedule.py). Returns (the scaled float rate or None, whether a
+    schedule was scaled)."""
     import keras
 
     import tfring.keras as tk
+    from tfring.spark.keras import _schedule
 
-    opt = keras.optimizers.deserialize(spec.optimizer, custom_objects=spec.custom_objects)
-    scaled = None
-    if spec.base_lr is not None:
-        scaled = spec.base_lr * size
-        opt.learning_rate = scaled
     kw = {"backward_passes_per_step": spec.backward_passes_per_step}
     if spec.gradient_compression is not None:
         kw["compression"] = spec.gradient_compression
-    dist = tk.DistributedOptimizer(opt, **kw)
+    # DistributedOptimizer rebuilds the optimizer from its config: a custom
+    # schedule given in custom_objects must be found there too.
+    with keras.saving.custom_object_scope(spec.custom_objects or {}):
+        opt = keras.optimizers.deserialize(spec.optimizer, custom_objects=spec.custom_objects)
+        dist = tk.DistributedOptimizer(opt, **kw)
+    scaled, schedule = None, False
+    if spec.base_lr is not None:
+        scaled = spec.base_lr * size
+        dist.learning_rate = scaled
+    else:
+        schedule = _schedule.scale_optimizer(dist, size)
     model.compile(optimizer=dist,
                   loss=ser.deserialize_compile_arg(spec.loss, spec.custom_objects),
                   loss_weights=spec.loss_weights,
                   metrics=ser.deserialize_compile_arg(spec.metrics, spec.custom_objects))
-    return scaled
+    return scaled, schedule
 
 
 def _readers(spec, store, rank, size):
@@ -339,7 +349,7 @@ def train(spec):
     with tempfile.TemporaryDirectory(prefix="tfring-estimator-") as tmp:
         model = ser.bytes_to_model(spec.model_bytes, spec.custom_objects, compile=False,
                                    directory=tmp)
-        scaled_lr = _compile(spec, model, size)
+        scaled_lr, scaled_schedule = _compile(spec, model, size)
         if spec.resume:
             path = os.path.join(tmp, "resume.keras")
             with open(path, "wb") as f:
@@ -377,7 +387,8 @@ def train(spec):
             print(f"KerasEstimator: {size} ranks, epochs {spec.initial_epoch}..{spec.epochs}, "
                   f"{steps} steps of {spec.batch_size} rows per rank per epoch"
                   + (f", validation {val_steps} steps of {vbs}" if val_reader else "")
-                  + (f", learning rate {spec.base_lr:g} x {size}" if scaled_lr else ""),
+                  + (f", learning rate {spec.base_lr:g} x {size}" if scaled_lr else "")
+                  + (f", learning-rate schedule x {size}" if scaled_schedule else ""),
                   flush=True)
         history = model.fit(train_ds, steps_per_epoch=steps, epochs=spec.epochs,
                             initial_epoch=spec.initial_epoch, validation_data=val_ds,
