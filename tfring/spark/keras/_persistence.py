@@ -81,6 +81,140 @@ def _object_name(obj):
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
 
 
+# --- shared by the KerasModel and KerasEstimator writers and readers ------------------
+
+
+def check_path(path):
+    if not isinstance(path, str):
+        raise TypeError(f"path should be a string, got {type(path).__name__}")
+
+
+def clear_target(path, overwrite, what="model"):
+    """Makes way for a save to ``path``: removes what is there when
+    ``overwrite``, else fails if anything is."""
+    fs, root = filesystem(path)
+    if exists(fs, root):
+        if not overwrite:
+            raise FileExistsError(
+                f"{path} already exists: save with {what}.write().overwrite().save(path) "
+                f"to replace it")
+        info = fs.get_file_info(root)
+        if info.type == info.type.Directory:
+            fs.delete_dir(root)
+        else:
+            fs.delete_file(root)
+
+
+def versions():
+    """(Keras version, TensorFlow version or None)."""
+    import keras
+
+    try:
+        import tensorflow as tf
+        tf_version = tf.__version__
+    except ImportError:
+        tf_version = None
+    return keras.__version__, tf_version
+
+
+def params_metadata(inst, params, defaults, custom_objects, extra=None):
+    """The metadata line (Spark's DefaultParamsWriter layout) of ``inst``
+    with ``params`` and ``defaults`` (name -> JSON value) and the "tfring"
+    entry: the format, the model's file, the custom objects' names, the
+    Keras/TensorFlow versions and ``extra``."""
+    import pyspark
+
+    keras_version, tf_version = versions()
+    own = {"format": FORMAT, "model": MODEL_FILE,
+           "customObjects": {k: _object_name(v) for k, v in (custom_objects or {}).items()},
+           "kerasVersion": keras_version, "tensorflowVersion": tf_version}
+    own.update(extra or {})
+    return {"class": type(inst).__module__ + "." + type(inst).__name__,
+            "timestamp": int(round(time.time() * 1000)),
+            "sparkVersion": pyspark.__version__, "uid": inst.uid,
+            "paramMap": params, "defaultParamMap": defaults, "tfring": own}
+
+
+def write_folder(path, meta, model_data):
+    """Writes the saved folder: the model's .keras bytes (unless None),
+    then the metadata."""
+    fs, root = filesystem(path)
+    if model_data is not None:
+        write_bytes(fs, f"{root}/{MODEL_FILE}", model_data)
+    write_bytes(fs, f"{root}/{METADATA_FILE}",
+                (json.dumps(meta, separators=(",", ":")) + "\n").encode())
+
+
+def read_folder(path, what):
+    """(metadata, its "tfring" entry, the model's .keras bytes or None) of
+    a folder that write_folder wrote; ``what`` names the class in errors."""
+    check_path(path)
+    fs, root = filesystem(path)
+    if not exists(fs, f"{root}/{METADATA_FILE}"):
+        raise FileNotFoundError(f"{path} holds no saved {what} ({METADATA_FILE} is missing)")
+    meta = json.loads(read_bytes(fs, f"{root}/{METADATA_FILE}").decode().splitlines()[0])
+    own = meta.get("tfring") or {}
+    if own.get("format") != FORMAT:
+        raise ValueError(f"{path} was not saved by tfring's {what} (or by a newer "
+                         f"version: format {own.get('format')!r}, this reads {FORMAT})")
+    name = own.get("model", MODEL_FILE)
+    return meta, own, (read_bytes(fs, f"{root}/{name}") if name else None)
+
+
+def load_model(data, custom_objects, recorded, safe_mode, what):
+    """The Keras model of .keras bytes, compiled as saved. A failure for
+    want of a custom object names those the folder recorded
+    (``recorded``: name -> qualified name) and how to pass them."""
+    from tfring.spark.keras import _predict
+
+    try:
+        return _predict.load_model_bytes(data, custom_objects, compile=True,
+                                         safe_mode=safe_mode)
+    except Exception as e:
+        missing = sorted(set(recorded) - set(custom_objects))
+        if not missing:
+            raise
+        hint = (f"{e}\n(the model was saved with custom objects "
+                f"{ {k: recorded[k] for k in missing} }: pass them as "
+                f"{what}.load(path, custom_objects={{...}}) unless they are "
+                f"registered Keras serializables)")
+        try:
+            error = type(e)(hint)
+        except Exception:
+            error = ValueError(hint)
+        raise error from e
+
+
+def found_custom_objects(recorded, given):
+    """``given`` plus the recorded custom objects that Keras finds by
+    itself (registered, or in a custom_object_scope): the loaded
+    instance's custom_objects, which training and transform ship to the
+    executors."""
+    import keras
+
+    custom = dict(given)
+    for name in recorded:
+        if name not in custom:
+            found = keras.saving.get_registered_object(name)
+            if found is not None:
+                custom[name] = found
+    return custom
+
+
+def set_params(instance, meta, decode=None):
+    """Sets the saved defaults and params on a fresh ``instance`` (with the
+    saved uid); ``decode(name, value)`` turns a JSON value back into the
+    param's value."""
+    instance._resetUid(meta["uid"])
+    decode = decode or (lambda name, value: value)
+    for source, setter in ((meta.get("defaultParamMap", {}), instance._setDefault),
+                           (meta.get("paramMap", {}), instance._set)):
+        values = {k: decode(k, v) for k, v in source.items() if instance.hasParam(k)}
+        if values:
+            setter(**values)
+    return instance
+
+
 class KerasModelWriter(MLWriter):
     """`model.write()`: `.overwrite()` replaces an existing folder, else
     saving over one fails."""
@@ -90,25 +224,11 @@ class KerasModelWriter(MLWriter):
         self.instance = instance
 
     def save(self, path):
-        if not isinstance(path, str):
-            raise TypeError(f"path should be a string, got {type(path).__name__}")
-        fs, root = filesystem(path)
-        if exists(fs, root):
-            if not self.shouldOverwrite:
-                raise FileExistsError(
-                    f"{path} already exists: save with model.write().overwrite().save(path) "
-                    f"to replace it")
-            info = fs.get_file_info(root)
-            if info.type == info.type.Directory:
-                fs.delete_dir(root)
-            else:
-                fs.delete_file(root)
+        check_path(path)
+        clear_target(path, self.shouldOverwrite)
         self.saveImpl(path)
 
     def saveImpl(self, path):
-        import keras
-        import pyspark
-
         from tfring.spark.keras import _predict
 
         inst = self.instance
@@ -119,24 +239,8 @@ class KerasModelWriter(MLWriter):
         params = {p.name: _json_value(v) for p, v in inst._paramMap.items() if p.name not in skip}
         defaults = {p.name: _json_value(v) for p, v in inst._defaultParamMap.items()
                     if p.name not in skip}
-        custom = inst.getCustomObjects() or {}
-        try:
-            import tensorflow as tf
-            tf_version = tf.__version__
-        except ImportError:
-            tf_version = None
-        meta = {"class": type(inst).__module__ + "." + type(inst).__name__,
-                "timestamp": int(round(time.time() * 1000)),
-                "sparkVersion": pyspark.__version__, "uid": inst.uid,
-                "paramMap": params, "defaultParamMap": defaults,
-                "tfring": {"format": FORMAT, "model": MODEL_FILE,
-                           "customObjects": {k: _object_name(v) for k, v in custom.items()},
-                           "kerasVersion": keras.__version__,
-                           "tensorflowVersion": tf_version}}
-        fs, root = filesystem(path)
-        write_bytes(fs, f"{root}/{MODEL_FILE}", _predict.model_bytes(model))
-        write_bytes(fs, f"{root}/{METADATA_FILE}",
-                    (json.dumps(meta, separators=(",", ":")) + "\n").encode())
+        meta = params_metadata(inst, params, defaults, inst.getCustomObjects())
+        write_folder(path, meta, _predict.model_bytes(model))
 
 
 class KerasModelReader(MLReader):
@@ -152,54 +256,10 @@ class KerasModelReader(MLReader):
         self.safe_mode = safe_mode
 
     def load(self, path):
-        from tfring.spark.keras import _predict
-
-        if not isinstance(path, str):
-            raise TypeError(f"path should be a string, got {type(path).__name__}")
-        fs, root = filesystem(path)
-        if not exists(fs, f"{root}/{METADATA_FILE}"):
-            raise FileNotFoundError(f"{path} holds no saved KerasModel "
-                                    f"({METADATA_FILE} is missing)")
-        meta = json.loads(read_bytes(fs, f"{root}/{METADATA_FILE}").decode().splitlines()[0])
-        own = meta.get("tfring") or {}
-        if own.get("format") != FORMAT:
-            raise ValueError(f"{path} was not saved by tfring's KerasModel (or by a newer "
-                             f"version: format {own.get('format')!r}, this reads {FORMAT})")
+        meta, own, data = read_folder(path, "KerasModel")
         recorded = own.get("customObjects") or {}
-        data = read_bytes(fs, f"{root}/{own.get('model', MODEL_FILE)}")
-        try:
-            model = _predict.load_model_bytes(data, self.custom_objects, compile=True,
-                                              safe_mode=self.safe_mode)
-        except Exception as e:
-            missing = sorted(set(recorded) - set(self.custom_objects))
-            if not missing:
-                raise
-            hint = (f"{e}\n(the model was saved with custom objects "
-                    f"{ {k: recorded[k] for k in missing} }: pass them as "
-                    f"KerasModel.load(path, custom_objects={{...}}) unless they are "
-                    f"registered Keras serializables)")
-            try:
-                error = type(e)(hint)
-            except Exception:
-                error = ValueError(hint)
-            raise error from e
-        # The recorded custom objects that Keras found by itself (registered,
-        # or in a custom_object_scope) become the param too: transform ships
-        # them to the executors.
-        import keras
-
-        custom = dict(self.custom_objects)
-        for name in recorded:
-            if name not in custom:
-                found = keras.saving.get_registered_object(name)
-                if found is not None:
-                    custom[name] = found
-        instance = self.cls()
-        instance._resetUid(meta["uid"])
-        for source, setter in ((meta.get("defaultParamMap", {}), instance._setDefault),
-                               (meta.get("paramMap", {}), instance._set)):
-            values = {k: v for k, v in source.items() if instance.hasParam(k)}
-            if values:
-                setter(**values)
-        instance._set(model=model, custom_objects=custom)
+        model = load_model(data, self.custom_objects, recorded, self.safe_mode, "KerasModel")
+        instance = set_params(self.cls(), meta)
+        instance._set(model=model,
+                      custom_objects=found_custom_objects(recorded, self.custom_objects))
         return instance

@@ -28,8 +28,9 @@ fit(df), in order:
      user's) and returns a KerasModel with the
      history (the ranks' average per epoch, from the start of the run).
 A rank that fails raises tfring.spark.SparkJobError naming it; temporary
-files the run left in the store are removed. docs/spark-estimator.md has
-the details.
+files the run left in the store are removed. The estimator is Spark ML
+persistable (save/load, a Pipeline stage: _estimator_persistence.py).
+docs/spark-estimator.md has the details.
 """
 
 import secrets
@@ -40,16 +41,18 @@ import warnings
 from pyspark import keyword_only
 from pyspark.ml import Estimator
 from pyspark.ml.param.shared import Param, Params
+from pyspark.ml.util import MLReadable, MLWritable
 
 from tfring.spark.common import metadata as md
 from tfring.spark.common import prepare
 from tfring.spark.common.backend import SparkBackend
 from tfring.spark.common.params import EstimatorParams
+from tfring.spark.keras import _estimator_persistence as persistence
 from tfring.spark.keras import _serialize as ser
 from tfring.spark.keras import remote
 
 
-class KerasEstimator(Estimator, EstimatorParams):
+class KerasEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
     """Spark Estimator fitting a Keras 3 model to a DataFrame on tfring
     ranks (Horovod's KerasEstimator, same params).
 
@@ -152,6 +155,29 @@ class KerasEstimator(Estimator, EstimatorParams):
 
     def getDataModule(self):
         return self.getOrDefault(self.data_module)
+
+    # --- persistence (_estimator_persistence.py) ----------------------------------------
+
+    def write(self):
+        """A writer: `estimator.write().overwrite().save(path)`. The model
+        is saved as a .keras file, the params as JSON; the backend is not
+        saved; a callback (or other value) that Keras cannot serialize is
+        refused, naming it."""
+        return persistence.KerasEstimatorWriter(self)
+
+    @classmethod
+    def read(cls, custom_objects=None, safe_mode=True):
+        """A reader: `KerasEstimator.read().load(path)`. `custom_objects` are
+        those the estimator was saved with (registered Keras serializables
+        need not be passed); `safe_mode=False` lets Lambda layers load."""
+        return persistence.KerasEstimatorReader(cls, custom_objects, safe_mode)
+
+    @classmethod
+    def load(cls, path, custom_objects=None, safe_mode=True):
+        """The KerasEstimator saved at `path` (a local path or a
+        pyarrow/fsspec URL): its params, its model, and a store recreated
+        from its prefix path."""
+        return cls.read(custom_objects, safe_mode).load(path)
 
     # --- driver-side checks ------------------------------------------------
 
