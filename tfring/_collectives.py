@@ -259,13 +259,13 @@ def _scale_gathered_values(values, op_name, scale, size):
     if op_name == "average":
         if values.dtype.is_integer or values.dtype.is_bool:
             values = tf.math.truediv(values, tf.cast(size, values.dtype))
-            return values * tf.cast(scale, values.dtype) if scale != 1.0 else values
+            return values * tf.constant(scale, values.dtype) if scale != 1.0 else values
         scale = scale / size
     if scale == 1.0:
         return values
     if values.dtype.is_integer:
         return tf.cast(tf.cast(values, tf.float64) * scale, values.dtype)
-    return values * tf.cast(scale, values.dtype)
+    return values * tf.constant(scale, values.dtype)
 
 
 

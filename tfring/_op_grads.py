@@ -43,9 +43,11 @@ def _reduce_grad(op_name, x, y_full, g_full, pre, post, ps_id):
     """dL/dx for y_full = post * op_r(pre * x_r), given g_full = the sum over
     ranks of dL/dy_full (y_full: the whole reduced tensor)."""
     me, size = _rank_size(ps_id)
+    # Scales are Python floats made constants of the gradient's dtype
+    # (tf.cast would make a float32 tensor of them first: 2/3 off by 3e-8).
     if op_name in ("sum", "average"):
         scale = pre * post / (size if op_name == "average" else 1)
-        return g_full * tf.cast(scale, g_full.dtype)
+        return g_full * tf.constant(scale, g_full.dtype)
     if op_name in ("min", "max"):
         # The gradient goes to the ranks holding the extreme value, split
         # evenly on ties. The winners are found from unscaled inputs (a
@@ -55,7 +57,7 @@ def _reduce_grad(op_name, x, y_full, g_full, pre, post, ps_id):
         best = allreduce(x, op_name, ps_id=ps_id)
         mask = tf.cast(tf.equal(x, best), g_full.dtype)
         count = allreduce(mask, "sum", ps_id=ps_id)
-        return g_full * tf.cast(pre * post, g_full.dtype) * mask / count
+        return g_full * tf.constant(pre * post, g_full.dtype) * mask / count
     if op_name == "product":
         # dy/dx_r = post * pre^size * product of the other ranks' x, built
         # from exclusive cumulative products so zeros need no division.
@@ -63,7 +65,7 @@ def _reduce_grad(op_name, x, y_full, g_full, pre, post, ps_id):
         others = (tf.math.cumprod(xs, axis=0, exclusive=True)
                   * tf.math.cumprod(xs, axis=0, exclusive=True, reverse=True))
         scale = post * pre ** size
-        return g_full * others[me] * tf.cast(scale, g_full.dtype)
+        return g_full * others[me] * tf.constant(scale, g_full.dtype)
     raise NotImplementedError(f"tfring: no gradient for reduce op {op_name}")
 
 
