@@ -1,4 +1,4 @@
-"""The TensorFlow ops on 2 and 4 ranks: every op in eager, tf.function and
+"""The TensorFlow ops on 3 ranks (2 and 4 too with TFRING_TEST_SLOW=1): every op in eager, tf.function and
 tf.compat.v1 session modes against numpy references, for every dtype TF
 allows for it; gradients of every op; and the op-level contracts (not merged
 or folded, not chained inside tf.function, deterministic names, compiled by
@@ -7,10 +7,12 @@ version mismatch).
 
 Importing TensorFlow costs seconds per rank, so each world size is one job
 whose ranks run every check (tests/workers/tf_ops.py); the tests below
-report the checks one by one.
+report the checks one by one. The 3-rank job also runs the packing
+algorithms' passes (below) on the same ranks.
 """
 
 import importlib.util
+import json
 import os
 import sys
 
@@ -19,7 +21,8 @@ import pytest
 import tf_util
 
 TESTS = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-SIZES = [2, 4]
+SIZES = [3, pytest.param(2, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)]
+PACKING_SIZE = 3
 JOB_TIMEOUT = 300
 
 # Quiet, thread-limited ranks (the test box may have 2 cores for 4 ranks),
@@ -42,6 +45,16 @@ pytestmark = pytest.mark.skipif(
 
 _jobs = {}
 
+PACKING_ALGOS = ["oneshot", "hier"]
+
+
+def _packing_passes():
+    """The algorithms that pack fused tensors, a pass each, after the main
+    pass on the PACKING_SIZE job (a pass sets TFRING_ALLREDUCE_ALGO, inits,
+    runs the check, shuts down)."""
+    return [{"TFRING_ALLREDUCE_ALGO": algo, "TFRING_FUSION_THRESHOLD": "4K",
+             "TEST_ONLY": "grouped_under_packing_algorithms"} for algo in PACKING_ALGOS]
+
 
 def job(size):
     """Runs every check on `size` ranks once; returns per-rank results."""
@@ -49,16 +62,32 @@ def job(size):
         sys.path.insert(0, TESTS)
         from multiproc import run_ranks
 
-        results = run_ranks(size, WORKER, [],
-                            env=RANK_ENV, timeout=JOB_TIMEOUT)
+        passes = [{}] + (_packing_passes() if size == PACKING_SIZE else [])
+        results = run_ranks(size, WORKER, [], env=dict(RANK_ENV, TEST_PASSES=json.dumps(passes)),
+                            timeout=JOB_TIMEOUT * len(passes))
         _jobs[size] = results
     return _jobs[size]
+
+
+def _pass(size, k):
+    """The ranks' results of pass k of the job of `size` (None for a rank
+    that reported none: its exit code tells)."""
+    return [r.result[k] if isinstance(r.result, list) and len(r.result) > k else None
+            for r in job(size)]
 
 
 def _outcome(size, check):
     from multiproc import rank_results
 
-    return rank_results(job(size), check)
+    return rank_results([_Main(r) for r in job(size)], check)
+
+
+class _Main:
+    """A rank's result of the main pass, for multiproc.rank_results."""
+
+    def __init__(self, r):
+        self.__dict__.update(r.__dict__)
+        self.result = r.result[0] if isinstance(r.result, list) and r.result else None
 
 
 @pytest.mark.parametrize("check", CHECKS)
@@ -76,32 +105,14 @@ def test_function_names_agree_across_ranks(size):
     assert len(set(names[0])) == len(names[0]), names[0]
 
 
-PACKING_ALGOS = ["oneshot", "hier"]
-_packing_job = {}
-
-
-def packing_job():
-    """{algo: each rank's results}: the packing algorithms one after
-    the other on the ranks of one launch (a pass each: set
-    TFRING_ALLREDUCE_ALGO, init, run the check, shutdown)."""
-    if not _packing_job:
-        sys.path.insert(0, TESTS)
-        from multiproc import run_passes
-
-        env = dict(RANK_ENV, TFRING_FUSION_THRESHOLD="4K")
-        passes = [{"TFRING_ALLREDUCE_ALGO": algo} for algo in PACKING_ALGOS]
-        res = run_passes(3, WORKER, passes, ["--only", "grouped_under_packing_algorithms"],
-                         env=env, timeout=JOB_TIMEOUT)
-        _packing_job.update(zip(PACKING_ALGOS, res))
-    return _packing_job
-
-
 @pytest.mark.parametrize("algo", PACKING_ALGOS)
 def test_grouped_allreduce_under_packing_algorithms(algo):
     """The algorithms that pack fused tensors get a grouped request in
     pieces of at most the fusion threshold (4 KiB here), a larger part
     alone in place, with and without a prescale."""
-    for r, results in enumerate(packing_job()[algo]):
+    k = 1 + PACKING_ALGOS.index(algo)
+    for r, results in enumerate(_pass(PACKING_SIZE, k)):
+        assert results is not None, f"rank {r} reported no pass {k}: see test_ranks_exit_cleanly"
         o = results["grouped_under_packing_algorithms"]
         assert not o["error"], f"rank {r}:\n{o['error']}"
         assert set(o["value"]) == {algo}, o["value"]

@@ -3,6 +3,9 @@ ops in eager, tf.function and session modes against numpy references,
 their gradients, and the op-level contracts) and reports each one.
 
     python tests/workers/tf_ops.py [--only check,check]   (under a launcher)
+
+Under TEST_PASSES (tests/workers/common.py), a pass's TEST_ONLY names the
+checks of that pass.
 """
 
 import functools
@@ -84,9 +87,11 @@ def _worker():
     only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else CHECKS
 
     def body():
+        # A pass of TEST_PASSES may name its own checks (TEST_ONLY).
+        names = os.environ["TEST_ONLY"].split(",") if os.environ.get("TEST_ONLY") else only
         rank, size = tfring.rank(), tfring.size()
         return run_checks({name: functools.partial(checks[name], tf, tfring, rank, size)
-                           for name in only})
+                           for name in names})
 
     # Once (init, checks, report, shutdown), or once per pass of TEST_PASSES.
     run_passes(body)
