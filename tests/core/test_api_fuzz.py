@@ -13,7 +13,8 @@ Knobs (environment variables):
     TFRING_FUZZ_SECONDS  how long the ranks fuzz (default 20; CI's run)
     TFRING_FUZZ_SEED     the plan's seed, shared by the ranks (default: a
                          fixed one per rank count; printed on failure)
-    TFRING_FUZZ_RANKS    comma-separated rank counts (default "2,3")
+    TFRING_FUZZ_RANKS    comma-separated rank counts (default "3"; "2,3"
+                         with TFRING_TEST_SLOW=1)
 
 A longer run, e.g. ten minutes on 3 ranks with a new seed:
     TFRING_FUZZ_SECONDS=600 TFRING_FUZZ_RANKS=3 TFRING_FUZZ_SEED=$RANDOM \\
@@ -27,7 +28,8 @@ import pytest
 from multiproc import check_ok, run_ranks
 
 SECONDS = float(os.environ.get("TFRING_FUZZ_SECONDS", "20"))
-RANKS = [int(n) for n in os.environ.get("TFRING_FUZZ_RANKS", "2,3").split(",")]
+_SLOW = os.environ.get("TFRING_TEST_SLOW", "") not in ("", "0")
+RANKS = [int(n) for n in os.environ.get("TFRING_FUZZ_RANKS", "2,3" if _SLOW else "3").split(",")]
 
 
 @pytest.mark.parametrize("n", RANKS)

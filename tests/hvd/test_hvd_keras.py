@@ -98,6 +98,7 @@ def test_two_ranks(check, tmp_path_factory):
         assert min(losses) < losses[-1] or losses == sorted(losses)[::-1]
 
 
+@pytest.mark.slow  # the 2-rank job runs both checks by default
 @pytest.mark.parametrize("check", ["syncbn_layer_uneven", "syncbn_fit"])
 def test_four_ranks_syncbn(check, tmp_path_factory):
     outs = outcome(job(4, "syncbn", tmp_path_factory), check)
