@@ -45,9 +45,10 @@
 // memory, where no link is involved, and small and recdbl serve buffers
 // whose cost is latency: they reduce at float32 and ignore the wire. Either
 // way every rank ends with the same bits. Under auto, a request on a wire
-// that would run the ring above the threshold runs rabenseifner instead
-// where the point-to-point links exist (across hosts): the same bytes,
-// log2(p) roundings of an element's partial instead of N-1.
+// from kWireTreeMinRanks ranks on that would run the ring above the
+// threshold runs rabenseifner instead where the point-to-point links exist
+// (across hosts): the same bytes, log2(p) roundings of an element's
+// partial instead of N-1.
 #pragma once
 
 #include <cstddef>
@@ -63,6 +64,9 @@ enum class AllreduceAlgo { kRing, kOneShot, kSmall, kHier, kRecDbl, kRabenseifne
 constexpr int kNumAllreduceAlgos = 6;
 // Above this many bytes auto leaves Rabenseifner for hier or the ring.
 constexpr size_t kRabenseifnerMaxBytes = 1 << 20;
+// From this many ranks auto runs a 16-bit wire's request on Rabenseifner
+// where it would run the ring.
+constexpr int kWireTreeMinRanks = 16;
 
 const char* allreduceAlgoName(AllreduceAlgo a);
 // Whether the job is large and spread enough that log2(N)-step algorithms

@@ -193,20 +193,23 @@ AllreduceAlgo chooseFloat(const RingComm& c, size_t bytes) {
 
 }  // namespace
 
-// On a 16-bit wire, auto trades the ring for Rabenseifner wherever the
-// point-to-point links exist: both send 2(N-1)/N of the buffer in words,
-// but the ring rounds an element's partial N-1 times as it grows to the
-// whole sum, Rabenseifner log2(p) times, its largest partials in float32
-// (allreduce_rabenseifner_wire.cc; docs/compression.md measures both).
-// hier keeps its cross-host ring. The wire is the job's for this tensor
-// (ranks that disagree on it get an error first), so every rank chooses
-// alike.
+// On a 16-bit wire, auto trades the ring for Rabenseifner from
+// kWireTreeMinRanks ranks on, where the point-to-point links exist: both
+// send 2(N-1)/N of the buffer in words, but the ring rounds an element's
+// partial N-1 times as it grows to the whole sum, Rabenseifner log2(p)
+// times, its largest partials in 24-bit words (allreduce_rabenseifner_
+// wire.cc). Below that the ring's error is at most about two roundings and
+// the ring is faster on rate-limited links (docs/compression.md measures
+// both). hier keeps its cross-host ring. The wire is the job's for this
+// tensor (ranks that disagree on it get an error first), so every rank
+// chooses alike.
 AllreduceAlgo chooseAllreduce(const RingComm& c, size_t bytes, WireType wire) {
   const AllreduceAlgo a = chooseFloat(c, bytes);
   if (wire == WireType::kNone || a != AllreduceAlgo::kRing || !c.host) return a;
   const transport::HostLinks& H = *c.host;
   const bool latency = bytes <= static_cast<uint64_t>(H.policy.small_threshold);
-  return H.policy.allreduce_algo == "auto" && H.want_peers && !latency
+  return H.policy.allreduce_algo == "auto" && H.want_peers && !latency &&
+                 c.size >= kWireTreeMinRanks
              ? AllreduceAlgo::kRabenseifner
              : a;
 }

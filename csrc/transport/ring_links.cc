@@ -448,9 +448,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
   // log2(size) + 1 per rank (transport/peer_links.h), opened only where
   // one of them is forced or auto may pick one (the rule of
   // collectives::recursiveAtScale: 8+ ranks on 4+ hosts, or on hosts the
-  // host-aware schemes cannot serve; and across hosts wherever auto runs
-  // the ring, which a 16-bit wire trades for Rabenseifner). Every rank
-  // decides alike.
+  // host-aware schemes cannot serve). Every rank decides alike.
   const bool cross_ok = H.num_hosts > 1 && H.uniform && (T.local_size == 1 || host_shm);
   // The agreement round's vote uses the same links (runtime/vote.h).
   // auto: where the ring crosses TCP (several hosts, or TFRING_TRANSPORT=
@@ -464,8 +462,7 @@ std::unique_ptr<RingLinks> RingLinks::connect(rendezvous::Store* store_ptr, int 
       pol.allgather_algo == "recdbl" || pol.broadcast_algo == "tree" ||
       pol.broadcast_algo == "scatter_allgather" ||
       (pol.allreduce_algo == "auto" && size >= 8 && H.num_hosts > 1 &&
-       (H.num_hosts >= 4 || !cross_ok)) ||
-      (pol.allreduce_algo == "auto" && H.num_hosts > 1 && !(cross_ok && T.local_size > 1));
+       (H.num_hosts >= 4 || !cross_ok));
   if (want_peers) {
     std::vector<std::string> addrs;
     std::vector<int> ports;

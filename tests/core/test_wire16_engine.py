@@ -4,9 +4,11 @@ average near float16's limit, integers left alone, tensors on different
 wires submitted together, and ranks that disagree on the wire. One launch,
 three passes: the pipelined ring with a tiny chunk, TCP links, and auto on
 one host's shared memory (the wire served at float32). Then 3 ranks on 3
-pretend hosts, where auto runs Rabenseifner on the wire (and
-TFRING_ALLREDUCE_ALGO=ring the ring), and the hierarchical algorithm on 4
-ranks over 2 pretend hosts."""
+pretend hosts (Rabenseifner on the wire, with its fold; the ring; auto,
+which runs the ring below 16 ranks), 16 ranks under auto (Rabenseifner,
+slow), and the hierarchical algorithm on 4 ranks over 2 pretend hosts."""
+
+import pytest
 
 from multiproc import check_ok, run_passes, run_ranks
 
@@ -46,14 +48,8 @@ def test_wire16_engine():
             assert "allreduce only" in out["allgather"], out["allgather"]
 
 
-def test_wire16_hosts():
-    """One rank per pretend host: auto trades the ring for Rabenseifner on
-    the wire (a fold: 3 ranks), bit for bit its emulation, the bytes that
-    scheme sends, identical on every rank, fused tensors too; naming the
-    ring still runs the ring."""
-    per_pass = run_passes(3, "wire16_hosts.py", [{}, {"TFRING_ALLREDUCE_ALGO": "ring"}],
-                          per_rank_env=lambda r: {"TFRING_HOSTNAME": f"host{r}"}, timeout=90)
-    for p, algo in enumerate(("rabenseifner", "ring")):
+def check_hosts(per_pass, algos):
+    for p, algo in enumerate(algos):
         ranks = per_pass[p]
         for key in ("float16", "bfloat16", "group"):
             assert all(r[key]["digest"] == ranks[0][key]["digest"] for r in ranks), (p, key)
@@ -65,6 +61,27 @@ def test_wire16_hosts():
                 if algo == "rabenseifner":
                     assert got["stats"]["bytes_sent"] == got["bytes"], (rank, got)
             assert out["group"]["emulated"] and out["group"]["algo"] == algo, out["group"]
+
+
+def on_hosts(r):
+    return {"TFRING_HOSTNAME": f"host{r}"}
+
+
+def test_wire16_hosts():
+    """One rank per pretend host: Rabenseifner on the wire (a fold: 3
+    ranks) bit for bit its emulation, the bytes that scheme sends,
+    identical on every rank, fused tensors too (packed); the ring; and auto,
+    which keeps the ring below 16 ranks."""
+    passes = [{"TFRING_ALLREDUCE_ALGO": "rabenseifner"}, {"TFRING_ALLREDUCE_ALGO": "ring"}, {}]
+    check_hosts(run_passes(3, "wire16_hosts.py", passes, per_rank_env=on_hosts, timeout=90),
+                ("rabenseifner", "ring", "ring"))
+
+
+@pytest.mark.slow
+def test_wire16_hosts_16_ranks():
+    """From 16 ranks between hosts, auto runs the wire on Rabenseifner."""
+    check_hosts(run_passes(16, "wire16_hosts.py", [{}], per_rank_env=on_hosts, timeout=240),
+                ("rabenseifner",))
 
 
 def test_wire16_hier():
