@@ -27,7 +27,6 @@ The errors measured are printed (pytest -s) and quoted in
 docs/compression.md."""
 
 import json
-import os
 import secrets
 import threading
 
@@ -160,7 +159,7 @@ def check_job(n, cases=CASES, one_rounding=True):
             continue
         one = ref.errors(ref.narrow(exact.astype(np.float32), wire), exact, wire)
         if algo == "rabenseifner":
-            measured[name] = m = check_tree(name, n, wire, xs, got, [s for s in stats])
+            measured[name] = m = check_tree(name, n, wire, xs, got, stats)
             if one_rounding:
                 # Within one rounding's bound of the result (1 u).
                 assert m["in_tree"][0] <= 1.0, (name, n, m)
