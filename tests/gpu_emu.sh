@@ -32,10 +32,11 @@ GEN=()
 [[ ! -f "$BUILD/CMakeCache.txt" ]] && command -v ninja >/dev/null && GEN=(-G Ninja)
 PYBIND=$("$PY" -c "import pybind11; print(pybind11.get_cmake_dir())")
 log "building the CUDA emulation build in $BUILD"
-# -O1: the emulation proves logic, not speed, and builds a third faster.
+# -O1 and a unity build (16 sources a translation unit): the emulation
+# proves logic, not speed, and builds in a third of the CPU time.
 # (Build type None: CMakeLists.txt pins Release to -O3.)
 cmake -S "$ROOT" -B "$BUILD" ${GEN[@]+"${GEN[@]}"} -DCMAKE_BUILD_TYPE=None \
-  -DCMAKE_CXX_FLAGS=-O1 -DCMAKE_C_FLAGS=-O1 \
+  -DCMAKE_CXX_FLAGS=-O1 -DCMAKE_C_FLAGS=-O1 -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16 \
   -DTFRING_WITH_CUDA=EMU -DTFRING_WITH_TF=OFF -DTFRING_OUTPUT_DIR="$PKG/tfring" \
   -Dpybind11_DIR="$PYBIND" -DPython_EXECUTABLE="$(command -v "$PY")" >/dev/null
 cmake --build "$BUILD" -j "$(nproc)"
