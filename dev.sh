@@ -13,7 +13,8 @@
 #
 # Environment: TFRING_VENV (default .venv), TFRING_BUILD_DIR (default build),
 # TFRING_BUILD_TYPE (Release), TFRING_BUILD_JOBS, TFRING_WITH_TF / _CUDA,
-# TFRING_TF_GPU (AUTO|ON|OFF), PYTHON (the interpreter that creates the venv).
+# TFRING_TF_GPU (AUTO|ON|OFF), TFRING_UNITY_BUILD (1: a unity build; the
+# default under CI=true), PYTHON (the interpreter that creates the venv).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -88,6 +89,9 @@ build_in_tree() {
 
 setup() {
   ensure_venv
+  # CI builds once from scratch: a unity build (setup.py) takes less CPU
+  # time there; an incremental developer build recompiles less without it.
+  [[ "${CI:-}" == "true" ]] && export TFRING_UNITY_BUILD=${TFRING_UNITY_BUILD:-1}
   if needs_install; then
     log "installing build tools and tfring[test] into $VENV"
     "$PY" -m pip install "${pip_quiet[@]}" --upgrade pip
