@@ -15,6 +15,7 @@ from bench_util import BENCH, TIMEOUT_S, _env, _have_tf_ops, _run, requires_core
 pytestmark = requires_core
 
 
+@pytest.mark.slow  # six TF jobs, about a minute; the rounds' logic below runs without jobs
 @pytest.mark.skipif(not _have_tf_ops(), reason="TensorFlow or tfring's op library missing")
 def test_keras_scaling_bench_runs_every_configuration(tmp_path):
     # The quick mlp: tfring at 1 and 2 ranks, the same ranks alone, TF's
