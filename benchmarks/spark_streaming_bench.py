@@ -47,23 +47,23 @@ Targets: every rank's peak within 1 GiB of its RSS at the task start
 the load average before and its highest during each run, and writes JSON
 with --json.
 
-Measured on 2026-12-02 (2-vCPU VM, load average 3-5 during the runs, each
-rank bound to one core), `python benchmarks/spark_streaming_bench.py`
+Measured on 2026-12-02 (2-vCPU VM, load average 1.1-2.1 during the runs,
+each rank bound to one core), `python benchmarks/spark_streaming_bench.py`
 (2.00 GiB, 2,088,980 rows, 4080 steps of 256 per rank, --memory-feed rows):
 
   run             growth MiB (start->peak)  step median / mean ms  ratio median / mean
-  stream-first    176 (740 -> 916)          1.34 / 1.62            (60 steps)
-  stream          80-112 (898 -> 978-1010)  1.33 / 2.11            0.84x / 1.04x
-  stream-shuffle  289 (949 -> 1238)         1.53 / 4.04            0.97x / 2.00x
-  memory          4444-4565 (-> 5400)       1.57 / 2.02
+  stream-first    172 (724 -> 896)          1.07 / 1.31            (60 steps)
+  stream          79-105 (878 -> 957-982)   1.12 / 2.06            0.87x / 1.58x
+  stream-shuffle  214-216 (929 -> 1145)     1.16 / 2.31            0.90x / 1.76x
+  memory          4550-4571 (-> 5366)       1.28 / 1.31
 
-The reader alone streamed rank 0's shard at 501 MB/s (0.53 ms a batch).
-Shuffling's row buffer (about 64 MiB, concatenated and permuted for every
-chunk read) costs about 1.1 ms a batch on one core (165 MB/s against 523
-without), which is the whole of stream-shuffle's extra mean step; its CPU
-time was 16 s against stream's 8.4 s for the same steps. The memory run's
-rows-then-batch feed costs about 0.3 ms a batch more than a pre-batched one
-(--memory-feed batches, not measured at this size).
+The reader alone streamed rank 0's shard at 681 MB/s (0.39 ms a batch).
+Shuffling's row buffer swaps rows in place (two copies of each byte);
+stream-shuffle's CPU time was 8.4 s against stream's 7.0 s and memory's
+6.1 s for the same steps: on one core a rank pays for its reading in the
+mean step. The memory run's rows-then-batch feed costs about 0.3 ms a
+batch more than a pre-batched one (--memory-feed batches, not measured at
+this size).
 """
 
 import argparse
