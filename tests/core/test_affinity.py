@@ -90,7 +90,7 @@ def _masks(*launch):
                          env=env, capture_output=True, text=True, timeout=60, check=True).stdout
     masks = {}
     for line in out.splitlines():
-        rank, _, mask = line.partition("<stdout>: ")
+        rank, _, mask = line.partition("<stdout>:")
         masks[int(rank.strip("[]"))] = ast.literal_eval(mask)
     return masks
 
@@ -143,8 +143,8 @@ def test_elastic_workers_get_their_slots_cores(tmp_path):
                           "--elastic-timeout", "2", "-H", "localhost:2",
                           sys.executable, "-c", prog],
                          env=env, capture_output=True, text=True, timeout=60).stdout
-    masks = sorted(ast.literal_eval(line.partition("<stdout>: ")[2])
-                   for line in out.splitlines() if "<stdout>: " in line)
+    masks = sorted(ast.literal_eval(line.partition("<stdout>:")[2])
+                   for line in out.splitlines() if "<stdout>:" in line)
     assert masks == sorted([affinity.slice_for(0, 2), affinity.slice_for(1, 2)])
 
 

@@ -42,7 +42,7 @@ def test_horovod_style_process_sets(tmp_path, size):
     out = _run(size, "horovod_style_process_sets.py", [], tmp_path)
     rows = {}
     for line in out.splitlines():
-        m = re.match(r"\[\d+\]<stdout>: (\{.*\})$", line)
+        m = re.match(r"\[\d+\]<stdout>:(\{.*\})$", line)
         if m:
             row = json.loads(m.group(1))
             rows[row["rank"]] = row

@@ -255,7 +255,7 @@ def test_tfring_run(tmp_path):
     res = _results(out, 2)
     _same_weights_as_other_launchers(res)
     # Each rank's lines come prefixed with its rank.
-    assert re.search(r"^\[1\]<stdout>: LAUNCH_RESULT", out.stdout, re.MULTILINE), _show(out)
+    assert re.search(r"^\[1\]<stdout>:LAUNCH_RESULT", out.stdout, re.MULTILINE), _show(out)
 
 
 @needs_tf
@@ -280,10 +280,10 @@ def test_quickstart_under_tfring_run(tmp_path):
     out = _run(_tfring_run(2, [QUICKSTART]), _env(), tmp_path)
     assert out.returncode == 0, _show(out)
     losses = [float(x) for x in re.findall(
-        r"^\[0\]<stdout>: step \d+: loss ([\d.]+) on 2 ranks$", out.stdout, re.MULTILINE)]
+        r"^\[0\]<stdout>:step \d+: loss ([\d.]+) on 2 ranks$", out.stdout, re.MULTILINE)]
     assert len(losses) >= 2, _show(out)
     assert losses[-1] < losses[0] / 4, losses  # it learns
-    assert "<stdout>: step" not in out.stdout.replace("[0]<stdout>: step", ""), \
+    assert "<stdout>:step" not in out.stdout.replace("[0]<stdout>:step", ""), \
         "only rank 0 prints"
 
 

@@ -380,7 +380,7 @@ def test_planned_departures_and_staggered_exits_log_no_error(tmp_path, stagger):
     assert sizes[0] == 4 and sizes[-1] == 2, sizes
     assert "host 127.0.0.2 removed by discovery" in out.stderr, out.show
     for wid in (2, 3):  # the removed workers say why they leave, in one line
-        assert re.search(rf"^\[{wid}\]<stderr>: tfring elastic: worker {wid} is not in "
+        assert re.search(rf"^\[{wid}\]<stderr>:tfring elastic: worker {wid} is not in "
                          r"membership epoch 1 \(host 127.0.0.2 removed by discovery\); leaving$",
                          out.stderr, re.M), out.show
     for bad in ("ERROR", "Traceback", "exited with code", "killed by", "error"):

@@ -32,7 +32,7 @@ def rank_results(out):
     """{rank: RESULT json} from tfring-run's relayed stdout."""
     got = {}
     for line in out.stdout.splitlines():
-        m = re.match(r"(?:.*?)\[(\d+)\]<stdout>: RESULT (.*)$", line)
+        m = re.match(r"(?:.*?)\[(\d+)\]<stdout>:RESULT (.*)$", line)
         if m:
             got[int(m.group(1))] = json.loads(m.group(2))
     return got
@@ -298,7 +298,7 @@ def test_output_is_prefixed_and_never_interleaved(tmp_path):
         for line in text.splitlines():
             if line.startswith("tfring-run:"):
                 continue
-            m = re.fullmatch(rf"\[(\d)\]<{stream}>: (.*)", line)
+            m = re.fullmatch(rf"\[(\d)\]<{stream}>:(.*)", line)
             assert m, f"unprefixed or mixed line on {stream}: {line[:80]!r}"
             per_rank[int(m.group(1))].append(m.group(2))
         for rank, lines in per_rank.items():
@@ -323,7 +323,7 @@ def test_output_dir_keeps_unprefixed_copies(tmp_path):
     for i in range(2):
         assert (out_dir / f"rank.{i}" / "stdout").read_text() == f"out {i}\n"
         assert (out_dir / f"rank.{i}" / "stderr").read_text() == f"err {i}\n"
-    assert "[1]<stdout>: out 1" in r.stdout
+    assert "[1]<stdout>:out 1" in r.stdout
 
 
 def test_output_filename_pads_ranks_like_horovodrun(tmp_path):
@@ -338,7 +338,7 @@ def test_output_filename_pads_ranks_like_horovodrun(tmp_path):
 def test_prefix_output_with_timestamp():
     out = launch(["-np", "2", "-prefix-timestamp", sys.executable, "-c", "print('line')"])
     assert out.returncode == 0, out.stderr[-3000:]
-    lines = [ln for ln in out.stdout.splitlines() if ln.endswith("<stdout>: line")]
+    lines = [ln for ln in out.stdout.splitlines() if ln.endswith("<stdout>:line")]
     assert len(lines) == 2, out.stdout
     for ln in lines:
-        assert re.match(r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}\[[01]\]<stdout>: line$", ln), ln
+        assert re.match(r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}\[[01]\]<stdout>:line$", ln), ln

@@ -128,7 +128,7 @@ def test_success_exits_zero_and_missing_command_fails(tmp_path):
     ok = script(tmp_path, "print('ok')\n")
     r = launch(["-np", "2", sys.executable, ok])
     assert r.returncode == 0
-    assert sorted(r.stdout.splitlines()) == ["[0]<stdout>: ok", "[1]<stdout>: ok"]
+    assert sorted(r.stdout.splitlines()) == ["[0]<stdout>:ok", "[1]<stdout>:ok"]
     r = launch(["-np", "2", str(tmp_path / "no-such-program")])
     assert r.returncode == 127
     assert "cannot start rank 0" in r.stderr

@@ -174,7 +174,7 @@ class OutputRelay:
         self.write(sys.stderr, f"{PROG}: {text}\n".encode())
 
     def pump(self, pipe, rank, name, stream, copy_path=None):
-        prefix = f"[{rank}]<{name}>: ".encode()
+        prefix = f"[{rank}]<{name}>:".encode()  # Horovod's horovodrun prefix
         tail = None
         if name == "stderr":
             tail = self.tails.setdefault(rank, collections.deque(maxlen=self.TAIL_LINES))

@@ -24,8 +24,8 @@ for scripts that read them.
 Ranks on the launcher's own host are its children; ranks on other hosts start
 over ``ssh -o BatchMode=yes`` (keys must already be set up). Each rank runs in
 a process group of its own, so the launcher alone decides when ranks stop:
-- every line a rank prints is relayed whole, prefixed ``[rank]<stdout>: ``
-  or ``[rank]<stderr>: `` (and optionally saved unprefixed per rank);
+- every line a rank prints is relayed whole, prefixed ``[rank]<stdout>:``
+  or ``[rank]<stderr>:`` (horovodrun's prefix, no space) (and optionally saved unprefixed per rank);
 - SIGINT/SIGTERM/SIGHUP sent to the launcher are forwarded to every rank;
 - when a rank fails, the launcher names it, sends SIGTERM to the others,
   SIGKILL after a grace period, and exits with the failing rank's code
