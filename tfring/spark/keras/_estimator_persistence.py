@@ -35,7 +35,7 @@ How each param becomes JSON:
 import copy
 import warnings
 
-from pyspark.ml.util import MLReader, MLWriter
+from pyspark.ml.util import MLWriter
 
 from tfring.spark.keras import _persistence as ps
 from tfring.spark.keras import _serialize as ser
@@ -189,17 +189,9 @@ class KerasEstimatorWriter(MLWriter):
         return ps.params_metadata(inst, params, defaults, custom, extra), model_data
 
 
-class KerasEstimatorReader(MLReader):
+class KerasEstimatorReader(ps.KerasReader):
     """`KerasEstimator.read()`: loads a folder that KerasEstimatorWriter
-    wrote. `custom_objects` (name -> class or function) brings back those
-    the estimator was saved with (registered Keras serializables need not
-    be passed); `safe_mode=False` lets the model's Lambda layers load."""
-
-    def __init__(self, cls, custom_objects=None, safe_mode=True):
-        super().__init__()
-        self.cls = cls
-        self.custom_objects = dict(custom_objects or {})
-        self.safe_mode = safe_mode
+    wrote."""
 
     def load(self, path):
         meta, own, data = ps.read_folder(path, "KerasEstimator")

@@ -243,17 +243,22 @@ class KerasModelWriter(MLWriter):
         write_folder(path, meta, _predict.model_bytes(model))
 
 
-class KerasModelReader(MLReader):
-    """`KerasModel.read()`: loads a folder that KerasModelWriter wrote.
-    `custom_objects` (name -> class or function) brings back the custom
-    objects the model was saved with; registered Keras serializables need
-    not be passed."""
+class KerasReader(MLReader):
+    """A reader of a folder of this layout (KerasModelReader,
+    KerasEstimatorReader): `custom_objects` (name -> class or function)
+    brings back the custom objects it was saved with (registered Keras
+    serializables need not be passed); `safe_mode=False` lets the model's
+    Lambda layers load."""
 
     def __init__(self, cls, custom_objects=None, safe_mode=True):
         super().__init__()
         self.cls = cls
         self.custom_objects = dict(custom_objects or {})
         self.safe_mode = safe_mode
+
+
+class KerasModelReader(KerasReader):
+    """`KerasModel.read()`: loads a folder that KerasModelWriter wrote."""
 
     def load(self, path):
         meta, own, data = read_folder(path, "KerasModel")
