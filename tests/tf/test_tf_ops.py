@@ -11,6 +11,7 @@ report the checks one by one. The 3-rank job also runs the packing
 algorithms' passes (below) on the same ranks.
 """
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -69,25 +70,22 @@ def job(size):
     return _jobs[size]
 
 
+def _pass_result(r, k):
+    """Rank result r's report of pass k (None when it reported none: its
+    exit code tells)."""
+    return r.result[k] if isinstance(r.result, list) and len(r.result) > k else None
+
+
 def _pass(size, k):
-    """The ranks' results of pass k of the job of `size` (None for a rank
-    that reported none: its exit code tells)."""
-    return [r.result[k] if isinstance(r.result, list) and len(r.result) > k else None
-            for r in job(size)]
+    """The ranks' reports of pass k of the job of `size`."""
+    return [_pass_result(r, k) for r in job(size)]
 
 
 def _outcome(size, check):
     from multiproc import rank_results
 
-    return rank_results([_Main(r) for r in job(size)], check)
-
-
-class _Main:
-    """A rank's result of the main pass, for multiproc.rank_results."""
-
-    def __init__(self, r):
-        self.__dict__.update(r.__dict__)
-        self.result = r.result[0] if isinstance(r.result, list) and r.result else None
+    return rank_results([dataclasses.replace(r, result=_pass_result(r, 0)) for r in job(size)],
+                        check)
 
 
 @pytest.mark.parametrize("check", CHECKS)
