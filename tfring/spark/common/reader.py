@@ -249,13 +249,13 @@ class ShardReader:
             while start < n:
                 m = min(n - start, cap)
                 slots = rng.choice(cap, m, replace=False) if m < cap else rng.permutation(cap)
-                yield {k: b[slots] for k, b in buf.items()}
+                yield _take(buf, slots)
                 for k, v in chunk.items():
                     buf[k][slots] = v[start:start + m]
                 start += m
         if filled:
             order = rng.permutation(filled)
-            yield {k: b[:filled][order] for k, b in buf.items()}
+            yield _take(buf, order)  # order: a permutation of the filled rows
 
     def _load_cache(self):
         if self._cache is None:
