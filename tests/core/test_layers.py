@@ -164,7 +164,15 @@ def test_build_fails_on_upward_include_before_compiling(tmp_path):
                         capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stdout + ok.stderr
 
-    line = plant(src / "csrc" / "gpu" / "device.h", "runtime/runtime.h")
+    header = src / "csrc" / "gpu" / "device.h"
+    line = plant(header, "runtime/runtime.h")
+    # The edit must look newer than the check's stamp to ninja. A file
+    # system stamps times from a coarse clock (a jiffy, or worse), so an
+    # edit right after the build can carry the stamp's own time and read
+    # as unchanged: date it a second past the stamp, as a later edit is.
+    stamp_ns = (build / "layers.ok").stat().st_mtime_ns
+    later = max(header.stat().st_mtime_ns, stamp_ns + 1_000_000_000)
+    os.utime(header, ns=(later, later))
     bad = subprocess.run([_tool("cmake"), "--build", str(build), "--target", "tfring_gpu"],
                          capture_output=True, text=True, timeout=300)
     out = bad.stdout + bad.stderr
