@@ -46,6 +46,9 @@ const std::vector<Tunable>& table() {
                 "seconds after which a tensor only some ranks submitted is reported"),
       T_SECONDS("TFRING_HEARTBEAT_TIMEOUT", "10",
                 "seconds after which a silent host is declared dead (0: no keepalive)"),
+      // > 0: a zero bound would refuse every peer (the smallest is 1 ms).
+      {"TFRING_HANDSHAKE_TIMEOUT", Type::kSeconds, "10", 1e-3, kInf, "", false,
+       "seconds a peer has to complete the connection handshake or send a store frame"},
       // ---- algorithms (rank 0's values hold) ----
       T_ENUM("TFRING_ALLREDUCE_ALGO", "auto", "auto|ring|oneshot|hier|recdbl|rabenseifner",
              "the host allreduce algorithm"),

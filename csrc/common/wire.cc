@@ -8,6 +8,7 @@
 
 #include "common/hmac.h"
 #include "common/net.h"
+#include "common/tunables.h"
 
 namespace tfring {
 namespace wire {
@@ -41,6 +42,8 @@ std::vector<uint8_t> recvFrame(int fd, const Deadline& deadline, const std::stri
   }
   return buf;
 }
+
+double helloTimeout() { return tunables::getDouble("TFRING_HANDSHAKE_TIMEOUT"); }
 
 std::string peerAddress(int fd) {
   struct sockaddr_storage ss;
@@ -251,7 +254,7 @@ bool acceptHello(int fd, uint32_t purpose, const std::string& secret,
                  const Deadline& deadline, int* rank, std::string* why) {
   const std::string from = peerAddress(fd);
   const std::string who = "a process connecting from " + from;
-  Deadline d = Deadline::in(std::min(deadline.remaining(), kHelloTimeout));
+  Deadline d = Deadline::in(std::min(deadline.remaining(), helloTimeout()));
   try {
     HelloAcceptor acceptor(purpose, secret, who);
     std::vector<uint8_t> m2;

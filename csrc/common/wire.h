@@ -112,7 +112,7 @@ std::vector<uint8_t> recvFrame(int fd, const Deadline& deadline, const std::stri
 // is no oracle for a stranger; the labels keep one side's proof from being
 // reflected as the other's. Every message is a frame of at most
 // kMaxHelloFrame bytes. A version mismatch is reported as such on both
-// sides; the server gives a silent client kHelloTimeout seconds.
+// sides; the server gives a silent client helloTimeout() seconds.
 // Builds before the challenge-response sent the same magic followed by a
 // u32 purpose of 1 or 2, which this format reads as versions 1 and 2.
 constexpr uint32_t kHelloMagic = 0x54465247;
@@ -120,8 +120,14 @@ constexpr uint32_t kHelloMagic = 0x54465247;
 // a response group may be kInvalid.
 constexpr uint8_t kProtocolVersion = 4;
 constexpr uint32_t kMaxHelloFrame = 256;
-constexpr double kHelloTimeout = 10.0;
 constexpr size_t kNonceBytes = 32;
+
+// Seconds a peer has to complete the handshake (and, in the store, to send a
+// request's body once its length is in, and to take a reply):
+// TFRING_HANDSHAKE_TIMEOUT, default 10. Throws InvalidArgument naming the
+// variable and its value when that is malformed or not positive (tunables.h).
+// Read where a server or client is made, or once per accepted connection.
+double helloTimeout();
 
 // Purposes: a connection opened for one cannot be accepted as another.
 constexpr uint32_t kPurposeRing = 1;
@@ -198,7 +204,8 @@ class HelloAcceptor {
 
 // The accepting side. Returns true with the peer's rank (-1 for store
 // clients) when it proved the secret; false with `why` (naming the peer's
-// address) otherwise. Never waits past the deadline nor kHelloTimeout.
+// address) otherwise. Never waits past the deadline nor helloTimeout() (a
+// bad TFRING_HANDSHAKE_TIMEOUT is thrown, not returned as `why`).
 bool acceptHello(int fd, uint32_t purpose, const std::string& secret,
                  const Deadline& deadline, int* rank, std::string* why);
 

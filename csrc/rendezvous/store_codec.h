@@ -21,7 +21,6 @@ enum Op : uint8_t { kSet = 2, kGet = 3, kAdd = 4, kWait = 5, kCheck = 6, kGetMan
 enum Reply : uint8_t { kOk = 0, kTimedOut = 1, kFailed = 2 };
 
 constexpr uint32_t kMaxFrame = 256u << 20;
-constexpr double kHelloTimeout = wire::kHelloTimeout;  // also bounds a request's body
 constexpr double kForever = 100.0 * 365 * 24 * 3600;  // idle clients wait this long
 
 class Writer {

@@ -18,7 +18,9 @@
 // (purpose kPurposeStore): the secret itself never travels, and nothing is
 // answered to a peer that has not proved it knows it. Handshake frames are
 // capped at 256 bytes, requests at kMaxFrame (checked before allocating), and
-// a request's body must arrive within kHelloTimeout of its length; a
+// a request's body must arrive within the handshake timeout
+// (TFRING_HANDSHAKE_TIMEOUT, default 10 s: wire::helloTimeout()) of its
+// length; a
 // malformed request (unknown op, truncated or trailing bytes, counts larger
 // than the frame) closes that one connection only.
 // GET, WAIT and GETN are answered once the keys exist or the timeout the
@@ -79,6 +81,7 @@ TcpStore::TcpStore(const std::string& host, int port, std::string secret,
       addr_(host.find(':') != std::string::npos ? "[" + host + "]:" + std::to_string(port)
                                                 : host + ":" + std::to_string(port)),
       connect_timeout_s_(connect_timeout_s),
+      hello_timeout_s_(wire::helloTimeout()),
       io_timeout_s_(std::max(connect_timeout_s, 30.0)) {
   idle_fds_.push_back(openConnection(connect_timeout_s));
 }
@@ -107,7 +110,7 @@ int TcpStore::openConnection(double timeout_s) {
   }
   try {
     wire::clientHandshake(fd, wire::kPurposeStore, -1, secret_,
-                          Deadline::in(std::max(timeout_s, kHelloTimeout)), who);
+                          Deadline::in(std::max(timeout_s, hello_timeout_s_)), who);
   } catch (...) {
     net::closeFd(fd);
     throw;

@@ -22,7 +22,9 @@ namespace rendezvous {
 
 class TcpStoreServer {
  public:
-  // Binds host:port (port 0 picks a free port) and starts serving.
+  // Binds host:port (port 0 picks a free port) and starts serving. Reads
+  // TFRING_HANDSHAKE_TIMEOUT (wire::helloTimeout()) here, once: a bad value
+  // is an InvalidArgument error from the constructor.
   TcpStoreServer(const std::string& host, int port, std::string secret);
   ~TcpStoreServer();
   int port() const { return port_; }
@@ -36,6 +38,9 @@ class TcpStoreServer {
   void logRejection(const std::string& why);
 
   std::string secret_;
+  // wire::helloTimeout(): the handshake, a request's body once its length is
+  // in, and the taking of a reply each have this long.
+  double hello_timeout_s_ = 0;
   int listen_fd_ = -1;
   int wake_fds_[2] = {-1, -1};  // stop() writes here to wake the serving thread
   std::mutex stop_mu_;          // serializes stop() callers
@@ -53,7 +58,9 @@ void checkStoreRequest(const Bytes& frame);
 
 class TcpStore : public Store {
  public:
-  // Connects (retrying until connect_timeout_s) and authenticates.
+  // Connects (retrying until connect_timeout_s) and authenticates; a
+  // handshake has at least TFRING_HANDSHAKE_TIMEOUT (wire::helloTimeout(),
+  // read here once).
   TcpStore(const std::string& host, int port, std::string secret,
            double connect_timeout_s);
   ~TcpStore() override;
@@ -78,6 +85,7 @@ class TcpStore : public Store {
   std::string secret_;
   std::string addr_;
   double connect_timeout_s_ = 30.0;
+  double hello_timeout_s_ = 0;  // wire::helloTimeout()
   double io_timeout_s_ = 30.0;  // bound on a non-blocking request
   // One request in flight per connection, so a thread blocked in get() never
   // holds up another thread's set(): concurrent callers get their own

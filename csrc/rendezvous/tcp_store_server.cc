@@ -17,10 +17,11 @@
 // the socket is full, drained as poll() reports it writable. While a reply
 // is unsent or a request parked, the connection's next request is not read:
 // a client has one request in flight per connection. A connection that
-// misbehaves ends alone: the handshake must complete within kHelloTimeout of
-// the connect, a request's body within kHelloTimeout of its length, and a
-// reply must be taken within kHelloTimeout; a malformed request, garbage or
-// a disconnect closes it.
+// misbehaves ends alone: the handshake must complete within the handshake
+// timeout (TFRING_HANDSHAKE_TIMEOUT, default 10 s: wire::helloTimeout(), read
+// when the server is made) of the connect, a request's body within it of its
+// length, and a reply must be taken within it; a malformed request, garbage
+// or a disconnect closes it.
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -105,6 +106,12 @@ class TcpStoreServer::Loop {
   void park(Conn& c);
   void unpark(Conn& c);
   bool advance(Conn& c);  // moves c.missing past set keys; true once all are set
+  // Now plus the handshake timeout: the bound on a handshake, a request's
+  // body or the taking of a reply.
+  Clock::time_point ioDeadline() const {
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                              std::chrono::duration<double>(s_->hello_timeout_s_));
+  }
 
   TcpStoreServer* s_;
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
@@ -200,8 +207,7 @@ void TcpStoreServer::Loop::acceptAll() {
     c->addr = wire::peerAddress(fd);
     c->who = "a process connecting from " + c->addr;
     c->hello = std::make_unique<wire::HelloAcceptor>(wire::kPurposeStore, s_->secret_, c->who);
-    c->io_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                        std::chrono::duration<double>(kHelloTimeout));
+    c->io_deadline = ioDeadline();
     conns_.emplace(c->id, std::move(c));
   }
 }
@@ -240,8 +246,7 @@ void TcpStoreServer::Loop::readFrom(Conn& c) {
           return;
         }
         if (!c.handshaking())
-          c.io_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                             std::chrono::duration<double>(kHelloTimeout));
+          c.io_deadline = ioDeadline();
       }
       if (c.in.size() < 4 || c.in.size() < 4 + size_t{frameLength(c.in)}) continue;
     }
@@ -415,8 +420,7 @@ void TcpStoreServer::Loop::send(Conn& c, const Bytes& payload) {
   c.out.insert(c.out.end(), payload.begin(), payload.end());
   c.sent = 0;
   if (!c.handshaking())  // the handshake keeps its own overall deadline
-    c.io_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                       std::chrono::duration<double>(kHelloTimeout));
+    c.io_deadline = ioDeadline();
   flush(c);
 }
 
@@ -487,7 +491,7 @@ void TcpStoreServer::Loop::expire(Clock::time_point now) {
 // ------------------------------------------------------ server lifetime ----
 
 TcpStoreServer::TcpStoreServer(const std::string& host, int port, std::string secret)
-    : secret_(std::move(secret)) {
+    : secret_(std::move(secret)), hello_timeout_s_(wire::helloTimeout()) {
   net::raiseFdLimit(1L << 16);  // one connection per client: a job's every rank
   listen_fd_ = net::listenOn(host, port, &port_);
   if (::pipe2(wake_fds_, O_CLOEXEC | O_NONBLOCK) != 0) {
