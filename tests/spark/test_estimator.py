@@ -24,6 +24,7 @@ pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip i
 pytest.importorskip("pyarrow")
 keras = pytest.importorskip("keras")
 
+import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
@@ -77,9 +78,17 @@ def _rank_rows(store_dir, size, cols=("x", "y"), kind="train", d=None):
     out = []
     for r in range(size):
         tables = [pq.read_table(os.path.join(store_dir, d, f)) for f in files[r::size]]
-        out.append({c: np.concatenate([np.asarray(t.column(c).to_pylist(), np.float64)
-                                       for t in tables]) for c in cols})
+        out.append({c: np.concatenate([_values(t.column(c)) for t in tables]) for c in cols})
     return out
+
+
+def _values(column):
+    """A column's rows as float64; array columns are stored as BINARY rows
+    of float64 bytes (tensor_codec.py), scalars as they are."""
+    rows = column.to_pylist()
+    if pa.types.is_binary(column.type):
+        return np.stack([np.frombuffer(r, "<f8") for r in rows])
+    return np.asarray(rows, np.float64)
 
 
 def _reference(shards, lr, batch, epochs, weights=None, steps=None, scale=None):

@@ -22,6 +22,8 @@ import json
 
 import numpy as np
 
+from tfring.spark.common import tensor_codec
+
 VECTOR, ARRAY, SCALAR = "vector", "array", "scalar"
 
 _SPARK_SCALARS = {"byte": "int8", "short": "int16", "integer": "int32", "long": "int64",
@@ -165,14 +167,21 @@ def _arrow_is_list(t):
 
 def arrow_metadata(schema, first_rows, cols):
     """The metadata of ``cols`` from a Parquet file's arrow ``schema`` and
-    a pyarrow Table of its first row(s); arrays of doubles are 'array'
-    (a vector written by prepare has become one)."""
+    a pyarrow Table of its first row(s); a BINARY tensor column written by
+    prepare (tensor_codec.py) carries its own metadata."""
     meta = {}
     for col in cols:
         if col not in schema.names:
             raise ValueError(f"column {col!r} is not in the Parquet data (its columns: "
                              f"{', '.join(schema.names)})")
         t = schema.field(col).type
+        if tensor_codec.is_binary(t):
+            written = tensor_codec.parquet_field_metadata(schema, col)
+            if written is None:
+                raise ValueError(f"column {col!r} holds byte strings, not numbers (and is no "
+                                 "tensor column written by KerasEstimator.fit)")
+            meta[col] = written
+            continue
         depth = 0
         while _arrow_is_list(t):
             depth += 1

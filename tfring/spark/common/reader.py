@@ -15,7 +15,8 @@ then:
      file;
   2. streams each file's record batches (pyarrow ``ParquetFile.iter_batches``,
      a few MiB each), converts the columns to numpy (arrays and vectors to
-     (rows, *shape) arrays) and applies ``transformation_fn`` to each one
+     (rows, *shape) arrays; the BINARY tensor columns that prepare writes,
+     tensor_codec.py, by one np.frombuffer each) and applies ``transformation_fn`` to each one
      (a pandas DataFrame in, one out, as Horovod's);
   3. with shuffling, mixes rows in a buffer of ``buffer_rows`` rows: once
      it is full, each row read takes the place of a random buffer row,
@@ -40,6 +41,8 @@ transformation_fn) and keeps it, shuffling all of it each epoch.
 """
 
 import numpy as np
+
+from tfring.spark.common import tensor_codec
 
 _TARGET_CHUNK_BYTES = 8 << 20
 _DEFAULT_BUFFER_BYTES = 64 << 20
@@ -102,6 +105,34 @@ def arrow_to_numpy(arr, col, shape=None):
     return _check_shape(out, col, shape)
 
 
+def column_to_numpy(arr, col, shape=None, dtype=None):
+    """A record batch's column as numpy: a BINARY tensor column
+    (tensor_codec.py) through ``dtype`` and ``shape``, any other through
+    arrow_to_numpy."""
+    if tensor_codec.is_binary(arr.type):
+        if dtype is None or shape is None:
+            raise ValueError(f"column {col!r} holds byte strings, not numbers, and no "
+                             "metadata says which tensors they encode")
+        return tensor_codec.decode(arr, col, dtype, shape)
+    return arrow_to_numpy(arr, col, shape)
+
+
+def _pandas_with_tensors(batch, dtypes, shapes):
+    """batch.to_pandas(), with BINARY tensor columns as a column of per-row
+    arrays (as to_pandas gives a list column): what transformation_fn sees
+    does not depend on how the data was stored."""
+    encoded = [f.name for f in batch.schema if tensor_codec.is_binary(f.type)
+               and f.name in dtypes]
+    pdf = batch.drop_columns(encoded).to_pandas() if encoded else batch.to_pandas()
+    for c in encoded:
+        rows = column_to_numpy(batch.column(c), c, shapes.get(c), dtypes[c])
+        values = np.empty(len(rows), dtype=object)
+        for i, row in enumerate(rows):
+            values[i] = row
+        pdf.insert(batch.schema.get_field_index(c), c, values)
+    return pdf
+
+
 def _check_shape(out, col, shape):
     if shape is None or tuple(out.shape[1:]) == tuple(shape):
         return out
@@ -142,16 +173,18 @@ class ShardReader:
     columns: column -> per-row shape (a list, or None to take each column
     as it comes); buffer_rows: shuffle buffer size in rows (0: no
     shuffling; None: about 64 MiB of rows); seed, rank: seed the shuffles
-    (with the epoch and the pass)."""
+    (with the epoch and the pass); dtypes: column -> element dtype, which
+    the BINARY tensor columns (tensor_codec.py) need."""
 
     def __init__(self, filesystem, files, columns, batch_size, shuffle=False, buffer_rows=None,
                  seed=0, rank=0, inmemory_cache_all=False, transformation_fn=None,
-                 read_rows=None):
+                 read_rows=None, dtypes=None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.filesystem = filesystem
         self.files = list(files)
         self.columns = dict(columns)
+        self.dtypes = dict(dtypes or {})
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle) and buffer_rows != 0
         self.seed = int(seed or 0)
@@ -211,9 +244,9 @@ class ShardReader:
 
     def _convert(self, batch):
         if self.transformation_fn is None:
-            return {c: arrow_to_numpy(batch.column(c), c, shape)
+            return {c: column_to_numpy(batch.column(c), c, shape, self.dtypes.get(c))
                     for c, shape in self.columns.items()}
-        out = self.transformation_fn(batch.to_pandas())
+        out = self.transformation_fn(_pandas_with_tensors(batch, self.dtypes, self.columns))
         if out is None:
             raise ValueError("transformation_fn returned None: it must return the "
                              "(transformed) pandas DataFrame")

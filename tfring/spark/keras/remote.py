@@ -164,12 +164,13 @@ def _readers(spec, store, rank, size):
     cols = list(dict.fromkeys(spec.feature_cols + spec.label_cols
                               + ([spec.sample_weight_col] if spec.sample_weight_col else [])))
     shapes = {c: spec.metadata[c]["shape"] for c in cols}
+    dtypes = {c: spec.metadata[c]["dtype"] for c in cols}
     fs = store.filesystem
     local = lambda files: [store.get_localized_path(f) for f in files]  # noqa: E731
     train = rd.ShardReader(fs, rd.shard_files(local(spec.train_files), rank, size), shapes,
                            spec.batch_size, shuffle=spec.shuffle, buffer_rows=spec.buffer_rows,
                            seed=spec.seed, rank=rank, inmemory_cache_all=spec.inmemory_cache_all,
-                           transformation_fn=spec.transformation_fn)
+                           transformation_fn=spec.transformation_fn, dtypes=dtypes)
     steps = spec.train_steps_per_epoch
     if not steps:
         steps = rd.agreed_steps(train.steps_per_pass(), "tfring.spark.estimator.train_steps")
@@ -184,7 +185,7 @@ def _readers(spec, store, rank, size):
     mine = rd.shard_files(local(spec.val_files), rank, size)
     val = rd.ShardReader(fs, mine, shapes, vbs, rank=rank,
                          inmemory_cache_all=spec.inmemory_cache_all,
-                         transformation_fn=spec.transformation_fn)
+                         transformation_fn=spec.transformation_fn, dtypes=dtypes)
     val_steps = spec.validation_steps_per_epoch
     if not val_steps:
         val_steps = rd.agreed_steps(val.steps_per_pass(), "tfring.spark.estimator.val_steps")
@@ -196,7 +197,7 @@ def _readers(spec, store, rank, size):
                 raise ValueError("a rank's validation shard is empty")
             val = rd.ShardReader(fs, mine, shapes, vbs, rank=rank,
                                  inmemory_cache_all=spec.inmemory_cache_all,
-                                 transformation_fn=spec.transformation_fn)
+                                 transformation_fn=spec.transformation_fn, dtypes=dtypes)
             val_steps = 1
     return train, steps, val, val_steps, vbs
 
