@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -184,15 +185,37 @@ def test_server_of_another_version_is_reported_as_such():
     fake.close()
 
 
-def test_silent_server_times_out():
+def test_silent_server_times_out(monkeypatch):
+    # The client gives the handshake TFRING_HANDSHAKE_TIMEOUT (default 10 s),
+    # or its connect timeout where that is longer: 1.5 s here, neither the
+    # 0.2 s connect timeout nor the default.
+    monkeypatch.setenv("TFRING_HANDSHAKE_TIMEOUT", "1.5")
+
     def script(conn, seen):
         conn.recv(1024)
         conn.recv(1)  # never answers; returns once the client gives up
 
     fake = FakeServer(script)
+    start = time.monotonic()
     with pytest.raises(_core.TfringTimeoutError, match="timed out receiving"):
-        _core.TcpStore("127.0.0.1", fake.port, SECRET, 1.0)
+        _core.TcpStore("127.0.0.1", fake.port, SECRET, 0.2)
+    elapsed = time.monotonic() - start
     fake.close()
+    assert 1.4 <= elapsed < 8, elapsed
+
+
+@pytest.mark.parametrize("value, match", [
+    ("soon", "is not a number of seconds"),
+    ("0", r"is out of range \(at least 0.001\)"),
+    ("-1", r"is out of range \(at least 0.001\)"),
+])
+def test_bad_handshake_timeout_is_refused_naming_the_variable(server, monkeypatch, value, match):
+    monkeypatch.setenv("TFRING_HANDSHAKE_TIMEOUT", value)
+    full = f"TFRING_HANDSHAKE_TIMEOUT={value} {match}"
+    with pytest.raises(_core.InvalidArgumentError, match=full):
+        _core.TcpStoreServer("127.0.0.1", 0, SECRET)
+    with pytest.raises(_core.InvalidArgumentError, match=full):
+        _core.TcpStore("127.0.0.1", server.port, SECRET, 2.0)
 
 
 # ---------------------------------------------------------- fuzz parsers ----
@@ -264,16 +287,29 @@ def _still_serves(srv):
     assert c.get("alive", 5.0) == token
 
 
-def test_store_server_drops_half_sent_frames(server):
+def test_store_server_drops_half_sent_frames(monkeypatch):
     # A hello frame that never completes holds only its own connection, and
-    # not for longer than the handshake timeout (10 s).
-    with _raw(server, timeout=30) as hello, _raw(server, timeout=30) as request:
-        hello.sendall(struct.pack("<I", 45) + b"\x47\x52")
-        assert wire_util.handshake(request, SECRET)
-        request.sendall(struct.pack("<I", 1000) + b"\x02")  # the body never follows
-        _still_serves(server)
-        assert hello.recv(64) == b""  # closed by the server
-        assert request.recv(64) == b""
+    # not for longer than the handshake timeout, which also bounds a
+    # request's body: TFRING_HANDSHAKE_TIMEOUT (default 10 s), read when the
+    # server is made.
+    monkeypatch.setenv("TFRING_HANDSHAKE_TIMEOUT", "1")
+    srv = _core.TcpStoreServer("127.0.0.1", 0, SECRET)
+    try:
+        start = time.monotonic()
+        with _raw(srv, timeout=30) as hello, _raw(srv, timeout=30) as request:
+            hello.sendall(struct.pack("<I", 45) + b"\x47\x52")
+            assert wire_util.handshake(request, SECRET)
+            request.sendall(struct.pack("<I", 1000) + b"\x02")  # the body never follows
+            _still_serves(srv)
+            assert hello.recv(64) == b""  # closed by the server
+            hello_closed = time.monotonic() - start
+            assert request.recv(64) == b""
+            request_closed = time.monotonic() - start
+        # The variable's 1 s, not the default 10 s.
+        assert 0.9 <= hello_closed < 8, hello_closed
+        assert 0.9 <= request_closed < 8, request_closed
+    finally:
+        srv.stop()
 
 
 # ---------------------------------------------------------- live 2-rank job ----
