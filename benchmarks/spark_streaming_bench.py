@@ -199,7 +199,7 @@ def from_memory(files, features, batch, steps, lr, probe, model_fn, feed="rows")
     xs, ys = [], []
     for path in rd.shard_files(files, tk.rank(), tk.size()):
         t = pq.read_table(path, columns=["x", "y"])
-        xs.append(rd.arrow_to_numpy(t.column("x"), "x", [features]))
+        xs.append(rd.column_to_numpy(t.column("x"), "x", [features], "float32"))
         ys.append(rd.arrow_to_numpy(t.column("y"), "y", []).reshape(-1, 1))
         del t
     x, y = np.concatenate(xs), np.concatenate(ys)
@@ -221,11 +221,13 @@ def from_memory(files, features, batch, steps, lr, probe, model_fn, feed="rows")
     return len(x)
 
 
-def write_data(path, gb, features, num_files, compression, seed=0):
+def write_data(path, gb, features, num_files, compression, fmt="tensor", seed=0):
     """The synthetic data set (module docstring, step 1). Returns
     (rows per file, bytes on disk, seconds)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from tfring.spark.common import tensor_codec
 
     row_bytes = 4 * features + 4
     rows = int(gb * (1 << 30)) // row_bytes // num_files
@@ -238,7 +240,16 @@ def write_data(path, gb, features, num_files, compression, seed=0):
         x = rng.standard_normal((rows, features), dtype=np.float32)
         y = x[:, :4].sum(axis=1)
         col = pa.ListArray.from_arrays(offsets, pa.array(x.reshape(-1)))
-        table = pa.table({"x": col, "y": pa.array(y)})
+        batch = pa.record_batch({"x": col, "y": pa.array(y)})
+        if fmt == "tensor":  # as KerasEstimator.fit's prepare writes it
+            meta = {"spark_type": "array", "dtype": "float32", "shape": [features],
+                    "sql_type": '{"type":"array","elementType":"float","containsNull":true}'}
+            (batch,) = tensor_codec.encode_batch(batch, {"x": meta})
+            x_field = pa.field("x", pa.binary(), False,
+                               tensor_codec.spark_field_metadata(meta))
+            batch = pa.record_batch(batch.columns, schema=pa.schema(
+                [x_field, batch.schema.field("y")]))
+        table = pa.Table.from_batches([batch])
         pq.write_table(table, os.path.join(path, f"part-{i:05d}.parquet"),
                        compression=compression, use_dictionary=False, row_group_size=group)
         del x, y, col, table
@@ -254,7 +265,7 @@ def reader_alone(files, features, batch, steps, num_proc):
     from tfring.spark.common import reader as rd
 
     r = rd.ShardReader(pafs.LocalFileSystem(), rd.shard_files(files, 0, num_proc),
-                       {"x": [features], "y": []}, batch)
+                       {"x": [features], "y": []}, batch, dtypes={"x": "float32"})
     t0, n = time.monotonic(), 0
     for b in r.batches(0, steps):
         n += b["x"].nbytes + b["y"].nbytes
@@ -278,6 +289,9 @@ def main():
                         help="memory run: from_tensor_slices of rows then .batch(), or of "
                              "pre-batched arrays")
     parser.add_argument("--compression", default="snappy")
+    parser.add_argument("--format", choices=["tensor", "list"], default="tensor",
+                        help="x as BINARY tensors (what fit's prepare writes) or as a Parquet "
+                             "LIST (what df.write.parquet writes for an array column)")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--keep", action="store_true", help="keep the data set")
@@ -303,13 +317,14 @@ def main():
     probe_dir = os.path.join(work, "probe")
     os.makedirs(probe_dir, exist_ok=True)
     rows_per_file, disk_bytes, write_s = write_data(data_path, args.gb, args.features,
-                                                   args.files, args.compression)
+                                                   args.files, args.compression, args.format)
     files = sorted(os.path.join(data_path, f) for f in os.listdir(data_path)
                    if f.endswith(".parquet"))
     shard_rows = [rows_per_file * len(files[r::args.num_proc]) for r in range(args.num_proc)]
     steps = args.steps or min(shard_rows) // args.batch
     print(f"data: {disk_bytes / (1 << 30):.2f} GiB on disk in {len(files)} files "
-          f"({args.compression}), {rows_per_file * len(files):,} rows x {args.features} "
+          f"({args.compression}, x as {args.format}), {rows_per_file * len(files):,} rows "
+          f"x {args.features} "
           f"float32 + label, written in {write_s:.1f} s; {steps} steps of {args.batch} rows "
           f"per rank ({steps * args.batch * args.num_proc / (rows_per_file * len(files)):.0%} "
           "of the rows)", flush=True)
