@@ -41,8 +41,31 @@ __all__ = [
 
 
 def _ensure_init():
+    """Initialises tfring on first use. The callbacks call it when fit
+    hands them the model (set_model) and in their methods that need the
+    runtime, never in __init__: a callback built or rebuilt from its Keras
+    config off the ranks (the Spark driver saving or loading a
+    KerasEstimator) does not start the runtime."""
     if not basics.is_initialized():
         basics.init()
+
+
+class _KerasConfig:
+    """get_config / from_config: a callback's Keras config holds its
+    constructor arguments (Keras 3 registers the bound classes below as
+    "tfring>ClassName", so keras.saving.deserialize_keras_object rebuilds
+    them). An argument a config cannot hold (a Python callable, a
+    variable, a stateful compressor) makes get_config raise, naming the
+    callback and the argument, rather than leaving it out."""
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def _unsaveable(self, arg, value, why):
+        return ValueError(
+            f"{type(self).__name__}: its {arg} argument ({value!r}) cannot be "
+            f"held in a Keras config: {why}")
 
 
 def _print0(msg):
@@ -50,7 +73,7 @@ def _print0(msg):
         print(msg, flush=True)
 
 
-class _BroadcastGlobalVariables:
+class _BroadcastGlobalVariables(_KerasConfig):
     """At the start of the first fit, assigns root_rank's model weights and
     optimizer state to every rank, so all ranks start equal (after random
     initialization or after root_rank alone restored a checkpoint).
@@ -61,7 +84,6 @@ class _BroadcastGlobalVariables:
 
     def __init__(self, root_rank=0, device="", local_variables=None):
         super().__init__()
-        _ensure_init()
         self.root_rank = int(root_rank)
         self.device = device
         self.broadcast_done = False
@@ -82,11 +104,25 @@ class _BroadcastGlobalVariables:
         """Keeps this variable out of the broadcast."""
         self._local_keys.update(var_keys(var))
 
+    def get_config(self):
+        if self._local_keys:
+            raise self._unsaveable(
+                "local_variables", f"{len(self._local_keys)} variable keys",
+                "it holds live variables; set the callback again after "
+                "loading")
+        return {"root_rank": self.root_rank, "device": self.device}
+
+    def set_model(self, model):
+        _ensure_init()
+        super().set_model(model)
+
     def _broadcast(self):
+        _ensure_init()
         broadcast_model(self.model, self.root_rank, exclude=self._local_keys)
         self.broadcast_done = True
 
     def on_train_begin(self, logs=None):
+        _ensure_init()
         _no_xla_for_tfring_optimizer(self.model)
         # Keras builds the model and its optimizer before fit calls
         # on_train_begin; a model it could not build waits for its first
@@ -97,6 +133,29 @@ class _BroadcastGlobalVariables:
     def on_train_batch_end(self, batch, logs=None):
         if not self.broadcast_done:
             self._broadcast()
+
+
+def _plain(value, callback, arg):
+    """A number (or None) as a plain Python value for a Keras config."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, np.generic) or (
+            hasattr(value, "numpy") and not getattr(value, "shape", ())):
+        return np.asarray(value).item()
+    raise callback._unsaveable(arg, value, f"a {type(value).__name__} is "
+                               "not a plain number")
+
+
+def _compression_name(compression, callback):
+    """The name of a tfring.Compression class (a config holds the name)."""
+    for name, value in vars(Compression).items():
+        if not name.startswith("_") and value is compression:
+            return name
+    raise callback._unsaveable(
+        "compression", compression,
+        "only the tfring.Compression classes (none, fp16, bf16, fp16_cast) "
+        "are saved, by name; a compressor instance such as "
+        "Compression.powersgd() holds state")
 
 
 def _built(model):
@@ -120,7 +179,7 @@ def _no_xla_for_tfring_optimizer(model):
             model.make_train_function(force=True)
 
 
-class _MetricAverage:
+class _MetricAverage(_KerasConfig):
     """Averages the epoch-end metrics (loss, metrics, val_*) over ranks, in
     place, so callbacks after it (History, ModelCheckpoint(save_best_only),
     EarlyStopping, ReduceLROnPlateau) decide the same on every rank.
@@ -130,11 +189,14 @@ class _MetricAverage:
         super().__init__()
         self.device = device
 
+    def get_config(self):
+        return {"device": self.device}
+
     def on_epoch_end(self, epoch, logs=None):
         average_logs(logs)
 
 
-class _LearningRateSchedule:
+class _LearningRateSchedule(_KerasConfig):
     """Sets the learning rate to initial_lr * multiplier(epoch) for epochs
     in [start_epoch, end_epoch) (Horovod's LearningRateScheduleCallback).
 
@@ -151,7 +213,6 @@ class _LearningRateSchedule:
                  staircase=True, momentum_correction=True,
                  steps_per_epoch=None):
         super().__init__()
-        _ensure_init()
         self.initial_lr = initial_lr
         self.start_epoch = start_epoch
         self.end_epoch = end_epoch
@@ -159,11 +220,33 @@ class _LearningRateSchedule:
         self.momentum_correction = momentum_correction
         self.steps_per_epoch = steps_per_epoch
         self.current_epoch = None
+        self._multiplier_arg = multiplier  # for get_config
         if callable(multiplier):
             self.multiplier = multiplier
         else:
             self.multiplier = (
                 lambda epoch: multiplier ** (epoch - start_epoch))
+
+    def get_config(self):
+        multiplier = self._multiplier_arg
+        if callable(multiplier):
+            raise self._unsaveable(
+                "multiplier", multiplier,
+                "it is a Python callable; a constant multiplier m (the rate "
+                "times m ** (epoch - start_epoch)) is saved, a function is "
+                "not: set the callback again after loading")
+        if isinstance(multiplier, np.generic):
+            multiplier = multiplier.item()
+        return {"initial_lr": _plain(self.initial_lr, self, "initial_lr"),
+                "multiplier": multiplier,
+                "start_epoch": self.start_epoch, "end_epoch": self.end_epoch,
+                "staircase": self.staircase,
+                "momentum_correction": self.momentum_correction,
+                "steps_per_epoch": self.steps_per_epoch}
+
+    def set_model(self, model):
+        _ensure_init()
+        super().set_model(model)
 
     def _set_lr(self, value):
         self.model.optimizer.learning_rate = value
@@ -202,7 +285,7 @@ class _LearningRateSchedule:
             logs["lr"] = self._get_lr()
 
 
-class _LearningRateWarmup:
+class _LearningRateWarmup(_KerasConfig):
     """Linear learning-rate warm-up for large-batch training (Goyal et al.
     2017, "Accurate, Large Minibatch SGD"): with the learning rate scaled
     linearly by the number of ranks (initial_lr = base_lr * size), training
@@ -217,7 +300,6 @@ class _LearningRateWarmup:
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
                  steps_per_epoch=None, verbose=0):
         super().__init__()
-        _ensure_init()
         self.initial_lr = float(initial_lr)
         self.warmup_epochs = float(warmup_epochs)
         self.momentum_correction = momentum_correction
@@ -225,8 +307,20 @@ class _LearningRateWarmup:
         self.verbose = verbose
         self.current_epoch = 0
 
+    def get_config(self):
+        return {"initial_lr": self.initial_lr,
+                "warmup_epochs": self.warmup_epochs,
+                "momentum_correction": self.momentum_correction,
+                "steps_per_epoch": self.steps_per_epoch,
+                "verbose": self.verbose}
+
+    def set_model(self, model):
+        _ensure_init()
+        super().set_model(model)
+
     def learning_rate(self, epoch_float):
         """The warm-up learning rate at a (fractional) epoch."""
+        _ensure_init()
         size = basics.size()
         if epoch_float >= self.warmup_epochs:
             return self.initial_lr
@@ -263,7 +357,7 @@ class _LearningRateWarmup:
                 np.array(self.model.optimizer.learning_rate))
 
 
-class _RingAllreduce:
+class _RingAllreduce(_KerasConfig):
     """Adding this to model.fit(callbacks=[...]) makes the fit data-parallel:
 
     * the optimizer's public apply methods allreduce (average) the
@@ -289,7 +383,6 @@ class _RingAllreduce:
                  average_metrics=True, verbose_all_ranks=False,
                  checkpoint_all_ranks=False):
         super().__init__()
-        _ensure_init()
         self.root_rank = int(root_rank)
         self.gradient_config = GradientConfig(op, compression,
                                               fusion_threshold,
@@ -300,15 +393,37 @@ class _RingAllreduce:
         self._broadcast_for = None  # id of the model last broadcast
         self._saved_methods = None
 
+    def get_config(self):
+        gc = self.gradient_config
+        return {"root_rank": self.root_rank, "op": gc.op_name,
+                "compression": _compression_name(gc.compression, self),
+                "fusion_threshold": gc.fusion_threshold,
+                "sparse_as_dense": gc.sparse_as_dense,
+                "average_metrics": self.average_metrics,
+                "verbose_all_ranks": self.verbose_all_ranks,
+                "checkpoint_all_ranks": self.checkpoint_all_ranks}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["compression"] = getattr(Compression, config["compression"])
+        return cls(**config)
+
+    def set_model(self, model):
+        _ensure_init()
+        super().set_model(model)
+
     def set_params(self, params):
         # Runs before the ProgbarLogger that fit appends after the user's
         # callbacks reads params["verbose"].
+        _ensure_init()
         if (params and basics.rank() != 0 and not self.verbose_all_ranks
                 and "verbose" in params):
             params["verbose"] = 0
         super().set_params(params)
 
     def on_train_begin(self, logs=None):
+        _ensure_init()
         model = self.model
         retrace = False
         if getattr(model, "jit_compile", False) and not _op_lib.xla_build_state()[0]:
@@ -377,22 +492,32 @@ def _skip_save(*args, **kwargs):
 
 
 # The logic above is Keras-agnostic; these bind it to Keras 3's Callback
-# (tfring.keras.legacy binds the same to tf_keras).
+# (tfring.keras.legacy binds the same to tf_keras), registered as Keras
+# serializables "tfring>ClassName": keras.saving.deserialize_keras_object
+# rebuilds them from their configs wherever this module is imported (a
+# saved KerasEstimator's callbacks, tfring/spark/keras/_estimator_persistence.py).
 
 
+_register = keras.saving.register_keras_serializable(package="tfring")
+
+
+@_register
 class BroadcastGlobalVariablesCallback(_BroadcastGlobalVariables,
                                        keras.callbacks.Callback):
     __doc__ = _BroadcastGlobalVariables.__doc__
 
 
+@_register
 class MetricAverageCallback(_MetricAverage, keras.callbacks.Callback):
     __doc__ = _MetricAverage.__doc__
 
 
+@_register
 class LearningRateWarmupCallback(_LearningRateWarmup, keras.callbacks.Callback):
     __doc__ = _LearningRateWarmup.__doc__
 
 
+@_register
 class LearningRateScheduleCallback(_LearningRateSchedule,
                                    keras.callbacks.Callback):
     __doc__ = _LearningRateSchedule.__doc__
@@ -415,6 +540,21 @@ def _best_model_checkpoint(base):
                              save_weights_only=save_weights_only, mode=mode,
                              save_freq=save_freq)
             self.filepath = filepath
+            self._tfring_args = dict(monitor=monitor, verbose=verbose,
+                                     save_weights_only=save_weights_only,
+                                     mode=mode, save_freq=save_freq)
+
+        def get_config(self):
+            """The constructor's arguments, with the filepath as it is
+            now (set after construction too)."""
+            filepath = self.filepath
+            if filepath is not None and not isinstance(filepath, str):
+                filepath = str(filepath)  # a pathlib.Path
+            return {**self._tfring_args, "filepath": filepath}
+
+        @classmethod
+        def from_config(cls, config):
+            return cls(**config)
 
         def on_train_begin(self, logs=None):
             if not self.filepath:
@@ -429,12 +569,15 @@ def _best_model_checkpoint(base):
     return BestModelCheckpoint
 
 
-BestModelCheckpoint = _best_model_checkpoint(keras.callbacks.ModelCheckpoint)
+BestModelCheckpoint = _register(
+    _best_model_checkpoint(keras.callbacks.ModelCheckpoint))
 
 
+@_register
 class RingAllreduceCallback(_RingAllreduce, keras.callbacks.Callback):
     __doc__ = _RingAllreduce.__doc__
 
 
+@_register
 class ResumableCheckpointCallback(_ResumableCheckpoint, keras.callbacks.Callback):
     __doc__ = _ResumableCheckpoint.__doc__

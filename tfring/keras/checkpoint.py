@@ -227,6 +227,11 @@ def set_pending_powersgd_steps(optimizer):
         object.__delattr__(optimizer, "_tfring_powersgd_steps")
 
 
+def _ensure_init():
+    if not basics.is_initialized():
+        basics.init()
+
+
 class _ResumableCheckpoint:
     """Writes a checkpoint of the model's and optimizer's whole state from
     root_rank alone every `every_epochs` epochs (keeping the newest `keep`),
@@ -234,9 +239,10 @@ class _ResumableCheckpoint:
     fit; see tfring.keras.checkpoint."""
 
     def __init__(self, directory, every_epochs=1, keep=2, root_rank=0):
+        # tfring is initialised on first use (set_model, restore,
+        # on_epoch_end), not here: a callback rebuilt from its Keras config
+        # off the ranks (the Spark driver) does not start the runtime.
         super().__init__()
-        if not basics.is_initialized():
-            basics.init()
         if every_epochs < 1 or keep < 1:
             raise ValueError("ResumableCheckpointCallback: every_epochs and "
                              "keep must be >= 1")
@@ -245,11 +251,25 @@ class _ResumableCheckpoint:
         self.keep = int(keep)
         self.root_rank = int(root_rank)
 
+    def get_config(self):
+        return {"directory": self.directory, "every_epochs": self.every_epochs,
+                "keep": self.keep, "root_rank": self.root_rank}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def set_model(self, model):
+        _ensure_init()
+        super().set_model(model)
+
     def restore(self, model):
         """Collective; returns the initial_epoch for fit."""
+        _ensure_init()
         return restore_checkpoint(model, self.directory, self.root_rank)
 
     def on_epoch_end(self, epoch, logs=None):
+        _ensure_init()
         done = epoch + 1
         if done % self.every_epochs or basics.rank() != self.root_rank:
             return

@@ -29,10 +29,15 @@ How each param becomes JSON:
     metrics to the ranks (_serialize.py). Saving checks that each config
     deserializes again with the estimator's custom objects, so a value
     that would not load (a callback without get_config, an unregistered
-    class or function) is refused at save, naming the param.
+    class or function) is refused at save, naming the param. tfring's own
+    callbacks (tfring.keras.callbacks) are registered Keras serializables:
+    they save, and loading imports their module; one with an argument a
+    config cannot hold (a callable multiplier, local variables, a
+    PowerSGD compressor) is refused, naming the callback and the argument.
 """
 
 import copy
+import json
 import warnings
 
 from pyspark.ml.util import MLWriter
@@ -98,14 +103,37 @@ def _callback_error(name, value, custom_objects):
         except _Unsaveable as e:
             where = f"callbacks[{i}]" if name == "callbacks" else name
             qual = f"{type(cb).__module__}.{type(cb).__qualname__}"
-            return ValueError(
-                f"KerasEstimator.save: the callback {type(cb).__name__} ({where}, {qual}) cannot "
-                f"be saved: {e}. A callback is saved as its Keras config: its class needs "
-                "get_config() and from_config() (keras.callbacks.Callback has neither) and "
-                "registration (keras.saving.register_keras_serializable) or an entry in "
-                "custom_objects. Or remove it before saving and set it again after "
-                f"loading (set{'Callbacks' if name == 'callbacks' else 'CheckpointCallback'})")
+            setter = "setCallbacks" if name == "callbacks" else "setCheckpointCallback"
+            if hasattr(type(cb), "get_config") and hasattr(type(cb), "from_config"):
+                # Its class is serializable (tfring's callbacks are): an
+                # argument of this one is not, and the error names it.
+                advice = ("Remove it before saving and set it again after loading "
+                          f"({setter}), or give it arguments a Keras config holds")
+            else:
+                advice = ("A callback is saved as its Keras config: its class needs "
+                          "get_config() and from_config() (keras.callbacks.Callback has "
+                          "neither) and registration (keras.saving.register_keras_serializable) "
+                          "or an entry in custom_objects. Or remove it before saving and set "
+                          f"it again after loading ({setter})")
+            return ValueError(f"KerasEstimator.save: the callback {type(cb).__name__} ({where}, "
+                              f"{qual}) cannot be saved: {e}. {advice}")
     return None
+
+
+def _register_tfring_objects(value):
+    """Imports the modules that register tfring's Keras serializables a
+    JSON value names ("tfring>..."): tfring's callbacks are registered
+    when tfring.keras.callbacks is imported, which a new process loading
+    a saved estimator has not done. (Importing it does not initialise
+    tfring: the callbacks initialise it on first use, on the ranks.)"""
+    if '"tfring>' not in json.dumps(value):
+        return
+    from tfring.spark.keras import _schedule  # noqa: F401 - registers the schedule
+
+    try:
+        import tfring.keras.callbacks  # noqa: F401 - registers the callbacks
+    except ImportError:
+        pass  # then deserializing fails, naming the class it cannot find
 
 
 def encode_param(name, value, custom_objects):
@@ -147,6 +175,7 @@ def decode_param(name, value, custom_objects):
         return Store.create(value)
     if name == "gradient_compression":
         return _compression_names()[value]
+    _register_tfring_objects(value)
     return ser.deserialize_compile_arg(value, custom_objects)
 
 
