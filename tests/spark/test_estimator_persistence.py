@@ -1,13 +1,16 @@
 """KerasEstimator as a Spark ML writable/readable stage, on spark_util's
 shared session: save/load round trips of the params and the untrained
 model (alone, through Spark's own metadata reader, inside a Pipeline and
-on an fsspec filesystem), and the values that cannot be saved, refused at
-save naming them. No fit runs by default; the slow test fits a loaded
-estimator and a loaded Pipeline against the original.
+on an fsspec filesystem), tfring's own callbacks (loaded again in a new
+process and Spark session, without initialising tfring), and the values
+that cannot be saved, refused at save naming them. No fit runs by default;
+the slow tests fit a loaded estimator and a loaded Pipeline against the
+original, and a loaded estimator with tfring's callbacks.
 """
 
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -198,6 +201,94 @@ def test_what_cannot_be_saved_is_refused_naming_it(spark, tmp_path):
     assert loaded.getBackend() is None and loaded.getNumProc() is None
 
 
+def _tfring_callbacks():
+    """tfring's own callbacks, with arguments other than their defaults, and
+    a BestModelCheckpoint for checkpoint_callback."""
+    from tfring.keras import callbacks as tkc
+
+    return ([tkc.MetricAverageCallback(device="/cpu:0"),
+             tkc.LearningRateWarmupCallback(0.05, warmup_epochs=1, verbose=1),
+             tkc.LearningRateScheduleCallback(0.05, 0.5, start_epoch=1, end_epoch=3),
+             tkc.BroadcastGlobalVariablesCallback(0, device="/cpu:0")],
+            tkc.BestModelCheckpoint(monitor="loss", mode="min"))
+
+
+# Loads a saved estimator in a new process and a new Spark session, where
+# nothing has imported tfring.keras (the loader registers tfring's
+# callbacks), and prints its callbacks' Keras configs and whether tfring
+# was initialised.
+_LOAD_FRESH = r"""
+import json, sys
+sys.path[:0] = sys.argv[2:4]  # tests/spark, tests
+import keras
+import spark_util
+spark = spark_util.session()
+import tfring
+import test_estimator_persistence as t
+from tfring.spark.keras import KerasEstimator
+imported = "tfring.keras.callbacks" in sys.modules
+est = KerasEstimator.load(sys.argv[1], custom_objects=t.CUSTOM)
+print("RESULT " + json.dumps({
+    "imported_before_load": imported,
+    "initialized": tfring.is_initialized(),
+    "callbacks": [keras.saving.serialize_keras_object(c) for c in est.getCallbacks()],
+    "checkpoint_callback": keras.saving.serialize_keras_object(est.getCheckpointCallback()),
+}))
+"""
+
+
+def test_tfring_callbacks_save_and_load_in_a_new_session(spark, tmp_path):
+    import tfring
+
+    callbacks, best = _tfring_callbacks()
+    est = _estimator(tmp_path, callbacks=[StopAtLoss(0.01), *callbacks],
+                     checkpoint_callback=best)
+    path = str(tmp_path / "est")
+    est.save(path)
+    with open(os.path.join(path, "metadata", "part-00000")) as f:
+        saved = json.loads(f.readline())["paramMap"]
+    assert [c["__keras_config__"]["registered_name"] for c in saved["callbacks"]] == [
+        "tfring_tests>StopAtLoss", "tfring>MetricAverageCallback",
+        "tfring>LearningRateWarmupCallback", "tfring>LearningRateScheduleCallback",
+        "tfring>BroadcastGlobalVariablesCallback"]
+
+    loaded = KerasEstimator.load(path, CUSTOM)  # (this process: configs compared)
+    _assert_same_estimator(est, loaded)
+    assert [type(c) for c in loaded.getCallbacks()] == [type(c) for c in est.getCallbacks()]
+    assert loaded.getCallbacks()[3].multiplier(3) == 0.25  # 0.5 ** (3 - 1)
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "TFRING_TEST_SPARK_MASTER": "local[1]"}
+    proc = subprocess.run([sys.executable, "-c", _LOAD_FRESH, path, here, os.path.dirname(here)],
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads([x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1][7:])
+    assert out["imported_before_load"] is False
+    assert out["initialized"] is False  # loading does not start the runtime
+    assert out["callbacks"] == [keras.saving.serialize_keras_object(c)
+                                for c in est.getCallbacks()]
+    assert out["checkpoint_callback"] == keras.saving.serialize_keras_object(best)
+    if not tfring.is_initialized():  # (an earlier test in this process may have)
+        est.save(str(tmp_path / "again"))
+        KerasEstimator.load(str(tmp_path / "again"), CUSTOM)
+        assert not tfring.is_initialized()
+
+
+def test_a_tfring_callback_with_a_callable_argument_is_refused_naming_it(spark, tmp_path):
+    from tfring.keras import callbacks as tkc
+
+    est = _estimator(tmp_path, callbacks=[
+        tkc.MetricAverageCallback(),
+        tkc.LearningRateScheduleCallback(0.1, lambda epoch: 0.5 ** epoch)])
+    with pytest.raises(ValueError, match=r"the callback LearningRateScheduleCallback "
+                                         r"\(callbacks\[1\], tfring\.keras\.callbacks\."
+                                         r"LearningRateScheduleCallback\) cannot be saved: .*"
+                                         r"its multiplier argument .* Python callable.*"
+                                         r"setCallbacks"):
+        est.save(str(tmp_path / "est"))
+    assert not os.path.exists(tmp_path / "est")
+
+
 def _frame(spark, n=96):
     from pyspark.sql import functions as F
 
@@ -236,3 +327,22 @@ def test_a_loaded_estimator_and_pipeline_fit_as_the_originals(spark, tmp_path):
     assert km.getModel().get_config() == again.getStages()[1].getModel().get_config()
     pred = np.array([r[0] for r in fitted.transform(df).select("y__output").collect()])
     assert pred.shape == (96,) and np.isfinite(pred).all()
+
+
+@pytest.mark.slow
+def test_a_loaded_estimator_trains_with_equal_tfring_callbacks(spark, tmp_path):
+    df = _frame(spark)
+    callbacks, best = _tfring_callbacks()
+    est = _estimator(tmp_path, run_id="tfring_cbs", optimizer=keras.optimizers.SGD(0.05),
+                     callbacks=callbacks, checkpoint_callback=best, shuffle=False,
+                     validation=None, epochs=3, partitions_per_process=2,
+                     gradient_compression=None)
+    est.save(str(tmp_path / "est"))
+    loaded = KerasEstimator.load(str(tmp_path / "est"), CUSTOM).setRunId("tfring_cbs_loaded")
+    a, b = est.fit(df), loaded.fit(df)
+    for x, y in zip(a.getModel().get_weights(), b.getModel().get_weights(), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+    ha, hb = a.getHistory(), b.getHistory()
+    assert sorted(ha) == sorted(hb) and {"lr", "learning_rate"} <= set(ha)
+    for key in ha:
+        np.testing.assert_allclose(ha[key], hb[key], rtol=1e-6)

@@ -9,6 +9,11 @@ callbacks after it see metrics averaged over ranks. The Horovod-style pieces
 LearningRateWarmupCallback, with tfring.keras.DistributedOptimizer) do one
 job each. ResumableCheckpointCallback writes checkpoints from rank 0 and
 restores the newest on every rank, so a killed job resumes where it stopped.
+
+The callbacks initialise tfring on first use (when fit hands them the
+model), not when built, and are Keras serializables (get_config /
+from_config, registered as "tfring>ClassName"): a KerasEstimator holding
+them saves and loads on the Spark driver without starting the runtime.
 """
 
 import keras
