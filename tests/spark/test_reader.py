@@ -18,6 +18,7 @@ import pyarrow.fs as pafs  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from tfring.spark.common import reader as rd  # noqa: E402
+from tfring.spark.common import tf_feed  # noqa: E402
 
 FS = pafs.LocalFileSystem()
 
@@ -184,7 +185,7 @@ def test_keras_fit_iterates_the_dataset_afresh_each_epoch(tmp_path):
         return b["x"].astype(np.float32), b["y"].reshape(-1, 1)
 
     sig = (tf.TensorSpec((4, 3), tf.float32), tf.TensorSpec((4, 1), tf.float32))
-    ds = rd.tf_dataset(r, 3, 2, element, sig, end_epoch=5)
+    ds = tf_feed.tf_dataset(r, 3, 2, element, sig, end_epoch=5)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     model.fit(ds, steps_per_epoch=3, epochs=5, initial_epoch=2, verbose=0, shuffle=False)

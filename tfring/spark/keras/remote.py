@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 from tfring.spark.common import reader as rd
+from tfring.spark.common import tf_feed
 from tfring.spark.keras import _serialize as ser
 
 
@@ -363,13 +364,13 @@ def train(spec):
         train_reader, steps, val_reader, val_steps, vbs = _readers(spec, store, rank, size)
         marks["readers"] = time.monotonic()
         element = _Element(spec, model, spec.batch_size)
-        train_ds = rd.tf_dataset(train_reader, steps, spec.initial_epoch, element,
+        train_ds = tf_feed.tf_dataset(train_reader, steps, spec.initial_epoch, element,
                                  element.signature, end_epoch=spec.epochs,
                                  prefetch=spec.prefetch)
         val_ds = None
         if val_reader is not None:
             vel = _Element(spec, model, vbs)
-            val_ds = rd.tf_dataset(val_reader, val_steps, 0, vel, vel.signature,
+            val_ds = tf_feed.tf_dataset(val_reader, val_steps, 0, vel, vel.signature,
                                    prefetch=spec.prefetch)
         callbacks = [tk.callbacks.BroadcastGlobalVariablesCallback(0),
                      tk.callbacks.MetricAverageCallback()]
