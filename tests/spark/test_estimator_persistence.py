@@ -237,7 +237,7 @@ print("RESULT " + json.dumps({
 """
 
 
-def test_tfring_callbacks_save_and_load_in_a_new_session(spark, tmp_path):
+def test_tfring_callbacks_save_and_load_with_equal_configs(spark, tmp_path):
     import tfring
 
     callbacks, best = _tfring_callbacks()
@@ -256,7 +256,21 @@ def test_tfring_callbacks_save_and_load_in_a_new_session(spark, tmp_path):
     _assert_same_estimator(est, loaded)
     assert [type(c) for c in loaded.getCallbacks()] == [type(c) for c in est.getCallbacks()]
     assert loaded.getCallbacks()[3].multiplier(3) == 0.25  # 0.5 ** (3 - 1)
+    if not tfring.is_initialized():  # (an earlier test in this process may have)
+        est.save(str(tmp_path / "again"))
+        KerasEstimator.load(str(tmp_path / "again"), CUSTOM)
+        assert not tfring.is_initialized()
 
+
+@pytest.mark.slow
+def test_tfring_callbacks_load_in_a_fresh_process_and_session(spark, tmp_path):
+    # A new process (its own JVM, about 30 s): loading imports tfring's
+    # callbacks itself and does not start the runtime.
+    callbacks, best = _tfring_callbacks()
+    est = _estimator(tmp_path, callbacks=[StopAtLoss(0.01), *callbacks],
+                     checkpoint_callback=best)
+    path = str(tmp_path / "est")
+    est.save(path)
     here = os.path.dirname(os.path.abspath(__file__))
     env = {**os.environ, "TFRING_TEST_SPARK_MASTER": "local[1]"}
     proc = subprocess.run([sys.executable, "-c", _LOAD_FRESH, path, here, os.path.dirname(here)],
@@ -268,10 +282,6 @@ def test_tfring_callbacks_save_and_load_in_a_new_session(spark, tmp_path):
     assert out["callbacks"] == [keras.saving.serialize_keras_object(c)
                                 for c in est.getCallbacks()]
     assert out["checkpoint_callback"] == keras.saving.serialize_keras_object(best)
-    if not tfring.is_initialized():  # (an earlier test in this process may have)
-        est.save(str(tmp_path / "again"))
-        KerasEstimator.load(str(tmp_path / "again"), CUSTOM)
-        assert not tfring.is_initialized()
 
 
 def test_a_tfring_callback_with_a_callable_argument_is_refused_naming_it(spark, tmp_path):
