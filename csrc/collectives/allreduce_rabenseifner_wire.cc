@@ -122,8 +122,12 @@ struct Wire {
         ready += n * es;
         moved = true;
       }
-      if (so < ready) {
-        const size_t n = L.send->trySend(words_out + so, ready - so);
+      // Past the lead only once the peer is in this exchange
+      // (transport::exchange says why).
+      const size_t allowed =
+          (rbytes == 0 || ro > 0) ? ready : std::min(ready, transport::kExchangeLead);
+      if (so < allowed) {
+        const size_t n = L.send->trySend(words_out + so, allowed - so);
         so += n;
         moved |= n > 0;
       }
@@ -141,7 +145,7 @@ struct Wire {
       if (moved)
         L.waiter->progressed();
       else
-        L.waiter->idle(0, so < sbytes, ro < rbytes);
+        L.waiter->idle(0, so < allowed, ro < rbytes);
     }
     st->bytes_sent += sbytes;
   }

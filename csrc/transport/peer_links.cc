@@ -155,8 +155,10 @@ void exchange(PeerLink& L, const void* send, size_t sbytes, void* recv, size_t r
   L.waiter->begin(deadline, what);
   while (so < sbytes || ro < rbytes) {
     bool moved = false;
-    if (so < sbytes) {
-      size_t n = L.send->trySend(s + so, sbytes - so);
+    // Past the lead only once the peer is in this exchange (peer_links.h).
+    const size_t allowed = (rbytes == 0 || ro > 0) ? sbytes : std::min(sbytes, kExchangeLead);
+    if (so < allowed) {
+      size_t n = L.send->trySend(s + so, allowed - so);
       so += n;
       moved |= n > 0;
     }
@@ -168,7 +170,7 @@ void exchange(PeerLink& L, const void* send, size_t sbytes, void* recv, size_t r
     if (moved)
       L.waiter->progressed();
     else
-      L.waiter->idle(0, so < sbytes, ro < rbytes);
+      L.waiter->idle(0, so < allowed, ro < rbytes);
   }
 }
 

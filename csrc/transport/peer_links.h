@@ -117,6 +117,17 @@ class PeerLinks {
 // into `recv` (either may be 0), both at once so neither side can block
 // the other; returns when both are done. Deadline, abort and peer health
 // are enforced by the link's waiter.
+//
+// In a two-way exchange only the first kExchangeLead bytes go out before
+// the peer's first bytes arrive: those show that the peer has received all
+// of its previous step, from another rank, over its host's incoming link.
+// Sent earlier, the rest would share that link with the previous step's
+// last bytes and hold them back, so the rank that is late would be made
+// later at every step (recursive halving and doubling pair ranks anew each
+// step, so a rank that is early sends to one still receiving).
+// The peer sends its own lead unconditionally, so neither side waits for
+// the other forever.
+constexpr size_t kExchangeLead = 64 << 10;
 void exchange(PeerLink& L, const void* send, size_t sbytes, void* recv, size_t rbytes,
               const Deadline& deadline, const char* what);
 
