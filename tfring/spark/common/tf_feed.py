@@ -1,9 +1,9 @@
 """A rank's reader batches as a tf.data.Dataset, at a low CPU cost a batch.
 
-The Python generator hands tf.data up to 16 batches (about 8 MiB) at a
-time, one element of leaves shaped (k, batch, ...), which
-``from_tensor_slices`` cuts into its batches again: one Python call a
-batch would cost about 0.6 ms of CPU for 256 rows of 256 floats.
+Python hands tf.data up to 16 batches (about 8 MiB) at a time, one group
+of leaves shaped (k, batch, ...), which ``from_tensor_slices`` cuts into
+its batches again: one Python call a batch would cost about 0.6 ms of CPU
+for 256 rows of 256 floats.
 
 What keeps the rest cheap is memory TensorFlow need not copy. It takes a
 C-contiguous numpy array at a 64-byte aligned address as a tensor without
@@ -74,41 +74,72 @@ def _group(batches, to_element, pool):
     return tf.nest.pack_sequence_as(structure, leaves)
 
 
+class _Feed:
+    """The elements of one ShardReader for a tf.data map: element(i) is the
+    i-th group of the current epoch's batches; i == 0 starts the next
+    epoch (Keras iterates the dataset afresh each epoch when its
+    cardinality equals steps_per_epoch)."""
+
+    def __init__(self, reader, steps, first_epoch, to_element, group, end_epoch, specs):
+        self.reader, self.steps, self.to_element = reader, int(steps), to_element
+        self.group, self.end_epoch, self.specs = group, end_epoch, specs
+        self.next_epoch = int(first_epoch)
+        self.pool = AlignedPool()
+        self._groups = None
+
+    def _epoch(self, epoch):
+        pending = []
+        for batch in self.reader.batches(epoch, self.steps):
+            pending.append(batch)
+            if len(pending) == self.group:
+                element, pending = _group(pending, self.to_element, self.pool), []
+                yield element
+                del element  # so that the pool sees the buffers free
+        if pending:
+            yield _group(pending, self.to_element, self.pool)
+
+    def element(self, i):
+        import tensorflow as tf
+
+        if int(i) == 0:
+            epoch, self.next_epoch = self.next_epoch, self.next_epoch + 1
+            done = self.end_epoch is not None and epoch >= self.end_epoch
+            self._groups = None if done else self._epoch(epoch)
+        if self._groups is None:  # past end_epoch: empty groups, no batch
+            return [np.empty((0, *s.shape), s.dtype.as_numpy_dtype) for s in self.specs]
+        return tf.nest.flatten(next(self._groups))
+
+
 def tf_dataset(reader, steps, first_epoch, to_element, output_signature, end_epoch=None,
                prefetch=0):
     """A tf.data.Dataset of ``steps`` elements per iteration: the n-th time
     it is iterated (Keras iterates it afresh each epoch when its
     cardinality equals steps_per_epoch) it yields epoch first_epoch + n of
-    ``reader`` (a ShardReader), each batch through ``to_element``.
-    Iterations from ``end_epoch`` on yield nothing. prefetch: batches to
-    prefetch (0: tf.data.AUTOTUNE)."""
+    ``reader`` (a ShardReader), each batch through ``to_element``, whose
+    result matches ``output_signature`` (fixed shapes). Iterations from
+    ``end_epoch`` on yield nothing. prefetch: batches to prefetch (0:
+    tf.data.AUTOTUNE).
+
+    The groups come from a stateful ``numpy_function`` mapped over their
+    indices, not from ``Dataset.from_generator``: making that op sets
+    glibc's M_TRIM_THRESHOLD, which turns off malloc's adaptive mmap
+    threshold for the whole process, so that from then on every
+    allocation of 128 KiB or more (TensorFlow's tensors among them, in
+    training too) is a fresh mapping that faults in page by page."""
     import tensorflow as tf
 
-    state = {"next": int(first_epoch)}
-    pool = AlignedPool()
+    specs = tf.nest.flatten(output_signature)
+    batch_bytes = sum(int(np.prod(s.shape, dtype=np.int64)) * s.dtype.size for s in specs)
+    group = max(1, min(_GROUP_MAX, _GROUP_BYTES // max(batch_bytes, 1)))
+    feed = _Feed(reader, steps, first_epoch, to_element, group, end_epoch, specs)
 
-    def generate():
-        epoch = state["next"]
-        state["next"] += 1
-        if end_epoch is not None and epoch >= end_epoch:
-            return
-        pending, group = [], 1
-        for batch in reader.batches(epoch, steps):
-            if not pending and group == 1:
-                nbytes = sum(v.nbytes for v in batch.values())
-                group = max(1, min(_GROUP_MAX, _GROUP_BYTES // max(nbytes, 1)))
-            pending.append(batch)
-            if len(pending) >= group:
-                element, pending = _group(pending, to_element, pool), []
-                yield element
-                del element  # so that the pool sees the buffers free
-        if pending:
-            yield _group(pending, to_element, pool)
+    def element(i):
+        leaves = tf.numpy_function(feed.element, [i], [s.dtype for s in specs], stateful=True)
+        for leaf, spec in zip(leaves, specs):
+            leaf.set_shape((None, *spec.shape))
+        return tf.data.Dataset.from_tensor_slices(
+            tf.nest.pack_sequence_as(output_signature, leaves))
 
-    signature = tf.nest.map_structure(
-        lambda spec: tf.TensorSpec((None, *spec.shape), spec.dtype), output_signature)
-    ds = tf.data.Dataset.from_generator(generate, output_signature=signature)
-    ds = ds.flat_map(lambda *element: tf.data.Dataset.from_tensor_slices(
-        element if len(element) > 1 else element[0]))
+    ds = tf.data.Dataset.range(-(-int(steps) // group)).flat_map(element)
     ds = ds.apply(tf.data.experimental.assert_cardinality(int(steps)))
     return ds.prefetch(prefetch if prefetch and prefetch > 0 else tf.data.AUTOTUNE)

@@ -365,13 +365,13 @@ def train(spec):
         marks["readers"] = time.monotonic()
         element = _Element(spec, model, spec.batch_size)
         train_ds = tf_feed.tf_dataset(train_reader, steps, spec.initial_epoch, element,
-                                 element.signature, end_epoch=spec.epochs,
-                                 prefetch=spec.prefetch)
+                                      element.signature, end_epoch=spec.epochs,
+                                      prefetch=spec.prefetch)
         val_ds = None
         if val_reader is not None:
             vel = _Element(spec, model, vbs)
             val_ds = tf_feed.tf_dataset(val_reader, val_steps, 0, vel, vel.signature,
-                                   prefetch=spec.prefetch)
+                                        prefetch=spec.prefetch)
         callbacks = [tk.callbacks.BroadcastGlobalVariablesCallback(0),
                      tk.callbacks.MetricAverageCallback()]
         for cb in spec.callbacks:
