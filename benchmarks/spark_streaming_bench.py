@@ -7,9 +7,12 @@ growth, and its step time against the same model fed from memory.
 
 1. Writes a synthetic data set of about --gb GiB with pyarrow, straight to
    the store's training path (store.get_train_data_path()): --files files
-   of equal rows, an `x` column of --features float32 (list<float>, as
-   Spark writes an array column) and a float32 label `y` (the sum of the
-   first four features), snappy, row groups of about 64 MiB. No metadata
+   of equal rows, an `x` column of --features float32 and a float32 label
+   `y` (the sum of the first four features), snappy, row groups of about
+   64 MiB. x is stored as fit's prepare stores it, BINARY rows of the
+   values' bytes with the column's metadata (--format tensor,
+   tfring/spark/common/tensor_codec.py), or as the Parquet LIST that
+   df.write.parquet makes of an array column (--format list). No metadata
    file: fit_on_parquet reads the column metadata from the Parquet schema.
 2. Starts Spark (--master, default local[2]) and warms its Python workers
    (each imports TensorFlow, Keras and tfring.keras), so that the runs
@@ -43,27 +46,28 @@ growth, and its step time against the same model fed from memory.
    path's own cost.
 
 Targets: every rank's peak within 1 GiB of its RSS at the task start
-(stream), and stream's median step at most 1.2x memory's. Prints a table,
-the load average before and its highest during each run, and writes JSON
-with --json.
+(stream), and stream's median and mean step at most 1.2x memory's. Prints
+a table, the load average before and its highest during each run, and
+writes JSON with --json.
 
-Measured on 2026-12-02 (2-vCPU VM, load average 1.1-2.1 during the runs,
+Measured on 2026-12-02 (2-vCPU VM, load average 1.1-3.2 during the runs,
 each rank bound to one core), `python benchmarks/spark_streaming_bench.py`
-(2.00 GiB, 2,088,980 rows, 4080 steps of 256 per rank, --memory-feed rows):
+(2.00 GiB, x as BINARY tensors as fit writes them, 4080 steps of 256 per
+rank, --memory-feed rows):
 
   run             growth MiB (start->peak)  step median / mean ms  ratio median / mean
-  stream-first    172 (724 -> 896)          1.07 / 1.31            (60 steps)
-  stream          79-105 (878 -> 957-982)   1.12 / 2.06            0.87x / 1.58x
-  stream-shuffle  214-216 (929 -> 1145)     1.16 / 2.31            0.90x / 1.76x
-  memory          4550-4571 (-> 5366)       1.28 / 1.31
+  stream-first    166 (722 -> 888)          3.40 / 3.93            (60 steps)
+  stream          117-125 (880 -> 1004)     3.01 / 3.83            0.87x / 1.05x
+  stream-shuffle  354-369 (985 -> 1353)     2.94 / 4.29            0.85x / 1.17x
+  memory          4426-4443 (-> 5646)       3.45 / 3.65
 
-The reader alone streamed rank 0's shard at 681 MB/s (0.39 ms a batch).
-Shuffling's row buffer swaps rows in place (two copies of each byte);
-stream-shuffle's CPU time was 8.4 s against stream's 7.0 s and memory's
-6.1 s for the same steps: on one core a rank pays for its reading in the
-mean step. The memory run's rows-then-batch feed costs about 0.3 ms a
-batch more than a pre-batched one (--memory-feed batches, not measured at
-this size).
+The reader alone streamed rank 0's shard at 809 MB/s (0.33 ms a batch).
+Stream's CPU time was 14.6-14.8 s, stream-shuffle's 15.6-15.8 s, memory's
+16.4-16.6 s for the same steps. The same bench on the same day before the
+BINARY tensor columns, the aligned tf.data feed and the feed's move off
+Dataset.from_generator (whose op turns off malloc's adaptive mmap
+threshold in the rank, so that every large allocation faults its pages
+in) gave 1.58x and 1.76x mean (load 1.1-2.1).
 """
 
 import argparse
