@@ -61,7 +61,9 @@ rank, --memory-feed rows):
   stream-shuffle  354-369 (985 -> 1353)     2.94 / 4.29            0.85x / 1.17x
   memory          4426-4443 (-> 5646)       3.45 / 3.65
 
-The reader alone streamed rank 0's shard at 809 MB/s (0.33 ms a batch).
+A second run right after: 0.83x / 0.98x streamed, 0.77x / 1.00x shuffled
+(memory 4.21 / 4.53 ms, load 0.0-3.6). The reader alone streamed rank 0's
+shard at 809 MB/s (0.33 ms a batch; 664 MB/s in the second run).
 Stream's CPU time was 14.6-14.8 s, stream-shuffle's 15.6-15.8 s, memory's
 16.4-16.6 s for the same steps. The same bench on the same day before the
 BINARY tensor columns, the aligned tf.data feed and the feed's move off
