@@ -139,3 +139,24 @@ def test_the_reader_gives_the_same_batches_from_tensors_as_from_lists(tmp_path, 
     # back from the footer.
     schema = pq.ParquetFile(tensors[0]).schema_arrow
     assert md.arrow_metadata(schema, None, ["x"])["x"] == _meta("float64", (3,))
+
+
+def test_make_dataset_reads_tensor_columns_as_list_columns(tmp_path):
+    import tfring.spark
+
+    os.makedirs(tmp_path / "l")
+    os.makedirs(tmp_path / "t")
+    _write(str(tmp_path / "l"), [9, 7], encode=False)
+    _write(str(tmp_path / "t"), [9, 7], encode=True)
+    got = {}
+    for kind in ("l", "t"):
+        ds, steps = tfring.spark.make_dataset(str(tmp_path / kind), ["x"], "y", batch_size=4,
+                                              rank=0, size=1)
+        got[kind] = [(x.numpy(), y.numpy()) for x, y in ds.take(steps)]
+    assert len(got["t"]) == len(got["l"]) == 4
+    ids = np.arange(16, dtype=np.float64)
+    for (xt, yt), (xl, yl), k in zip(got["t"], got["l"], range(4)):
+        np.testing.assert_array_equal(xt, xl)
+        np.testing.assert_array_equal(yt, yl)
+        want = ids[4 * k:4 * k + 4, None] * np.array([1.0, 2.0, 3.0])
+        np.testing.assert_array_equal(xt, want.astype(np.float32))

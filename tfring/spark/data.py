@@ -86,7 +86,15 @@ def read_shard(path, columns=None, rank=None, size=None):
 
 
 def _column(table, name):
+    from tfring.spark.common import tensor_codec
+
     col = table.column(name).combine_chunks()
+    if tensor_codec.is_binary(col.type):
+        # An array or vector column as KerasEstimator.fit writes it.
+        meta = tensor_codec.parquet_field_metadata(table.schema, name)
+        if meta is None:
+            raise ValueError(f"make_dataset: column {name!r} holds byte strings, not numbers")
+        return tensor_codec.decode(col, name, meta["dtype"], meta["shape"])
     try:
         return col.to_numpy(zero_copy_only=False)
     except (TypeError, ValueError):
@@ -108,9 +116,10 @@ def make_dataset(path, feature_columns, label_column=None, batch_size=32, shuffl
         feature_columns = [feature_columns]
     cols = list(feature_columns) + ([label_column] if label_column else [])
     table = read_shard(path, columns=cols, rank=rank, size=size)
-    if len(feature_columns) == 1 and not np.issubdtype(
-            np.asarray(_column(table, feature_columns[0])[:1]).dtype, np.number):
-        x = np.stack(_column(table, feature_columns[0])).astype(dtype)
+    first = _column(table, feature_columns[0])
+    if len(feature_columns) == 1 and (first.ndim > 1 or not np.issubdtype(first.dtype,
+                                                                          np.number)):
+        x = (first if first.ndim > 1 else np.stack(first)).astype(dtype)  # one array column
     else:
         x = np.stack([_column(table, c) for c in feature_columns], axis=1).astype(dtype)
     y = _column(table, label_column) if label_column else None
