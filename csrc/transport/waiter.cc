@@ -63,6 +63,7 @@ void Waiter::begin(const Deadline& deadline, const std::string& what) {
   deadline_ = deadline;
   what_ = what;
   idle_rounds_ = 0;
+  sleep_at_once_ = false;
   next_health_check_ = nowSeconds() + kHealthInterval;
 }
 
@@ -81,6 +82,7 @@ void Waiter::checkHealth() {
 
 void Waiter::idle(uint32_t ticket, bool want_send, bool want_recv) {
   ++idle_rounds_;
+  if (idle_rounds_ == 1 && sleep_at_once_) idle_rounds_ = kSpinRounds + kYieldRounds;
   if (idle_rounds_ == 1 && !spinning()) idle_rounds_ = kSpinRounds;
   if (idle_rounds_ < kSpinRounds) {
     cpuRelax();
