@@ -237,14 +237,21 @@ print("RESULT " + json.dumps({
 """
 
 
-def test_tfring_callbacks_save_and_load_with_equal_configs(spark, tmp_path):
-    import tfring
-
+def _saved_with_tfring_callbacks(tmp_path):
+    """An estimator holding tfring's callbacks (and a BestModelCheckpoint),
+    saved: (estimator, checkpoint callback, path)."""
     callbacks, best = _tfring_callbacks()
     est = _estimator(tmp_path, callbacks=[StopAtLoss(0.01), *callbacks],
                      checkpoint_callback=best)
     path = str(tmp_path / "est")
     est.save(path)
+    return est, best, path
+
+
+def test_tfring_callbacks_save_and_load_with_equal_configs(spark, tmp_path):
+    import tfring
+
+    est, best, path = _saved_with_tfring_callbacks(tmp_path)
     with open(os.path.join(path, "metadata", "part-00000")) as f:
         saved = json.loads(f.readline())["paramMap"]
     assert [c["__keras_config__"]["registered_name"] for c in saved["callbacks"]] == [
@@ -266,11 +273,7 @@ def test_tfring_callbacks_save_and_load_with_equal_configs(spark, tmp_path):
 def test_tfring_callbacks_load_in_a_fresh_process_and_session(spark, tmp_path):
     # A new process (its own JVM, about 30 s): loading imports tfring's
     # callbacks itself and does not start the runtime.
-    callbacks, best = _tfring_callbacks()
-    est = _estimator(tmp_path, callbacks=[StopAtLoss(0.01), *callbacks],
-                     checkpoint_callback=best)
-    path = str(tmp_path / "est")
-    est.save(path)
+    est, best, path = _saved_with_tfring_callbacks(tmp_path)
     here = os.path.dirname(os.path.abspath(__file__))
     env = {**os.environ, "TFRING_TEST_SPARK_MASTER": "local[1]"}
     proc = subprocess.run([sys.executable, "-c", _LOAD_FRESH, path, here, os.path.dirname(here)],

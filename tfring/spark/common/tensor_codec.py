@@ -42,7 +42,7 @@ def row_bytes(dtype, shape):
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
-def _flat_values(arr, col, depth):
+def _flat_values(arr, depth):
     """The values of a (nested) list array of equal-length rows, flattened;
     the rows' lengths were checked where the column was selected."""
     import pyarrow as pa
@@ -78,7 +78,7 @@ def encode_batch(batch, columns):
         for field, arr in zip(part.schema, part.columns):
             if field.name in columns:
                 m = columns[field.name]
-                values = _flat_values(arr, field.name, len(m["shape"]))
+                values = _flat_values(arr, len(m["shape"]))
                 values = values.astype(np.dtype(m["dtype"]).newbyteorder("<"), copy=False)
                 arr = _binary(values, part.num_rows, widths[field.name])
                 field = pa.field(field.name, pa.binary(), nullable=False)
