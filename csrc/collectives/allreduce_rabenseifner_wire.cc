@@ -75,13 +75,6 @@ void widenTail(float* dst, const char* src, size_t n) {
   }
 }
 
-// An exchange moving at least this many bytes either way sleeps in poll()
-// whenever its link cannot move, with no spin or yield rounds first
-// (transport::Waiter::sleepAtOnce): each round would retry send() and
-// recv(). On 8 ranks behind 300 Mbit/s links those rounds took half of a
-// rank's CPU time.
-constexpr size_t kSleepAtOnceBytes = 1 << 20;
-
 // Elements converted at once: 64 KiB of float32, a cache-sized piece.
 constexpr size_t kPiece = 16 << 10;
 // How far narrowing runs ahead of the link, in pieces.
@@ -118,7 +111,8 @@ struct Wire {
     size_t so = 0, ro = 0;  // bytes sent, received
     size_t done = 0;        // elements folded
     L.waiter->begin(deadline, what);
-    if (std::max(sbytes, rbytes) >= kSleepAtOnceBytes) L.waiter->sleepAtOnce();
+    // A bulk exchange sleeps in poll() when its link cannot move.
+    L.waiter->sleepAtOnceIfBulk(std::max(sbytes, rbytes));
     while (so < sbytes || done < g.nr) {
       bool moved = false;
       if (ready < sbytes && ready - so < kAhead * kPiece * es) {

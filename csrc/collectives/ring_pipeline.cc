@@ -49,20 +49,6 @@ constexpr size_t kTuneLinkBytes = 256 << 10;
 // that stays in L1: reduced there, then copied to the link and the output.
 constexpr size_t kForwardBlockBytes = 16 << 10;
 
-// A ring moving at least this many bytes each way over sockets on both
-// sides waits in poll() at once whenever neither link can move
-// (transport::Waiter::sleepAtOnce): its loop retries send() and recv() on
-// every spin and yield round, two system calls a round against a full or
-// empty socket, CPU the conversions and other ranks on the cores need; the
-// socket buffers hide poll()'s wake-up. Shared memory keeps spinning.
-constexpr size_t kSleepAtOnceBytes = 1 << 20;
-
-void sleepIfBulkOverSockets(RingComm& c, size_t bytes) {
-  if (bytes >= kSleepAtOnceBytes && c.right && c.left && c.right->pollFd() >= 0 &&
-      c.left->pollFd() >= 0)
-    c.waiter->sleepAtOnce();
-}
-
 // Moves n received bytes at `in` (the left link's inbox) into both the
 // right link's free space `link` and their place in r.data + ro: reduced
 // with the local operand first where r reduces. `stream_out` and
@@ -129,9 +115,10 @@ void runRingWire(RingComm& c, const RingProgram& prog, const char* what) {
   skipEmpty();
   if (si < ns || ri < nr) {
     c.waiter->begin(Deadline::in(c.timeout_s), what);
+    // A bulk ring between sockets sleeps in poll() when its links cannot move.
     size_t words = 0;
     for (const SendStep& s : prog.sends) words += s.bytes / es * ws;
-    sleepIfBulkOverSockets(c, words);
+    c.waiter->sleepAtOnceIfBulk(words);
   }
 
   while (si < ns || ri < nr) {
@@ -264,7 +251,7 @@ void runRing(RingComm& c, const RingProgram& prog, const char* what) {
   size_t out_bytes = 0, in_bytes = 0;
   for (const RecvStep& r : prog.recvs) out_bytes += r.bytes;
   for (const SendStep& s : prog.sends) in_bytes += s.bytes;
-  if (si < ns || ri < nr) sleepIfBulkOverSockets(c, std::max(in_bytes, out_bytes));
+  if (si < ns || ri < nr) c.waiter->sleepAtOnceIfBulk(std::max(in_bytes, out_bytes));
   // Large outputs are streamed; how to write into the link is the tuner's
   // choice (store_tuner.h), timed over the whole collective.
   const bool stream = out_bytes >= kStreamOutputBytes;

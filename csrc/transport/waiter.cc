@@ -67,6 +67,11 @@ void Waiter::begin(const Deadline& deadline, const std::string& what) {
   next_health_check_ = nowSeconds() + kHealthInterval;
 }
 
+void Waiter::sleepAtOnceIfBulk(size_t bytes) {
+  if (bytes >= kBulkBytes && send_ && recv_ && send_->pollFd() >= 0 && recv_->pollFd() >= 0)
+    sleep_at_once_ = true;
+}
+
 void Waiter::checkHealth() {
   abort_->checkWaiting();
   double now = nowSeconds();

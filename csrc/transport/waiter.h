@@ -66,12 +66,16 @@ class Waiter {
   }
   void progressed() { idle_rounds_ = 0; }
   // For the rest of this episode (until the next begin()), idle() sleeps in
-  // poll() at once, with no spin or yield rounds, even where waits spin. For
-  // a bulk transfer over TCP: its loop retries send() and recv() every round,
-  // so spinning costs two system calls a round rather than a pause (half
-  // of a rank's CPU time in a 64 MiB Rabenseifner allreduce), while poll()
-  // wakes it when the socket can move more, a delay the socket buffers hide.
-  void sleepAtOnce() { sleep_at_once_ = true; }
+  // poll() at once, with no spin or yield rounds, even where waits spin,
+  // when the episode moves at least kBulkBytes either way and both of this
+  // waiter's channels are sockets. A bulk transfer's loop retries send()
+  // and recv() every round, so spinning costs two system calls a round
+  // rather than a pause (half of a rank's CPU time in a 64 MiB Rabenseifner
+  // allreduce, a quarter of a ring's), while poll() wakes it when the
+  // socket can move more, a delay the socket buffers hide. Shared memory
+  // keeps spinning.
+  static constexpr size_t kBulkBytes = 1 << 20;
+  void sleepAtOnceIfBulk(size_t bytes);
   // want_send/want_recv: which channel directions this loop is blocked on.
   void idle(uint32_t ticket, bool want_send, bool want_recv);
 
