@@ -39,8 +39,25 @@ void VoteChannel::leaveHostIfFull(size_t words) {
   // alike at the same round.
   if (host_ && !hostVoteFits(*links_.host(), words)) {
     host_ = false;
+    openRecdblLinks();
     setWatch();
   }
+}
+
+void VoteChannel::openRecdblLinks() {
+  // An idle rank hears of a recdbl round only through bytes on its open
+  // vote links, or a partner connecting to its listener. The lower rank of
+  // a pair connects (peer_links.h): a higher rank that started a round
+  // over a link not yet open would wait to accept it, sending nothing,
+  // while the lower rank, idle with nothing of its own to vote on, never
+  // learns of the round. So every link the flat vote uses opens here,
+  // where every rank is, at the end of the same round. In ascending order
+  // each rank first accepts its lower partners (taking them in whatever
+  // order they come), then connects to its higher ones, which are then
+  // accepting or on their way to it: no rank waits for one waiting on it.
+  const transport::Topology& T = links_.topology();
+  transport::PeerLinks& P = links_.host()->peers();
+  for (int q : transport::recursivePeers(T.rank, T.size)) P.to(q);
 }
 
 void VoteChannel::addPollFds(std::vector<struct pollfd>* fds) const {

@@ -10,7 +10,9 @@
 // the segment (local rank 0 also on its links to the other hosts).
 //
 // The host vote is left for recdbl, for good and on every rank at the same
-// round, once the vote outgrows the segment's slots (leaveHostIfFull).
+// round, once the vote outgrows the segment's slots (leaveHostIfFull); the
+// recdbl links open there, on every rank, so that the first recdbl round
+// reaches an idle rank as its bytes do in every later round.
 #pragma once
 
 #include <poll.h>
@@ -46,6 +48,7 @@ class VoteChannel {
 
  private:
   void setWatch();       // which links an idle rank watches, by vote mode
+  void openRecdblLinks();  // on leaving the host vote, on every rank alike
   bool peerStartedVote();  // on the recdbl links
   bool hostStartedVote();  // in the host segment: a local rank voted past us
 

@@ -14,7 +14,10 @@
 // connects if this is the lower rank of the pair, and accepts otherwise
 // (taking in, on the way, any other peer's connection that arrives first).
 // Both ranks of a pair reach the step that uses their link, so neither waits
-// for a rank that is waiting on it. Init opens none: at 128 ranks on 32
+// for a rank that is waiting on it; an idle rank, though, is woken by the
+// vote only through bytes on an open link or a partner connecting, so when
+// the host vote gives way to recdbl its links open at once, on every rank
+// (runtime/vote_channel.h). Init opens none: at 128 ranks on 32
 // hosts only the hosts' local ranks 0 ever link (the host vote), and the
 // other ranks' start-up skips about 8 handshakes each. Every connection is
 // authenticated with the job secret (wire::kPurposePeer) and carries both
