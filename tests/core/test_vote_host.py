@@ -114,6 +114,21 @@ def test_vote_outgrowing_the_segment_turns_to_recdbl():
         assert set(algos[k:]) == {"recdbl"} and k < len(algos), algos
 
 
+@pytest.mark.parametrize("starter", [1, 3])
+def test_first_recdbl_round_started_by_one_rank_wakes_the_idle_ranks(starter):
+    # The rider's 64 KiB room outgrows the segment's slots; the first
+    # recdbl round is started by a rank that accepts the link to its first
+    # partner (1 from 0, 3 from 2) while every other rank idles with its
+    # tensor at the coordinator. Only the round's bytes can wake them, so
+    # the links must be open by then (TFRING_TIMEOUT bounds a missing one).
+    res = _run(4, 2, "switch_idle", timeout=90,
+               env={"STARTER": str(starter), "TFRING_VOTE_DATA": "65536",
+                    "TFRING_TIMEOUT": "10"})
+    for r, out in enumerate(check_ok(res)):
+        assert out["failures"] == [], (r, out["failures"][:5])
+        assert out["after"]["algo"] == "recdbl", (r, out["after"])
+
+
 def test_auto_takes_the_host_vote_at_16_ranks_on_several_hosts():
     res = _run(16, 4, env={"TFRING_VOTE_ALGO": "auto", "STEPS": "2"})
     for out in check_ok(res):

@@ -13,6 +13,11 @@ ranks. Modes:
           one ran (_core.last_collective_stats) and the vote's stats.
   grow    more cached names than the host vote's shared-memory slots hold:
           reports the vote's algorithm after each batch.
+  switch_idle  the host vote outgrows its slots through the rider's room
+          (TFRING_VOTE_DATA of 64 KiB), and the first recdbl round is
+          started by rank STARTER alone while every other rank idles with
+          its tensor at the coordinator: only that round's bytes can wake
+          them.
 
 steady runs once per pass of TEST_PASSES (common.run_passes): one launch
 checks several vote algorithms.
@@ -100,6 +105,41 @@ if mode == "grow":
     report({"failures": failures, "algos": seen, "after": _core.last_vote_stats()})
     basics.shutdown()
     sys.exit(0)
+
+if mode == "switch_idle":
+    # 1. Every rank but STARTER submits "x" (64 KiB: the rider's room each
+    #    of them proposes from now on); STARTER proposes none, so the room
+    #    stays 0. "x" ages and goes to the coordinator, which waits for
+    #    STARTER: those ranks idle with nothing of their own to vote on.
+    # 2. STARTER submits "y" (64 KiB): its round (the host vote, which
+    #    wakes every rank) agrees a 64 KiB room, too large for the host
+    #    segment's slots, so the vote turns to recdbl at its end; "y" goes
+    #    to the coordinator (the others need it), which waits for the rest.
+    # 3. STARTER submits "x": the first recdbl round, started by STARTER
+    #    alone. Its fresh name goes into its vote, not to the coordinator,
+    #    so no response wakes the others: the round's own bytes must.
+    starter = int(os.environ.get("STARTER", "1"))
+    big = 16384  # float32: 64 KiB
+    t0 = time.monotonic()
+    if rank == starter:
+        time.sleep(1.5)  # past the others' aging limit (1 s)
+        hy = _core.allreduce_async(np.full(big, rank, np.float32), op="sum", name="y")
+        time.sleep(0.5)  # that round ends before the next submission
+        hx = _core.allreduce_async(np.full(big, rank, np.float32), op="sum", name="x")
+        gx = hx.wait(60)
+    else:
+        hx = _core.allreduce_async(np.full(big, rank, np.float32), op="sum", name="x")
+        gx = hx.wait(60)
+        hy = _core.allreduce_async(np.full(big, rank, np.float32), op="sum", name="y")
+    gy = hy.wait(60)
+    total = np.full(big, sum(range(n)), np.float64)
+    check("x", gx, total)
+    check("y", gy, total)
+    report({"failures": failures, "after": _core.last_vote_stats(),
+            "elapsed": time.monotonic() - t0})
+    basics.shutdown()
+    sys.exit(0)
+
 
 def steady():
     global rank, n, failures
