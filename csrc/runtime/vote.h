@@ -102,10 +102,11 @@ VoteStats recdblVote(collectives::RingComm& c, int32_t* tally, size_t head,
 
 // The host vote (vote_host.cc). `round` counts host-vote rounds, the same
 // on every rank; `tally` as for recdblVote. hostVoteFits says whether a
-// vote of `words` int32 fits the segment's slots (the same on every rank).
+// vote of `words` int32 fits the segments' slots (kHostVoteSlotBytes on
+// every host, so the answer is the same on a host without a segment).
 VoteStats hostVote(collectives::RingComm& c, uint64_t round, int32_t* tally, size_t head,
                    std::vector<int32_t>* tmp, const VoteExtra* x = nullptr);
-bool hostVoteFits(const transport::HostLinks& H, size_t words);
+bool hostVoteFits(size_t words);
 
 // Recursive doubling of tallies among N ranks: members[0..N) (global ranks
 // in merge order, linked in c.host->peers), or ranks 0..N-1 when members

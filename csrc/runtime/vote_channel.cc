@@ -37,7 +37,7 @@ VoteStats VoteChannel::exchange(collectives::RingComm& comm, VoteWords& v, const
 void VoteChannel::leaveHostIfFull(size_t words) {
   // Every rank sees the same ids and room after a round, so all decide
   // alike at the same round.
-  if (host_ && !hostVoteFits(*links_.host(), words)) {
+  if (host_ && !hostVoteFits(words)) {
     host_ = false;
     openRecdblLinks();
     setWatch();

@@ -43,8 +43,10 @@ void wakeHost(transport::HostLinks& H, uint64_t round) {
 
 }  // namespace
 
-bool hostVoteFits(const transport::HostLinks& H, size_t words) {
-  return !H.segment || words * sizeof(int32_t) <= H.segment->voteSlotBytes();
+bool hostVoteFits(size_t words) {
+  // The slot every host's segment has: a host of one rank has no segment,
+  // yet its rank leaves the host vote with all the others.
+  return words * sizeof(int32_t) <= transport::kHostVoteSlotBytes;
 }
 
 VoteStats hostVote(collectives::RingComm& c, uint64_t round, int32_t* tally, size_t head,

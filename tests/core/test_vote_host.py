@@ -114,14 +114,16 @@ def test_vote_outgrowing_the_segment_turns_to_recdbl():
         assert set(algos[k:]) == {"recdbl"} and k < len(algos), algos
 
 
-@pytest.mark.parametrize("starter", [1, 3])
-def test_first_recdbl_round_started_by_one_rank_wakes_the_idle_ranks(starter):
+@pytest.mark.parametrize("n,per_host,starter", [(4, 2, 1), (4, 2, 3), (7, 3, 6)])
+def test_first_recdbl_round_started_by_one_rank_wakes_the_idle_ranks(n, per_host, starter):
     # The rider's 64 KiB room outgrows the segment's slots; the first
     # recdbl round is started by a rank that accepts the link to its first
-    # partner (1 from 0, 3 from 2) while every other rank idles with its
-    # tensor at the coordinator. Only the round's bytes can wake them, so
-    # the links must be open by then (TFRING_TIMEOUT bounds a missing one).
-    res = _run(4, 2, "switch_idle", timeout=90,
+    # partner (1 from 0, 3 from 2, 6 from 5) while every other rank idles
+    # with its tensor at the coordinator. Only the round's bytes can wake
+    # them, so the links must be open by then (TFRING_TIMEOUT bounds a
+    # missing one). Rank 6 is alone on its host, without a segment: it
+    # leaves the host vote with the others all the same.
+    res = _run(n, per_host, "switch_idle", timeout=90,
                env={"STARTER": str(starter), "TFRING_VOTE_DATA": "65536",
                     "TFRING_TIMEOUT": "10"})
     for r, out in enumerate(check_ok(res)):
