@@ -114,7 +114,8 @@ def test_vote_outgrowing_the_segment_turns_to_recdbl():
         assert set(algos[k:]) == {"recdbl"} and k < len(algos), algos
 
 
-@pytest.mark.parametrize("n,per_host,starter", [(4, 2, 1), (4, 2, 3), (7, 3, 6)])
+@pytest.mark.parametrize("n,per_host,starter", [
+    (4, 2, 1), pytest.param(4, 2, 3, marks=pytest.mark.slow), (7, 3, 6)])
 def test_first_recdbl_round_started_by_one_rank_wakes_the_idle_ranks(n, per_host, starter):
     # The rider's 64 KiB room outgrows the segment's slots; the first
     # recdbl round is started by a rank that accepts the link to its first
